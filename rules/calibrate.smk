@@ -1,0 +1,25 @@
+# Calibration per (model, device, cache mode): probe cycles on EAGLE-3 states, NNLS fit of b_0..b_7 and beta.
+
+
+rule calibrate:
+    input:
+        prompts="data/prompts/{model}/calibration.parquet",
+        target=target_dir,
+        drafter=drafter_dir,
+    output:
+        coefficients="data/calibration/{model}/{device}/{cache}.json",
+        points="data/calibration/{model}/{device}/{cache}.points.parquet",
+    log:
+        "data/logs/calibrate/{model}/{device}/{cache}.log",
+    conda:
+        CONDA_ENV
+    resources:
+        gpu=device_gpus,
+        gpu_model=device_gpu_model,
+    params:
+        spec=calibrate_spec,
+        code=code_hash("specfit.calibrate"),
+    shell:
+        "python -m specfit.calibrate --spec {params.spec:q} --in prompts={input.prompts:q} "
+        "--in target={input.target:q} --in drafter={input.drafter:q} "
+        "--out coefficients={output.coefficients:q} --out points={output.points:q} > {log:q} 2>&1"

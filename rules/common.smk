@@ -1,0 +1,249 @@
+# Target lists, config slices and wildcard constraints. The logic lives in specfit.workflow (tested there).
+import shlex
+
+from specfit.workflow import (
+    atlas_variant,
+    cache_mode,
+    code_hash,
+    decode_runs,
+    method_rule,
+    reference_run,
+    spec_json,
+    theory_runs,
+    DecodeRun,
+)
+
+CONDA_ENV = "../envs/specfit.yaml"
+RUNS = decode_runs(config)
+
+
+wildcard_constraints:
+    model="|".join(config["models"]),
+    device="|".join(config["devices"]),
+    workload="|".join(config["workloads"]),
+    method="|".join(config["methods"]),
+    slots=r"\d+",
+    cache="cache|nocache",
+
+
+def stage(name):
+    """The command line of a stage module; its config slice and inputs/outputs come as flags."""
+    return f"python -m specfit.{name}"
+
+
+def run_of(w):
+    return DecodeRun(w.model, w.device, w.workload, w.method, int(w.slots))
+
+
+def target_dir(w):
+    return config["models"][w.model]["target"]
+
+
+def drafter_dir(w):
+    return config["models"][w.model]["drafter"]
+
+
+def tokenizer_dir(w):
+    model = config["models"][w.model]
+    return f"data/models/{w.model}/tokenizer" if model["toy"] else model["target"]
+
+
+def model_spec(model):
+    return {"dtype": config["models"][model]["dtype"]}
+
+
+def device_spec(device):
+    d = config["devices"][device]
+    return {k: d[k] for k in ("torch_device", "max_inflight", "link", "label")}
+
+
+def device_gpus(w):
+    return 1 if config["devices"][w.device]["torch_device"] == "cuda" else 0
+
+
+def device_gpu_model(w):
+    return config["devices"][w.device]["gpu"]
+
+
+def workload_ids(workload):
+    q = config["workloads"][workload]["question_ids"]
+    return list(range(q["start"], q["stop"] + 1, q.get("step", 1)))
+
+
+def extract_spec(w):
+    if w.workload == "calibration":
+        # The calibration states come from GSM8K questions, under the GSM8K limit (Appendix B).
+        limit = config["workloads"].get("gsm8k", {}).get("limit_tokens", 512)
+        spec = {
+            "question_ids": config["calibration"]["question_ids"],
+            "limit_tokens": limit,
+        }
+        return spec_json({**spec, "max_new_tokens": None, "max_requests": None})
+    wl = config["workloads"][w.workload]
+    return spec_json(
+        {
+            "question_ids": workload_ids(w.workload),
+            "limit_tokens": wl["limit_tokens"],
+            "max_new_tokens": wl["max_new_tokens"],
+            "max_requests": wl["max_requests"],
+        }
+    )
+
+
+def toy_spec(part):
+    def spec(w):
+        return spec_json({**config["toy"][part], "seed": config["seed"]})
+
+    return spec
+
+
+def calibrate_spec(w):
+    return spec_json(
+        {
+            "model": model_spec(w.model),
+            "device": device_spec(w.device),
+            "coefficients": config["devices"][w.device]["coefficients"],
+            "slots": (
+                config["models"][w.model]["main_slots"][w.device]
+                if w.cache == "cache"
+                else 0
+            ),
+            "protocol": config["calibration"],
+            "seed": config["seed"],
+        }
+    )
+
+
+def method_spec(method):
+    return {"name": method, **config["methods"][method]}
+
+
+def workload_limits(workload):
+    wl = config["workloads"][workload]
+    return {"limit_tokens": wl["limit_tokens"], "max_new_tokens": wl["max_new_tokens"]}
+
+
+def atlas_spec(w):
+    # The atlas build is outside any timer and off the measured cache: all experts resident, no link.
+    return spec_json(
+        {
+            "model": model_spec(w.model),
+            "method": method_spec(w.method),
+            "torch_device": config["devices"][w.device]["torch_device"],
+            **workload_limits(w.workload),
+            "seed": config["seed"],
+        }
+    )
+
+
+def decode_spec(w):
+    return spec_json(
+        {
+            "model": model_spec(w.model),
+            "device": device_spec(w.device),
+            "method": method_spec(w.method),
+            "slots": int(w.slots),
+            **workload_limits(w.workload),
+            "seed": config["seed"],
+        }
+    )
+
+
+def coefficients_file(w):
+    return f"data/calibration/{w.model}/{w.device}/{cache_mode(w.slots)}.json"
+
+
+def decode_inputs(w):
+    run = run_of(w)
+    inputs = {
+        "prompts": f"data/prompts/{w.model}/{w.workload}.parquet",
+        "target": target_dir(w),
+    }
+    kind = method_rule(config, w.method)
+    if kind != "ar":
+        inputs["drafter"] = drafter_dir(w)
+    if kind == "specfit":
+        inputs["coefficients"] = coefficients_file(w)
+        variant = atlas_variant(config, w.method, w.slots)
+        inputs["atlas"] = (
+            f"data/atlas/{w.model}/{w.device}/{w.workload}/{variant}/atlas.parquet"
+        )
+    reference = reference_run(config, run)
+    if reference is not None:
+        inputs["reference"] = f"{reference.path}/requests.parquet"
+    return inputs
+
+
+def atlas_inputs(w):
+    inputs = {
+        "prompts": f"data/prompts/{w.model}/{w.workload}.parquet",
+        "target": target_dir(w),
+        "drafter": drafter_dir(w),
+        "coefficients": f"data/calibration/{w.model}/{w.device}/{w.cache}.json",
+    }
+    return inputs
+
+
+def theory_run(w):
+    runs = [
+        r
+        for r in theory_runs(config)
+        if (r.model, r.device, r.workload) == (w.model, w.device, w.workload)
+    ]
+    return runs[0]
+
+
+def theory_inputs(w):
+    run = theory_run(w)
+    return {
+        "cycles": f"{run.path}/cycles.parquet",
+        "atlas": f"data/atlas/{w.model}/{w.device}/{w.workload}/{atlas_variant(config, run.method, run.slots)}/atlas.parquet",
+        "coefficients": f"data/calibration/{w.model}/{w.device}/cache.json",
+    }
+
+
+def theory_spec(w):
+    return spec_json(config["theory"])
+
+
+def all_decode_metrics():
+    return [f"{r.path}/metrics.json" for r in RUNS]
+
+
+def all_theory():
+    return sorted(
+        {
+            f"data/theory/{r.model}/{r.device}/{r.workload}.json"
+            for r in theory_runs(config)
+        }
+    )
+
+
+def all_calibration():
+    pairs = sorted({(r.model, r.device) for r in RUNS})
+    return [
+        f"data/calibration/{m}/{d}/{c}.json"
+        for m, d in pairs
+        for c in ("cache", "nocache")
+    ]
+
+
+def report_spec(w):
+    keep = (
+        "workloads",
+        "models",
+        "devices",
+        "methods",
+        "runs",
+        "calibration",
+        "theory",
+        "seed",
+    )
+    return spec_json({k: config[k] for k in keep})
+
+
+def decode_in_flags(w, input):
+    """--in flags for the decode inputs, which vary by method (AR has no drafter, SpecFit has an atlas)."""
+    return " ".join(
+        f"--in {name}={shlex.quote(str(path))}" for name, path in input.items()
+    )

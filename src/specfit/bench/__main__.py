@@ -1,0 +1,17 @@
+"""``python -m specfit.bench NAME [args]``: run one benchmark and print its figures."""
+
+import importlib
+import sys
+
+BENCHMARKS = ("engine", "select")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in BENCHMARKS:
+        sys.exit(f"usage: python -m specfit.bench {{{','.join(BENCHMARKS)}}} [options]")
+    importlib.import_module(f"specfit.bench.{argv[0]}").main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The target side of a cycle: prefill, the tree-masked verification forward, greedy acceptance and commit.
+
+The target verifies the root s plus the selected subtree S in one forward (paper Section 2): query row 0 is the
+root, rows 1.. the selected nodes in id order (parents first). Greedy acceptance takes the longest
+root-to-node path whose tokens match the target's argmax; the KV rows of the rejected nodes are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from specfit.models.eagle3 import aux_hidden_states
+from specfit.spec.pool import CandidatePool
+from specfit.spec.tree import keep_positions, tree_mask, tree_positions
+
+
+@dataclass
+class Verdict:
+    """What verification decided: the accepted node ids, the target's next token, and features to commit."""
+
+    accepted: list[int]  # node ids of the accepted path, root excluded
+    next_root: int  # the target's argmax after the accepted path
+    aux: torch.Tensor | None  # [1, 1+len(accepted), 3H] target aux states of root + accepted path
+
+
+class Target:
+    """The target model of one request: its KV cache holds exactly the committed prefix between cycles."""
+
+    def __init__(self, model, engine=None, aux_layer_ids: tuple[int, ...] | None = None):
+        self.model = model
+        self.engine = engine
+        self.aux_layer_ids = aux_layer_ids  # None: no drafter reads target features
+        self.cache = DynamicCache()
+
+    @property
+    def prefix_len(self) -> int:
+        return self.cache.get_seq_length()
+
+    def forward(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None):
+        """Logits [q, V] and aux [1, q, 3H] (or None) of new rows; causal when ``parent`` is None, else a tree."""
+        device = self.model.device
+        past = self.prefix_len
+        input_ids = torch.tensor([tokens], device=device)  # [1, q]
+        mask = positions = None
+        if parent is not None:
+            mask = tree_mask(parent, past, self.model.dtype, device)  # [1, 1, q, past+q]
+            positions = tree_positions(depth, past, device)  # [1, q]
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
+            output_hidden_states=self.aux_layer_ids is not None,
+        )
+        aux = aux_hidden_states(out.hidden_states, self.aux_layer_ids) if self.aux_layer_ids is not None else None
+        return out.logits[0], aux
+
+    def prefill(self, prompt_ids: list[int]) -> tuple[int, torch.Tensor | None]:
+        """Run the prompt; returns the first output token and the prompt's aux states [1, P, 3H]."""
+        logits, aux = self.forward(prompt_ids)
+        return int(logits[-1].argmax()), aux
+
+    def verify(self, pool: CandidatePool, nodes: tuple[int, ...]) -> Verdict:
+        """Verify root + ``nodes`` (ancestor-closed, ascending) in one tree forward and keep the accepted rows."""
+        past = self.prefix_len
+        rows = (0, *nodes)
+        row_of = {v: i for i, v in enumerate(rows)}
+        parent = [row_of.get(pool.parent[v], -1) for v in rows]
+        logits, aux = self.forward([pool.token[v] for v in rows], parent, [pool.level[v] for v in rows])
+        predicted = logits.argmax(-1).tolist()  # [q] the target's next token after each row
+        accepted = greedy_path(pool, rows, predicted)
+        kept = [0] + [row_of[v] for v in accepted]  # query rows on the committed path
+        keep_positions(self.cache, torch.cat([torch.arange(past), torch.tensor(kept) + past]))
+        return Verdict(
+            accepted=accepted,
+            next_root=predicted[kept[-1]],
+            aux=aux[:, kept] if aux is not None else None,
+        )
+
+    def discard(self, rows: int) -> None:
+        """Drop the last ``rows`` cache positions (a forward that committed nothing)."""
+        self.cache.crop(-rows)
+
+
+def greedy_path(pool: CandidatePool, rows: tuple[int, ...], predicted: list[int]) -> list[int]:
+    """The longest root-to-node path of ``rows`` whose every token is the target's argmax at its parent."""
+    row_of = {v: i for i, v in enumerate(rows)}
+    path, node = [], 0
+    while True:
+        child = next(
+            (v for v in rows[1:] if pool.parent[v] == node and pool.token[v] == predicted[row_of[node]]), None
+        )
+        if child is None:
+            return path
+        path.append(child)
+        node = child

@@ -1,0 +1,198 @@
+"""What the Snakefile needs from the package: config validation, the decode matrix, per-rule config
+slices and code hashes. Kept free of torch so that ``snakemake -n`` stays fast.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import jsonschema
+import yaml
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+class ConfigError(ValueError):
+    """The config does not follow workflow/schemas/config.schema.yaml or names something it does not define."""
+
+
+# --------------------------------------------------------------------------------------------- validation
+def _with_defaults(validator_class):
+    """A jsonschema validator that fills ``default`` values in as it validates, as snakemake's validate does."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def _key(path: Iterable[Any]) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = _key(error.absolute_path)
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        allowed = ", ".join(sorted(error.schema.get("properties", {}))) or "(see the schema)"
+        return f"config key {_key([*error.absolute_path, extra[0]])!r} is not allowed here; allowed keys under {where}: {allowed}"
+    if error.validator == "required":
+        return f"config key {where!r} is missing {error.message.split(' is a required')[0]}"
+    expected = error.schema.get("description", "")
+    return f"config key {where!r}: {error.message}" + (f" (expected: {expected})" if expected else "")
+
+
+def validate_config(config: dict, schema_path: str | Path) -> dict:
+    """Validate ``config`` in place against the schema, fill defaults, check cross references; return it."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(_describe(e) for e in errors))
+    _check_references(config)
+    return config
+
+
+def _check_references(config: dict) -> None:
+    problems = []
+    for i, run in enumerate(config["runs"]):
+        for field in ("models", "devices", "workloads", "methods"):
+            for name in run[field]:
+                if name not in config[field]:
+                    problems.append(
+                        f"config key 'runs.{i}.{field}' names {name!r}, which is not defined under "
+                        f"'{field}' (defined: {', '.join(config[field])})"
+                    )
+    for name, model in config["models"].items():
+        if model.get("toy"):
+            for part in ("target", "drafter"):
+                want = f"data/models/{name}/{part}"
+                if model[part].rstrip("/") != want:
+                    problems.append(f"config key 'models.{name}.{part}': a toy model is built at {want!r}")
+    for run in config["runs"]:
+        for model, device in itertools.product(run["models"], run["devices"]):
+            if device not in config["models"].get(model, {}).get("main_slots", {device: 0}):
+                problems.append(
+                    f"config key 'models.{model}.main_slots' has no entry for device {device!r} "
+                    "(the slots of its with-cache calibration)"
+                )
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
+
+
+# --------------------------------------------------------------------------------------------- the matrix
+@dataclass(frozen=True, order=True)
+class DecodeRun:
+    model: str
+    device: str
+    workload: str
+    method: str
+    slots: int
+
+    @property
+    def path(self) -> str:
+        return f"data/decode/{self.model}/{self.device}/{self.workload}/{self.method}/slots{self.slots}"
+
+
+def decode_runs(config: dict) -> list[DecodeRun]:
+    runs = set()
+    for block in config["runs"]:
+        for combo in itertools.product(block["models"], block["devices"], block["workloads"], block["methods"], block["slots"]):
+            runs.add(DecodeRun(*combo))
+    return sorted(runs)
+
+
+def method_rule(config: dict, method: str) -> str:
+    return config["methods"][method]["rule"]
+
+
+def cache_mode(slots: int) -> str:
+    """Which calibration fit a run uses: with the cache for every slots > 0 (as the paper does), else without."""
+    return "cache" if int(slots) > 0 else "nocache"
+
+
+def atlas_variant(config: dict, method: str, slots: int) -> str:
+    """One atlas per SpecFit variant (coefficient set, route source, seed): they follow different cycles."""
+    return f"{method}-{cache_mode(slots)}"
+
+
+def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:
+    """The AR run whose outputs a method's lossless check compares against (the smallest AR slot count)."""
+    ars = [r for r in decode_runs(config) if (r.model, r.device, r.workload) == (run.model, run.device, run.workload)
+           and method_rule(config, r.method) == "ar"]
+    reference = min(ars, key=lambda r: r.slots, default=None)
+    return None if reference == run else reference
+
+
+def theory_runs(config: dict) -> list[DecodeRun]:
+    """SpecFit with the cache at the model's main slot count, exact routes: the pools of Table 5."""
+    return [r for r in decode_runs(config) if method_rule(config, r.method) == "specfit"
+            and config["methods"][r.method].get("routes", "atlas") == "atlas"
+            and r.slots == config["models"][r.model]["main_slots"][r.device]]
+
+
+# --------------------------------------------------------------------------------------------- rule params
+def spec_json(obj: Any) -> str:
+    """A config slice as rule params: sorted keys, so equal slices compare equal across runs."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def _module_file(module: str) -> Path | None:
+    parts = module.split(".")[1:]
+    base = PACKAGE_DIR.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _specfit_imports(path: Path, module: str) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m == "specfit" or m.startswith("specfit.")}
+
+
+def code_hash(module: str) -> str:
+    """Hash of a stage module's source and of every ``specfit`` module it imports, transitively.
+
+    Snakemake does not see edits to modules run with ``python -m``; a rule that carries this as a param
+    reruns when its own code changes, and only then (not on every edit to the package).
+    """
+    seen: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = _module_file(name)
+        if path is None:
+            continue
+        seen[name] = path
+        todo.extend(_specfit_imports(path, name))
+    digest = hashlib.sha256()
+    for name in sorted(seen):
+        digest.update(name.encode() + b"\0" + seen[name].read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
