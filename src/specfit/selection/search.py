@@ -21,58 +21,64 @@ MIN_UNION = 2  # primary -F over subtrees of exactly k_max nodes (calibration pr
 BACKENDS = ("numba", "python")
 
 
-@njit
-def _dfs(parent, prob, bitmaps, extend, k_max, objective, b, beta, lam, work):
-    """Visit every legal subtree of at most k_max nodes; return (|S|, R̂, F, visited) of the best.
-
-    work = (unions, on_path, path, stack_r, stack_f, best): unions row m + 1 holds B(S) of the
-    subtree at depth m (row 0 stays empty), path[1..m] its nodes, stack_r / stack_f its R̂ and F;
-    best[1..|S|] receives the best subtree's nodes.
+def _make_dfs(extend):
+    """The traversal for one backend; extend(unions, row, bitmaps, v) sets unions[row] to
+    unions[row - 1] OR B_v and returns its popcount, F.
     """
-    unions, on_path, path, stack_r, stack_f, best = work
-    n = len(parent) - 1
-    m = 0
-    v = 1  # next candidate for depth m + 1
-    on_path[0] = True
-    stack_r[0] = 1.0
-    stack_f[0] = extend(unions, 1, bitmaps, 0)  # the root s is always verified
-    best_m, best_p, best_r, best_f = -1, 0.0, 0.0, 0
-    visited = 0
-    while True:
-        visited += 1
-        r = stack_r[m]
-        f = stack_f[m]
-        if objective == RATIO:
-            p = r / (b[m] + beta * f)
-        elif objective == PARAMETRIC:
-            p = r - lam * (b[m] + beta * f)
-        else:
-            p = -1.0 * f
-        if objective != MIN_UNION or m == k_max:
-            if best_m < 0 or p > best_p or (
-                p == best_p and (r > best_r or (r == best_r and (f < best_f or (f == best_f and m < best_m))))
-            ):
-                best_m, best_p, best_r, best_f = m, p, r, f
-                for i in range(1, m + 1):
-                    best[i] = path[i]
-        # Step to the next subtree in depth-first order: descend to the next addable node, or backtrack.
+
+    def dfs(parent, prob, bitmaps, k_max, objective, b, beta, lam, work):
+            """Visit every legal subtree of at most k_max nodes; return (|S|, R̂, F, visited) of the best.
+
+        work = (unions, on_path, path, stack_r, stack_f, best): unions row m + 1 holds B(S) of the
+        subtree at depth m (row 0 stays empty), path[1..m] its nodes, stack_r / stack_f its R̂ and F;
+        best[1..|S|] receives the best subtree's nodes.
+        """
+        unions, on_path, path, stack_r, stack_f, best = work
+        n = len(parent) - 1
+        m = 0
+        v = 1  # next candidate for depth m + 1
+        on_path[0] = True
+        stack_r[0] = 1.0
+        stack_f[0] = extend(unions, 1, bitmaps, 0)  # the root s is always verified
+        best_m, best_p, best_r, best_f = -1, 0.0, 0.0, 0
+        visited = 0
         while True:
-            if m < k_max:
-                while v <= n and not on_path[parent[v]]:
-                    v += 1
-                if v <= n:
-                    m += 1
-                    path[m] = v
-                    on_path[v] = True
-                    stack_r[m] = stack_r[m - 1] + prob[v]
-                    stack_f[m] = extend(unions, m + 1, bitmaps, v)
-                    v += 1
-                    break
-            if m == 0:
-                return best_m, best_r, best_f, visited
-            v = path[m] + 1
-            on_path[path[m]] = False
-            m -= 1
+            visited += 1
+            r = stack_r[m]
+            f = stack_f[m]
+            if objective == RATIO:
+                p = r / (b[m] + beta * f)
+            elif objective == PARAMETRIC:
+                p = r - lam * (b[m] + beta * f)
+            else:
+                p = -1.0 * f
+            if objective != MIN_UNION or m == k_max:
+                if best_m < 0 or p > best_p or (
+                    p == best_p and (r > best_r or (r == best_r and (f < best_f or (f == best_f and m < best_m))))
+                ):
+                    best_m, best_p, best_r, best_f = m, p, r, f
+                    for i in range(1, m + 1):
+                        best[i] = path[i]
+            # Step to the next subtree in depth-first order: descend to the next addable node, or backtrack.
+            while True:
+                if m < k_max:
+                    while v <= n and not on_path[parent[v]]:
+                        v += 1
+                    if v <= n:
+                        m += 1
+                        path[m] = v
+                        on_path[v] = True
+                        stack_r[m] = stack_r[m - 1] + prob[v]
+                        stack_f[m] = extend(unions, m + 1, bitmaps, v)
+                        v += 1
+                        break
+                if m == 0:
+                    return best_m, best_r, best_f, visited
+                v = path[m] + 1
+                on_path[path[m]] = False
+                m -= 1
+
+    return dfs
 
 
 @njit(cache=True)

@@ -39,21 +39,26 @@ class Target:
     def prefix_len(self) -> int:
         return self.cache.get_seq_length()
 
-    def forward(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None):
-        """Logits [q, V] and aux [1, q, 3H] (or None) of new rows; causal when ``parent`` is None, else a tree."""
+    def run(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None, **kwargs):
+        """The model output for new rows ``tokens``: causal when ``parent`` is None, else a tree query."""
         device = self.model.device
         past = self.prefix_len
-        input_ids = torch.tensor([tokens], device=device)  # [1, q]
         mask = positions = None
         if parent is not None:
             mask = tree_mask(parent, past, self.model.dtype, device)  # [1, 1, q, past+q]
             positions = tree_positions(depth, past, device)  # [1, q]
-        out = self.model(
+        input_ids = torch.tensor([tokens], device=device)  # [1, q]
+        return self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
-            output_hidden_states=self.aux_layer_ids is not None,
+            **kwargs,
         )
-        aux = aux_hidden_states(out.hidden_states, self.aux_layer_ids) if self.aux_layer_ids is not None else None
-        return out.logits[0], aux
+
+    def forward(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None):
+        """Logits [q, V] of the new rows and their aux states [1, q, 3H] (None without a drafter)."""
+        if self.aux_layer_ids is None:
+            return self.run(tokens, parent, depth).logits[0], None
+        out = self.run(tokens, parent, depth, output_hidden_states=True)
+        return out.logits[0], aux_hidden_states(out.hidden_states, self.aux_layer_ids)
 
     def prefill(self, prompt_ids: list[int]) -> tuple[int, torch.Tensor | None]:
         """Run the prompt; returns the first output token and the prompt's aux states [1, P, 3H]."""
@@ -77,9 +82,23 @@ class Target:
             aux=aux[:, kept] if aux is not None else None,
         )
 
-    def discard(self, rows: int) -> None:
-        """Drop the last ``rows`` cache positions (a forward that committed nothing)."""
-        self.cache.crop(-rows)
+    def routes(self, pool: CandidatePool) -> torch.Tensor:
+        """[n+1, L, k] experts the target routes root + every pool node to, in one tree forward.
+
+        The forward commits nothing: its KV rows are dropped again. Routes come from the offload engine's
+        recorder, or from the routers' logits when there is no engine (unit tests).
+        """
+        tokens = pool.token
+        if self.engine is not None:
+            with self.engine.record_routes() as recorder:
+                self.run(tokens, pool.parent, pool.level)
+            routes = recorder.routes  # [n+1, L, k]
+        else:
+            out = self.run(tokens, pool.parent, pool.level, output_router_logits=True)
+            k = self.model.config.num_experts_per_tok
+            routes = torch.stack([r.topk(k, dim=-1).indices for r in out.router_logits], dim=1)  # [n+1, L, k]
+        self.cache.crop(-len(tokens))
+        return routes.cpu()
 
 
 def greedy_path(pool: CandidatePool, rows: tuple[int, ...], predicted: list[int]) -> list[int]:

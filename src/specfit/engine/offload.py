@@ -1,0 +1,528 @@
+"""Expert offloading for Hugging Face MoE models: host storage, an LRU expert cache of device slots per layer.
+
+Every expert of every MoE layer lives in host memory (pinned when the device is CUDA). Each layer owns ``slots``
+device slots, an LRU cache that starts empty. The engine registers itself as an experts implementation of
+transformers (``ALL_EXPERTS_FUNCTIONS``), so the target's own router picks the experts and the target's own
+experts implementation (``grouped_mm``, ``eager``, ...) does the math, reading the slot buffers in place of the
+fused weights through a thin view. Nothing of the modeling code is copied.
+
+Touch order (what decides later evictions; an LRU simulation over the recorded routes reproduces every counter):
+
+1. The layer's demand is the union of the experts that the forward's tokens route to, in increasing expert id.
+2. Hits (experts already resident) are touched first, in increasing expert id: each becomes most recently used.
+3. Misses follow in increasing expert id: each takes a free slot, else evicts the least recently used expert.
+
+Hits are computed while the misses' copies are in flight. When the union exceeds the slots, an admission whose
+victim has not been computed yet first computes the group waiting for it, so the forward runs in groups and every
+expert is still loaded at most once per layer forward.
+
+``slots = 0`` means no expert cache: the cache is cleared (and the clearing timed) before every target forward,
+prefill included; within a layer forward an expert shared by several tokens is loaded once, into a scratch of
+``num_experts`` slots shared by all layers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
+
+from specfit.engine.families import MoEFamily, family_of, moe_experts
+from specfit.engine.link import Link, LinkModel
+
+EXPERTS_IMPLEMENTATION = "specfit_offload"
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """How the experts are offloaded: ``slots`` device slots per layer (0: no expert cache)."""
+
+    slots: int
+    max_inflight: int = 2  # host-to-device copies in flight at most
+    link: LinkModel | None = None  # emulated link for CPU-only machines; None: copies run at memory speed
+
+    def __post_init__(self) -> None:
+        if self.slots < 0 or self.max_inflight < 1:
+            raise ValueError(f"need slots >= 0 and max_inflight >= 1, got {self}")
+
+
+# A plan step: ("load", [(expert, slot), ...]) issues copies; ("compute", [(expert, slot), ...], wait) runs the
+# target's experts implementation on that group, first waiting for the copies in flight when ``wait``.
+Step = tuple
+
+
+class ExpertCache:
+    """The LRU of one layer's device slots (expert id -> slot, least recently used first)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.clear()
+
+    def clear(self) -> None:
+        self.slot_of: OrderedDict[int, int] = OrderedDict()
+        self.free = list(range(self.capacity - 1, -1, -1))  # popped from the end: slot 0 first
+
+    def admit(self, union: list[int]) -> tuple[list[int], list[int], list[Step]]:
+        """Touch ``union`` (increasing expert ids) in the documented order; return hits, misses and the plan."""
+        slot_of = self.slot_of
+        hits = [e for e in union if e in slot_of]
+        misses = [e for e in union if e not in slot_of]
+        for e in hits:
+            slot_of.move_to_end(e)
+        hit_group = [(e, slot_of[e]) for e in hits]
+        uncomputed_hits = set(hits)
+        steps: list[Step] = []
+        loads: list[tuple[int, int]] = []
+        pending: list[tuple[int, int]] = []  # loaded (or loading) in this forward, not computed yet
+        pending_ids: set[int] = set()
+
+        def flush_loads() -> None:
+            if loads:
+                steps.append(("load", loads.copy()))
+                loads.clear()
+
+        for e in misses:
+            if self.free:
+                slot, victim = self.free.pop(), None
+            else:
+                victim, slot = slot_of.popitem(last=False)
+            if victim in uncomputed_hits:
+                flush_loads()  # the copies issued so far overlap the hits' compute
+                steps.append(("compute", hit_group, False))
+                uncomputed_hits.clear()
+            elif victim in pending_ids:
+                flush_loads()
+                steps.append(("compute", pending.copy(), True))
+                pending.clear()
+                pending_ids.clear()
+            slot_of[e] = slot
+            loads.append((e, slot))
+            pending.append((e, slot))
+            pending_ids.add(e)
+        flush_loads()
+        if uncomputed_hits:
+            steps.append(("compute", hit_group, False))
+        if pending:
+            steps.append(("compute", pending, True))
+        return hits, misses, steps
+
+
+# A copy job: the (slot row, host row) pairs of one expert's tensors, and its bytes.
+CopyJob = tuple[list[tuple[torch.Tensor, torch.Tensor]], int]
+
+
+class _ThreadCopier:
+    """CPU: copies run on a small worker pool, split into at most ``max_inflight`` lanes per hand-off.
+
+    One hand-off per lane, not per expert: a hand-off costs tens of microseconds, a copy of a large expert a few
+    milliseconds. A lane copies its experts one after another, so at most ``max_inflight`` copies are in flight.
+    """
+
+    def __init__(self, max_inflight: int, link: Link | None) -> None:
+        self.max_inflight = max_inflight
+        self.link = link
+        self.pool = ThreadPoolExecutor(max_inflight, thread_name_prefix="specfit-h2d")
+
+    def submit(self, jobs: list[CopyJob]) -> list[Future]:
+        lanes = min(self.max_inflight, len(jobs))
+        return [self.pool.submit(self._run_lane, jobs[i::lanes]) for i in range(lanes)]
+
+    def _run_lane(self, jobs: list[CopyJob]) -> None:
+        for pairs, nbytes in jobs:
+            issued_at = time.perf_counter()
+            for slot_row, host_row in pairs:
+                slot_row.copy_(host_row)
+            if self.link is not None:
+                self.link.transfer(nbytes, issued_at)
+
+    def wait(self, handles: list[Future]) -> None:
+        for handle in handles:
+            handle.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class _StreamCopier:
+    """CUDA: pinned host rows copied with ``non_blocking`` on ``max_inflight`` copy streams, joined by events."""
+
+    def __init__(self, max_inflight: int, device: torch.device) -> None:
+        self.device = device
+        self.streams = [torch.cuda.Stream(device) for _ in range(max_inflight)]
+
+    def submit(self, jobs: list[CopyJob]) -> list[torch.cuda.Event]:
+        compute = torch.cuda.current_stream(self.device)
+        # Slots being overwritten were last read by compute enqueued before this point.
+        slots_free = compute.record_event()
+        lanes = min(len(self.streams), len(jobs))
+        done = []
+        for i in range(lanes):
+            stream = self.streams[i]
+            stream.wait_event(slots_free)
+            with torch.cuda.stream(stream):
+                for pairs, _ in jobs[i::lanes]:
+                    for slot_row, host_row in pairs:
+                        slot_row.copy_(host_row, non_blocking=True)
+            done.append(stream.record_event())
+        return done
+
+    def wait(self, handles: list[torch.cuda.Event]) -> None:
+        compute = torch.cuda.current_stream(self.device)
+        for event in handles:
+            compute.wait_event(event)
+
+    def close(self) -> None:
+        pass
+
+
+class _SlotView:
+    """The experts module as its implementation sees it: slot buffers in place of the fused weights.
+
+    ``num_experts`` is the number of slot rows, which is also the sentinel index of the routed entries that the
+    current group does not compute (transformers' expert-parallel convention: they contribute nothing).
+    """
+
+    def __init__(self, module: nn.Module, slots: dict[str, torch.Tensor], rows: int, sentinels: bool) -> None:
+        self._module = module
+        self.__dict__.update(slots)
+        self.num_experts = rows
+        self._is_expert_parallel = sentinels
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
+
+@dataclass
+class _Counters:
+    """Exact counters over some forwards, per MoE layer."""
+
+    num_layers: int
+    expert_bytes: int
+    hits: list[int] = field(default_factory=list)
+    misses: list[int] = field(default_factory=list)
+    demand: list[int] = field(default_factory=list)  # size of the per-layer expert union
+    transfers: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("hits", "misses", "demand", "transfers"):
+            setattr(self, name, [0] * self.num_layers)
+
+    def as_dict(self) -> dict:
+        transfers = sum(self.transfers)
+        return {
+            "h2d_transfers": transfers,
+            "h2d_bytes": transfers * self.expert_bytes,
+            "hits": sum(self.hits),
+            "misses": sum(self.misses),
+            "demand": sum(self.demand),
+            "per_layer": {
+                "hits": list(self.hits),
+                "misses": list(self.misses),
+                "demand": list(self.demand),
+                "h2d_transfers": list(self.transfers),
+            },
+        }
+
+
+class RouteRecorder:
+    """Routes recorded inside ``engine.record_routes()``: each token's routed expert ids per MoE layer."""
+
+    def __init__(self, num_layers: int, top_k: int) -> None:
+        self.num_layers = num_layers
+        self.top_k = top_k
+        self.forwards: list[torch.Tensor] = []  # one [T, L, k] tensor per target forward
+
+    @property
+    def routes(self) -> torch.Tensor:
+        """[tokens, moe_layers, top_k] int64: the tokens of all recorded forwards, concatenated."""
+        if not self.forwards:
+            return torch.empty(0, self.num_layers, self.top_k, dtype=torch.long)
+        return torch.cat(self.forwards, dim=0)
+
+
+class _OffloadedLayer:
+    """One MoE layer: host rows, device slot buffers, its LRU, and the forward the experts interface calls."""
+
+    def __init__(
+        self,
+        engine: OffloadEngine,
+        index: int,
+        module: nn.Module,
+        host: dict[str, torch.Tensor],
+        slots: dict[str, torch.Tensor],
+        capacity: int,
+        inner: Callable,
+    ) -> None:
+        self.engine = engine
+        self.index = index
+        self.host = host  # name -> [E, ...] host rows
+        self.slots = slots  # name -> [R, ...] device slot rows, R >= 2
+        self.rows = next(iter(slots.values())).shape[0]
+        self.num_experts = next(iter(host.values())).shape[0]
+        self.cache = ExpertCache(capacity)
+        self.inner = inner
+        self.views = (_SlotView(module, slots, self.rows, False), _SlotView(module, slots, self.rows, True))
+
+    def copy_jobs(self, loads: list[tuple[int, int]]) -> list[CopyJob]:
+        nbytes = self.engine.expert_bytes
+        return [([(self.slots[n][slot], self.host[n][e]) for n in self.slots], nbytes) for e, slot in loads]
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        # hidden_states [T, H], top_k_index [T, k] expert ids, top_k_weights [T, k] gate weights
+        engine = self.engine
+        with torch.no_grad():
+            counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
+            union = counts.nonzero().flatten().tolist()  # increasing expert ids; a host sync
+        if engine.config.slots == 0:
+            self.cache.clear()  # no expert cache: a layer holds only the experts of its current forward
+        hits, misses, steps = self.cache.admit(union)
+        engine._on_layer(self.index, len(union), len(hits), len(misses), top_k_index)
+
+        out = None
+        in_flight: list = []
+        for step in steps:
+            if step[0] == "load":
+                in_flight += engine.copier.submit(self.copy_jobs(step[1]))
+                engine._on_transfers(self.index, len(step[1]))
+                continue
+            _, group, wait = step
+            if wait:
+                started = time.perf_counter()
+                engine.copier.wait(in_flight)
+                engine._copy_wait_s += time.perf_counter() - started
+                in_flight = []
+            part = self._compute(group, len(group) == len(union), hidden_states, top_k_index, top_k_weights)
+            out = part if out is None else out.add_(part)
+        return torch.zeros_like(hidden_states) if out is None else out
+
+    def _compute(
+        self,
+        group: list[tuple[int, int]],
+        whole: bool,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """The target's experts implementation over the slot rows, for the routed entries of ``group`` only."""
+        slot_of = [self.rows] * self.num_experts  # sentinel for experts outside the group
+        for e, slot in group:
+            slot_of[e] = slot
+        slot_index = torch.tensor(slot_of, device=top_k_index.device)[top_k_index]  # [T, k] slot rows
+        return self.inner(self.views[0 if whole else 1], hidden_states, slot_index, top_k_weights)
+
+
+def _offloaded_experts_forward(
+    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """The ``specfit_offload`` experts implementation: hands the layer to its offload engine."""
+    layer = getattr(self, "_specfit_layer", None)
+    if layer is None:
+        raise RuntimeError(f"{type(self).__name__} uses {EXPERTS_IMPLEMENTATION!r} but was not offloaded")
+    return layer.forward(hidden_states, top_k_index, top_k_weights)
+
+
+ExpertsInterface.register(EXPERTS_IMPLEMENTATION, _offloaded_experts_forward)
+
+
+class OffloadEngine:
+    """The offloaded experts of one model; made by :func:`offload_experts`."""
+
+    def __init__(self, model: nn.Module, config: OffloadConfig, device: torch.device | str | None = None) -> None:
+        self.config = config
+        self.family: MoEFamily = family_of(model)
+        modules = moe_experts(model, self.family)
+        if not modules:
+            raise ValueError(f"no {self.family.experts_class} modules in the model")
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        inner_name = text_config._experts_implementation
+        if inner_name == EXPERTS_IMPLEMENTATION:
+            raise ValueError("model is already offloaded")
+        self.num_layers = len(modules)
+        self.num_experts = modules[0].num_experts
+        self.top_k = getattr(text_config, self.family.top_k_attr)
+        self.device = torch.device(device) if device is not None else _compute_device(model, modules, self.family)
+        cuda = self.device.type == "cuda"
+        if cuda and config.link is not None:
+            raise ValueError("link emulation is for machines without a host link; CUDA copies use the real one")
+
+        hosts = [_to_host(m, self.family, pin=cuda) for m in modules]
+        if device is not None:
+            _move_all_but_experts(model, modules, self.family, self.device)
+        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in hosts[0].values())
+        self.link = Link(config.link) if config.link is not None else None
+        self.copier = _StreamCopier(config.max_inflight, self.device) if cuda else _ThreadCopier(
+            config.max_inflight, self.link
+        )
+
+        if config.slots == 0:
+            capacity = self.num_experts
+            scratch = _slot_buffers(hosts[0], capacity, self.device)  # shared: each layer runs once per forward
+        else:
+            capacity = min(config.slots, self.num_experts)  # slots >= num_experts: never evicts
+        self.layers: list[_OffloadedLayer] = []
+        for index, (module, host) in enumerate(zip(modules, hosts)):
+            same_shape = config.slots == 0 and all(host[n].shape[1:] == scratch[n].shape[1:] for n in host)
+            slots = scratch if same_shape else _slot_buffers(host, capacity, self.device)
+            inner = ALL_EXPERTS_FUNCTIONS.get_interface(inner_name, type(module).forward.__wrapped__)
+            layer = _OffloadedLayer(self, index, module, host, slots, capacity, inner)
+            module._specfit_layer = layer
+            self.layers.append(layer)
+        model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+
+        # Hook the decoder stack, not the LM head model, so that calling the base model directly counts too.
+        root = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else model
+        if not any(m is modules[0] for m in root.modules()):
+            root = model
+        self._hooks = [
+            root.register_forward_pre_hook(lambda *_: self._begin_forward()),
+            root.register_forward_hook(lambda *_: self._end_forward(), always_call=True),
+        ]
+        self._recorder: RouteRecorder | None = None
+        self._forward_routes: list[torch.Tensor | None] = [None] * self.num_layers
+        self.reset_stats()
+
+    # ----- labels ---------------------------------------------------------------------------------------------
+
+    @property
+    def link_emulated(self) -> bool:
+        """Whether copies go over an emulated link: every timing of such a run must say so."""
+        return self.link is not None
+
+    @property
+    def timing_label(self) -> str:
+        """A label for timings taken on this engine, e.g. ``"emulated link (...)"`` or ``"cuda H2D"``."""
+        if self.link is not None:
+            return self.link.model.label
+        if self.device.type == "cuda":
+            return "cuda H2D (pinned host, copy streams)"
+        return f"{self.device.type} memory copies (no link)"
+
+    # ----- counters -------------------------------------------------------------------------------------------
+
+    def reset_stats(self) -> None:
+        self._total = _Counters(self.num_layers, self.expert_bytes)
+        self._current = _Counters(self.num_layers, self.expert_bytes)
+        self.last_forward: dict = self._current.as_dict()
+        self._forwards = 0
+        self._clear_s = 0.0
+        self._copy_wait_s = 0.0
+        if self.link is not None:
+            self.link.reset()
+
+    def stats(self) -> dict:
+        """Cumulative counters since the last ``reset_stats()``; per-layer lists under ``"per_layer"``."""
+        out = self._total.as_dict()
+        out.update(
+            forwards=self._forwards,
+            clear_s=self._clear_s,
+            copy_wait_s=self._copy_wait_s,  # time compute waited for copies (CPU; CUDA waits on device)
+            link_s=self.link.busy_s if self.link is not None else 0.0,  # modelled link time, summed over copies
+            link_emulated=self.link_emulated,
+            timing_label=self.timing_label,
+        )
+        return out
+
+    def _on_layer(self, index: int, demand: int, hits: int, misses: int, top_k_index: torch.Tensor) -> None:
+        for counters in (self._total, self._current):
+            counters.demand[index] += demand
+            counters.hits[index] += hits
+            counters.misses[index] += misses
+        if self._recorder is not None:
+            self._forward_routes[index] = top_k_index.detach().to("cpu", torch.long, copy=True)  # [T, k]
+
+    def _on_transfers(self, index: int, transfers: int) -> None:
+        self._total.transfers[index] += transfers
+        self._current.transfers[index] += transfers
+
+    def _begin_forward(self) -> None:
+        self._current = _Counters(self.num_layers, self.expert_bytes)
+        self._forward_routes = [None] * self.num_layers
+        if self.config.slots == 0:
+            self.clear_cache()
+
+    def _end_forward(self) -> None:
+        self._forwards += 1
+        self.last_forward = self._current.as_dict()
+        if self._recorder is not None and all(r is not None for r in self._forward_routes):
+            self._recorder.forwards.append(torch.stack(self._forward_routes, dim=1))  # [T, L, k]
+
+    # ----- cache control --------------------------------------------------------------------------------------
+
+    def clear_cache(self) -> None:
+        """Empty every layer's slots (timed into ``stats()["clear_s"]``)."""
+        started = time.perf_counter()
+        for layer in self.layers:
+            layer.cache.clear()
+        self._clear_s += time.perf_counter() - started
+
+    @contextmanager
+    def record_routes(self) -> Iterator[RouteRecorder]:
+        """Record the routes of every target forward inside the block (``rec.routes``: [tokens, layers, k])."""
+        recorder = RouteRecorder(self.num_layers, self.top_k)
+        self._recorder = recorder
+        try:
+            yield recorder
+        finally:
+            self._recorder = None
+
+    def close(self) -> None:
+        """Stop the copy workers and remove the forward hooks (the model stays offloaded)."""
+        for hook in self._hooks:
+            hook.remove()
+        self.copier.close()
+
+
+def offload_experts(model: nn.Module, config: OffloadConfig, device: torch.device | str | None = None) -> OffloadEngine:
+    """Offload the routed experts of ``model`` (in place) and return the engine that serves them.
+
+    ``device`` is where everything but the experts runs; by default, where the model's other weights are. When
+    given, the rest of the model is moved there and the experts to host memory (pinned for CUDA).
+    """
+    return OffloadEngine(model, config, device)
+
+
+def _compute_device(model: nn.Module, modules: list[nn.Module], family: MoEFamily) -> torch.device:
+    expert_params = {id(getattr(m, n)) for m in modules for n in family.weights}
+    for param in model.parameters():
+        if id(param) not in expert_params:
+            return param.device
+    return torch.device("cpu")
+
+
+def _to_host(module: nn.Module, family: MoEFamily, pin: bool) -> dict[str, torch.Tensor]:
+    """Move one experts module's fused weights to host memory (they stay its parameters); the host rows."""
+    host = {}
+    for name in family.weights:
+        param = getattr(module, name)
+        data = param.data if param.device.type == "cpu" else param.data.to("cpu")
+        if pin and not data.is_pinned():
+            data = data.pin_memory()
+        param.data = data
+        host[name] = param.detach()  # [E, ...]
+    return host
+
+
+def _move_all_but_experts(model: nn.Module, modules: list[nn.Module], family: MoEFamily, device: torch.device) -> None:
+    """``model.to(device)`` leaving the experts' host storage where it is."""
+    held = [(getattr(m, n), getattr(m, n).data) for m in modules for n in family.weights]
+    for param, _ in held:
+        param.data = torch.empty(0, dtype=param.dtype)
+    model.to(device)
+    for param, data in held:
+        param.data = data
+
+
+def _slot_buffers(host: dict[str, torch.Tensor], capacity: int, device: torch.device) -> dict[str, torch.Tensor]:
+    # At least two rows: transformers' grouped_mm counts tokens per row with histc, which takes min == max == 0
+    # (a single row) to mean "use the data's range" and would then count the sentinel entries.
+    rows = max(capacity, 2)
+    return {n: torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=device) for n, t in host.items()}

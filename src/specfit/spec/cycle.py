@@ -1,0 +1,54 @@
+"""What a method sees of the cycle it decides in, and the request's stopwatch."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+if TYPE_CHECKING:
+    from specfit.spec.verify import Target
+
+
+class Stopwatch:
+    """Wall time with device synchronization around every timed section.
+
+    ``excluded()`` marks work outside the request timer (a live route query); it is subtracted from the request
+    and from any section that encloses it.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        device = torch.device(device)
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.excluded_s = 0.0
+
+    def now(self) -> float:
+        self._sync()
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def section(self, times: dict[str, float], key: str) -> Iterator[None]:
+        """Add the block's time to ``times[key]``."""
+        start, excluded = self.now(), self.excluded_s
+        yield
+        times[key] = times.get(key, 0.0) + self.now() - start - (self.excluded_s - excluded)
+
+    @contextlib.contextmanager
+    def excluded(self) -> Iterator[None]:
+        start = self.now()
+        yield
+        self.excluded_s += self.now() - start
+
+
+@dataclass
+class Cycle:
+    """One verification cycle of one request: where it stands, and the target for route queries."""
+
+    request_id: int
+    index: int
+    prefix_len: int  # committed tokens the target holds in its KV cache; the root is next
+    target: Target
+    clock: Stopwatch

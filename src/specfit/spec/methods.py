@@ -1,0 +1,155 @@
+"""Decoding methods: a drafting policy plus a selection rule, registered by name.
+
+The request loop drafts the candidate pool one level at a time, up to ``max_depth`` (fewer near the length
+limit), and after each level asks the method's ``select`` whether to verify now and which nodes. A method is a
+subclass of `Method` in one module, registered with ``@register_method("name")``, plus one config entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from specfit.io import read_json
+from specfit.selection import Pool, holds_level, select_specfit, select_top_prob
+from specfit.spec.cycle import Cycle
+from specfit.spec.pool import CandidatePool
+from specfit.spec.routes import AtlasRoutes, LiveRoutes, NoisyRoutes
+from specfit.stage import SpecFitError
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """The ``method`` slice of a decode rule's spec."""
+
+    name: str
+    k_max: int = 7  # K: most draft nodes one cycle verifies
+    max_depth: int = 5  # pool levels
+    top_k_expand: int = 2  # children per expanded node, and nodes expanded per level
+    routes: str = "atlas"  # SpecFit's route source: "atlas", "noisy" (the atlas degraded) or "live"
+    accuracy: float = 1.0  # route accuracy of the "noisy" source
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The subtree to verify and the deepest pool level the method asked for."""
+
+    nodes: tuple[int, ...]  # sorted draft node ids, root excluded
+    drafted_levels: int
+
+
+class Method:
+    name: ClassVar[str]
+    drafts: ClassVar[bool] = True  # False: no drafter, every cycle verifies the root alone
+
+    def __init__(self, config: MethodConfig):
+        self.config = config
+
+    @classmethod
+    def from_inputs(cls, config: MethodConfig, inputs: dict, seed: int, num_experts: int) -> "Method":
+        """Build the method from the decode rule's inputs (coefficients, atlas, ...)."""
+        return cls(config)
+
+    @property
+    def max_depth(self) -> int:
+        return self.config.max_depth if self.drafts else 0
+
+    def select(self, cycle: Cycle, pool: CandidatePool, final: bool) -> Decision | None:
+        """After a level is drafted: the nodes to verify, or None to draft the next level. ``final``: no next."""
+        raise NotImplementedError
+
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register_method(name: str):
+    def register(cls: type[Method]) -> type[Method]:
+        cls.name = name
+        METHODS[name] = cls
+        return cls
+
+    return register
+
+
+def build_method(config: MethodConfig | dict, inputs: dict | None = None, seed: int = 0, num_experts: int = 0) -> Method:
+    config = config if isinstance(config, MethodConfig) else MethodConfig(**config)
+    if config.name not in METHODS:
+        raise SpecFitError(f"unknown method {config.name!r}; registered: {sorted(METHODS)}")
+    return METHODS[config.name].from_inputs(config, inputs or {}, seed, num_experts)
+
+
+def selection_pool(pool: CandidatePool, routes: np.ndarray | None = None, num_experts: int = 1) -> Pool:
+    """The selector's view of ``pool``; without routes it carries no experts (probability rules)."""
+    if routes is None:
+        routes = np.empty((pool.n + 1, 0, 1), dtype=np.int64)  # [n+1, 0 layers, 1]
+    return Pool(np.asarray(pool.parent), np.asarray(pool.path_prob), routes, num_experts)
+
+
+@register_method("ar")
+class AR(Method):
+    """Serial greedy decoding: no drafter, one target forward per output token."""
+
+    drafts = False
+
+    def select(self, cycle, pool, final):
+        return Decision((), 0)
+
+
+@register_method("eagle3")
+class Eagle3(Method):
+    """EAGLE-3: the full pool, then the k_max nodes of highest path_prob (all when the pool has fewer)."""
+
+    def select(self, cycle, pool, final):
+        if not final:
+            return None
+        return Decision(select_top_prob(selection_pool(pool), self.config.k_max).nodes, pool.depth)
+
+
+@register_method("specfit")
+class SpecFit(Method):
+    """Eq. 5 with adaptive depth (Section 3.3): after level d, select over V<=d and draft on only if the
+    selection holds a level-d node; at the last level select over the whole pool.
+
+    With a route source that needs the full pool (the atlas build), the pool is drafted to full depth, the
+    routes are queried once and the rule is replayed on V<=1, V<=2, ...; ``drafted_levels`` is where it stops.
+    """
+
+    def __init__(self, config: MethodConfig, b, beta: float, routes, num_experts: int):
+        super().__init__(config)
+        self.b = np.asarray(b, dtype=np.float64)
+        self.beta = float(beta)
+        self.route_source = routes
+        self.num_experts = num_experts
+
+    @classmethod
+    def from_inputs(cls, config, inputs, seed, num_experts):
+        if "coefficients" not in inputs:
+            raise SpecFitError("method specfit needs the `coefficients` input (the fitted b and beta)")
+        coefficients = read_json(inputs["coefficients"])
+        if config.routes == "live":
+            routes = LiveRoutes()
+        elif "atlas" not in inputs:
+            raise SpecFitError(f"method specfit with {config.routes!r} routes needs the `atlas` input")
+        elif config.routes == "atlas":
+            routes = AtlasRoutes(inputs["atlas"])
+        elif config.routes == "noisy":
+            routes = NoisyRoutes(AtlasRoutes(inputs["atlas"]), config.accuracy, seed, num_experts)
+        else:
+            raise SpecFitError(f"unknown route source {config.routes!r}: use atlas, noisy or live")
+        return cls(config, coefficients["b"], coefficients["beta"], routes, num_experts)
+
+    def select(self, cycle, pool, final):
+        if pool.n == 0:  # at the length limit: nothing to choose, no routes to read
+            return Decision((), 0)
+        if self.route_source.full_pool and not final:
+            return None
+        full = selection_pool(pool, self.route_source.routes(cycle, pool), self.num_experts)
+        first = 1 if self.route_source.full_pool else pool.depth
+        for depth in range(first, pool.depth + 1):
+            view = full.upto_level(depth)
+            chosen = select_specfit(view, self.b, self.beta, self.config.k_max)
+            if (final and depth == pool.depth) or not holds_level(view, chosen, depth):
+                return Decision(chosen.nodes, depth)
+        return None

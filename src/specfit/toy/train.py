@@ -1,0 +1,70 @@
+"""What the toy stages share: the training conversations, the held-out split and a time-boxed training loop."""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from specfit.questions import load_questions, training_questions
+
+log = logging.getLogger(__name__)
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def lead(text: str, sentences: int = 3, max_words: int = 60) -> str:
+    """The first sentences of ``text`` (Lead-3, the classic CNN/DailyMail baseline), cut at ``max_words``."""
+    text = text.removeprefix("Summarize: ")
+    words = " ".join(SENTENCE_END.split(text.strip())[:sentences]).split()
+    return " ".join(words[:max_words])
+
+
+def conversations(questions: list[dict]) -> list[list[dict]]:
+    """Chat messages for each question; the assistant replies with the Lead-3 of the user turn.
+
+    Spec-Bench has questions only. An extractive reply gives the toy target a reply format that ends with
+    the end-of-turn token, as a chat model's does, and a copy pattern a drafter can learn.
+    """
+    chats = []
+    for q in questions:
+        messages = []
+        for turn in q["turns"]:
+            messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": lead(turn)}]
+        chats.append(messages)
+    return chats
+
+
+def split(questions_path, heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) among the questions no workload evaluates; held-out ones only measure the toy."""
+    pool = training_questions(load_questions(questions_path))
+    random.Random(seed).shuffle(pool)
+    return pool[heldout:], pool[:heldout]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train_loop(step: Callable[[int], dict], seconds: float, max_steps: int, desc: str) -> dict:
+    """Call ``step(i)`` (it returns floats to log) until ``seconds`` pass or ``max_steps`` are done."""
+    start = time.perf_counter()
+    bar = tqdm(total=max_steps, desc=desc, mininterval=5)
+    stats: dict = {}
+    i = 0
+    while i < max_steps and time.perf_counter() - start < seconds:
+        stats = step(i)
+        i += 1
+        bar.update()
+        if i % 20 == 0 or i == 1:
+            bar.set_postfix(stats)
+            log.info("%s step %d: %s", desc, i, " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
+    bar.close()
+    elapsed = time.perf_counter() - start
+    log.info("%s: %d steps in %.1f s (cap %d steps, budget %.0f s): %s", desc, i, elapsed, max_steps, seconds, stats)
+    return {"steps": i, "seconds": round(elapsed, 1), **stats}

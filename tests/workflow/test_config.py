@@ -1,0 +1,111 @@
+"""Config validation at load: typos and wrong types stop the workflow with the key named."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from specfit.workflow import (
+    ConfigError,
+    DecodeRun,
+    atlas_variant,
+    code_hash,
+    decode_runs,
+    reference_run,
+    theory_runs,
+    validate_config,
+)
+
+
+@pytest.fixture()
+def config(root):
+    return yaml.safe_load((root / "config.yaml").read_text())
+
+
+@pytest.fixture()
+def schema(root):
+    return root / "workflow/schemas/config.schema.yaml"
+
+
+def test_default_config_is_valid_and_gets_defaults(config, schema):
+    validate_config(config, schema)
+    assert config["spec_bench"]["sha256"] == "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"
+    assert config["methods"]["eagle3"]["k_max"] == 7
+    assert config["devices"]["cpu-a100link"]["max_inflight"] == 2
+
+
+def test_unknown_key_is_named(config, schema):
+    config["workloads"]["gsm8k"]["limt_tokens"] = 512
+    with pytest.raises(ConfigError, match=r"'workloads\.gsm8k\.limt_tokens' is not allowed.*limit_tokens"):
+        validate_config(config, schema)
+
+
+def test_wrong_type_is_named(config, schema):
+    config["methods"]["specfit"]["k_max"] = "seven"
+    with pytest.raises(ConfigError, match=r"'methods\.specfit\.k_max': 'seven' is not of type 'integer'"):
+        validate_config(config, schema)
+
+
+def test_wrong_enum_is_named(config, schema):
+    config["devices"]["cpu-a100link"]["torch_device"] = "tpu"
+    with pytest.raises(ConfigError, match=r"'devices\.cpu-a100link\.torch_device'.*cpu.*cuda"):
+        validate_config(config, schema)
+
+
+def test_run_naming_an_undefined_method(config, schema):
+    config["runs"][0]["methods"].append("medusa")
+    with pytest.raises(ConfigError, match=r"'runs\.0\.methods' names 'medusa'"):
+        validate_config(config, schema)
+
+
+def test_missing_main_slots_for_a_device(config, schema):
+    del config["models"]["toy"]["main_slots"]["cpu-4090link"]
+    with pytest.raises(ConfigError, match=r"main_slots' has no entry for device 'cpu-4090link'"):
+        validate_config(config, schema)
+
+
+def test_snakemake_stops_before_any_job(root, config, tmp_path):
+    bad = copy.deepcopy(config)
+    bad["seed"] = "zero"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "reports/all", "--configfile", str(path)],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "config key 'seed': 'zero' is not of type 'integer'" in proc.stdout + proc.stderr
+
+
+def test_decode_matrix(config, schema):
+    validate_config(config, schema)
+    runs = decode_runs(config)
+    assert len(runs) == len(set(runs)) == 23
+    assert DecodeRun("toy", "cpu-a100link", "summarization", "specfit", 3) in runs
+    run = DecodeRun("toy", "cpu-a100link", "gsm8k", "specfit-noisy", 12)
+    assert reference_run(config, run) == DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 0)
+    assert reference_run(config, DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 0)) is None
+    assert atlas_variant(config, "specfit-noisy", 12) == "specfit-noisy-cache"
+    assert atlas_variant(config, "specfit", 0) == "specfit-nocache"
+    assert {(r.device, r.workload, r.slots) for r in theory_runs(config)} == {
+        ("cpu-a100link", "summarization", 12), ("cpu-a100link", "gsm8k", 12), ("cpu-4090link", "gsm8k", 8)}
+
+
+def test_code_hash_follows_specfit_imports(tmp_path, monkeypatch):
+    import specfit.workflow as wf
+
+    pkg = tmp_path / "specfit"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "stage.py").write_text("from specfit.sub import helper\nimport numpy\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "helper.py").write_text("X = 1\n")
+    (pkg / "other.py").write_text("Y = 1\n")
+    monkeypatch.setattr(wf, "PACKAGE_DIR", pkg)
+    before = code_hash("specfit.stage")
+    (pkg / "other.py").write_text("Y = 2\n")  # not imported: same hash
+    assert code_hash("specfit.stage") == before
+    (pkg / "sub" / "helper.py").write_text("X = 2\n")  # imported transitively: new hash
+    assert code_hash("specfit.stage") != before
