@@ -7,7 +7,7 @@ B(S) = B_s OR ... OR B_v from the parent state. A subtree replaces the incumbent
 better, so among equal keys the first visited, the lexicographically smallest, wins.
 
 The same traversal runs compiled (numba, bitmaps as uint64 words) and interpreted (Python, one
-integer bitmap per node): `_dfs` is written once and takes the backend's union step as an argument.
+integer bitmap per node): `_make_dfs` writes it once around each backend's union step.
 """
 
 import numpy as np
@@ -21,13 +21,40 @@ MIN_UNION = 2  # primary -F over subtrees of exactly k_max nodes (calibration pr
 BACKENDS = ("numba", "python")
 
 
+@njit(cache=True)
+def _popcount(x):
+    """Bits set in a uint64 (SWAR; LLVM lowers it to the popcnt instruction)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+@njit(cache=True)
+def _extend_words(unions, row, words, v):
+    """unions[row] = unions[row - 1] OR B_v over all layer words; return its popcount, F."""
+    f = 0
+    for w in range(unions.shape[1]):
+        x = unions[row - 1, w] | words[v, w]
+        unions[row, w] = x
+        f += _popcount(x)
+    return f
+
+
+def _extend_int(unions, row, bitmaps, v):
+    """The same step on Python integers, one bitmap of L * N bits per node."""
+    x = unions[row - 1] | bitmaps[v]
+    unions[row] = x
+    return x.bit_count()
+
+
 def _make_dfs(extend):
     """The traversal for one backend; extend(unions, row, bitmaps, v) sets unions[row] to
     unions[row - 1] OR B_v and returns its popcount, F.
     """
 
     def dfs(parent, prob, bitmaps, k_max, objective, b, beta, lam, work):
-            """Visit every legal subtree of at most k_max nodes; return (|S|, R̂, F, visited) of the best.
+        """Visit every legal subtree of at most k_max nodes; return (|S|, R̂, F, visited) of the best.
 
         work = (unions, on_path, path, stack_r, stack_f, best): unions row m + 1 holds B(S) of the
         subtree at depth m (row 0 stays empty), path[1..m] its nodes, stack_r / stack_f its R̂ and F;
@@ -81,31 +108,9 @@ def _make_dfs(extend):
     return dfs
 
 
-@njit(cache=True)
-def _popcount(x):
-    """Bits set in a uint64 (SWAR; LLVM lowers it to the popcnt instruction)."""
-    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
-    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
-    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
-    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
-
-
-@njit(cache=True)
-def _extend_words(unions, row, words, v):
-    """unions[row] = unions[row - 1] OR B_v over all layer words; return its popcount, F."""
-    f = 0
-    for w in range(unions.shape[1]):
-        x = unions[row - 1, w] | words[v, w]
-        unions[row, w] = x
-        f += _popcount(x)
-    return f
-
-
-def _extend_int(unions, row, bitmaps, v):
-    """The same step on Python integers, one bitmap of L * N bits per node."""
-    x = unions[row - 1] | bitmaps[v]
-    unions[row] = x
-    return x.bit_count()
+# A closure, not a function argument: numba caches callers of a bound dispatcher but not of a passed one.
+_dfs_words = njit(_make_dfs(_extend_words))
+_dfs_int = _make_dfs(_extend_int)
 
 
 @njit(cache=True)
@@ -120,7 +125,7 @@ def _search_words(parent, prob, words, k_max, objective, b, beta, lam):
         np.zeros(depth + 1, dtype=np.int64),  # [depth+1] F per depth
         np.zeros(depth + 1, dtype=np.int64),  # [depth+1] best subtree's nodes
     )
-    m, r, f, visited = _dfs(parent, prob, words, _extend_words, depth, objective, b, beta, lam, work)
+    m, r, f, visited = _dfs_words(parent, prob, words, depth, objective, b, beta, lam, work)
     return work[5][1 : m + 1].copy(), r, f, visited
 
 
@@ -129,10 +134,15 @@ def _search_int(parent, prob, words, k_max, objective, b, beta, lam):
     n = parent.shape[0] - 1
     depth = min(k_max, n)
     bitmaps = [int.from_bytes(row.tobytes(), "little") for row in words]
-    work = ([0] * (depth + 2), [False] * (n + 1), [0] * (depth + 1), [0.0] * (depth + 1), [0] * (depth + 1), [0] * (depth + 1))
-    m, r, f, visited = _dfs.py_func(
-        parent.tolist(), prob.tolist(), bitmaps, _extend_int, depth, objective, b.tolist(), beta, lam, work
+    work = (
+        [0] * (depth + 2),  # B(S) per depth
+        [False] * (n + 1),  # node on the current path
+        [0] * (depth + 1),  # nodes of the current subtree
+        [0.0] * (depth + 1),  # R̂ per depth
+        [0] * (depth + 1),  # F per depth
+        [0] * (depth + 1),  # best subtree's nodes
     )
+    m, r, f, visited = _dfs_int(parent.tolist(), prob.tolist(), bitmaps, depth, objective, b.tolist(), beta, lam, work)
     return work[5][1 : m + 1], r, f, visited
 
 

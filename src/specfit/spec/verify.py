@@ -24,6 +24,7 @@ class Verdict:
     accepted: list[int]  # node ids of the accepted path, root excluded
     next_root: int  # the target's argmax after the accepted path
     aux: torch.Tensor | None  # [1, 1+len(accepted), 3H] target aux states of root + accepted path
+    kept: torch.Tensor  # [P + 1 + len(accepted)] cache positions of the prefix, the root and the accepted path
 
 
 class Target:
@@ -66,7 +67,7 @@ class Target:
         return int(logits[-1].argmax()), aux
 
     def verify(self, pool: CandidatePool, nodes: tuple[int, ...]) -> Verdict:
-        """Verify root + ``nodes`` (ancestor-closed, ascending) in one tree forward and keep the accepted rows."""
+        """Verify root + ``nodes`` (ancestor-closed, ascending) in one tree forward; `commit` prunes the cache."""
         past = self.prefix_len
         rows = (0, *nodes)
         row_of = {v: i for i, v in enumerate(rows)}
@@ -75,12 +76,16 @@ class Target:
         predicted = logits.argmax(-1).tolist()  # [q] the target's next token after each row
         accepted = greedy_path(pool, rows, predicted)
         kept = [0] + [row_of[v] for v in accepted]  # query rows on the committed path
-        keep_positions(self.cache, torch.cat([torch.arange(past), torch.tensor(kept) + past]))
         return Verdict(
             accepted=accepted,
             next_root=predicted[kept[-1]],
             aux=aux[:, kept] if aux is not None else None,
+            kept=torch.cat([torch.arange(past), torch.tensor(kept) + past]),
         )
+
+    def commit(self, verdict: Verdict) -> None:
+        """Drop the KV rows of the rejected nodes."""
+        keep_positions(self.cache, verdict.kept)
 
     def routes(self, pool: CandidatePool) -> torch.Tensor:
         """[n+1, L, k] experts the target routes root + every pool node to, in one tree forward.
@@ -94,11 +99,21 @@ class Target:
                 self.run(tokens, pool.parent, pool.level)
             routes = recorder.routes  # [n+1, L, k]
         else:
-            out = self.run(tokens, pool.parent, pool.level, output_router_logits=True)
-            k = self.model.config.num_experts_per_tok
-            routes = torch.stack([r.topk(k, dim=-1).indices for r in out.router_logits], dim=1)  # [n+1, L, k]
+            routes = self._router_choices(tokens, pool)  # [n+1, L, k]
         self.cache.crop(-len(tokens))
         return routes.cpu()
+
+    def _router_choices(self, tokens: list[int], pool: CandidatePool) -> torch.Tensor:
+        """[q, L, k] expert ids the routers (``mlp.gate``, returning ``(logits, scores, indices)``) pick."""
+        picked = []
+        gates = [m for name, m in self.model.named_modules() if name.endswith("mlp.gate")]
+        hooks = [g.register_forward_hook(lambda _m, _in, out: picked.append(out[-1])) for g in gates]
+        try:
+            self.run(tokens, pool.parent, pool.level)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return torch.stack(picked, dim=1)
 
 
 def greedy_path(pool: CandidatePool, rows: tuple[int, ...], predicted: list[int]) -> list[int]:

@@ -1,0 +1,49 @@
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
+from specfit.spec import Limits
+
+VOCAB = 256
+
+
+@pytest.fixture(scope="session")
+def target():
+    """A tiny random Qwen3-MoE target: fp32, sdpa, 2 layers of 8 experts, top-2."""
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        max_position_embeddings=512, attn_implementation="sdpa",
+    )
+    return Qwen3MoeForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def drafter(target):
+    """A tiny random EAGLE-3 drafter over a scattered draft vocabulary of 128 target ids."""
+    torch.manual_seed(1)
+    layer = LlamaConfig(
+        hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=1, vocab_size=VOCAB,
+    )
+    drafter = Eagle3Drafter(eagle3_config(layer, 128, (0, 1, 1))).eval()
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.normal_(0, 0.2)
+        kept = torch.randperm(VOCAB)[:128].sort().values  # [Vd] target ids
+        drafter.d2t.copy_(kept - torch.arange(128))
+        drafter.t2d.zero_()[kept] = True
+    return drafter
+
+
+@pytest.fixture(scope="session")
+def prompts():
+    g = torch.Generator().manual_seed(2)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 9, 13)]
+
+
+@pytest.fixture
+def limits():
+    return Limits(limit_tokens=40, max_new_tokens=24, eos_ids=frozenset({VOCAB - 1}))
