@@ -7,6 +7,9 @@ rule atlas:
         unpack(atlas_inputs),
     output:
         atlas="data/atlas/{model}/{device}/{workload}/{method}-{cache}/atlas.parquet",
+        requests="data/atlas/{model}/{device}/{workload}/{method}-{cache}/requests.parquet",
+        cycles="data/atlas/{model}/{device}/{workload}/{method}-{cache}/cycles.parquet",
+        metrics="data/atlas/{model}/{device}/{workload}/{method}-{cache}/metrics.json",
     log:
         "data/logs/atlas/{model}/{device}/{workload}/{method}-{cache}.log",
     conda:
@@ -20,4 +23,6 @@ rule atlas:
     shell:
         "python -m specfit.atlas --spec {params.spec:q} --in prompts={input.prompts:q} "
         "--in target={input.target:q} --in drafter={input.drafter:q} "
-        "--in coefficients={input.coefficients:q} --out atlas={output.atlas:q} > {log:q} 2>&1"
+        "--in coefficients={input.coefficients:q} --out atlas={output.atlas:q} "
+        "--out requests={output.requests:q} --out cycles={output.cycles:q} "
+        "--out metrics={output.metrics:q} > {log:q} 2>&1"

@@ -115,38 +115,35 @@ def calibrate_spec(w):
 
 
 def method_spec(method):
-    return {"name": method, **config["methods"][method]}
+    """The method's config entry as specfit.spec.methods.MethodConfig: `rule` is the registered name."""
+    m = dict(config["methods"][method])
+    return {"name": m.pop("rule"), **m}
 
 
-def workload_limits(workload):
-    wl = config["workloads"][workload]
-    return {"limit_tokens": wl["limit_tokens"], "max_new_tokens": wl["max_new_tokens"]}
+def stream_spec(w, slots, link):
+    """What the decode and atlas stages share: the model, device, method and the workload's limits."""
+    wl = config["workloads"][w.workload]
+    device = config["devices"][w.device]
+    return {
+        "dtype": config["models"][w.model]["dtype"],
+        "torch_device": device["torch_device"],
+        "max_inflight": device["max_inflight"],
+        "link": link,
+        "method": method_spec(w.method),
+        "slots": slots,
+        "limit_tokens": wl["limit_tokens"],
+        "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"],
+        "seed": config["seed"],
+    }
 
 
 def atlas_spec(w):
-    # The atlas build is outside any timer and off the measured cache: all experts resident, no link.
-    return spec_json(
-        {
-            "model": model_spec(w.model),
-            "method": method_spec(w.method),
-            "torch_device": config["devices"][w.device]["torch_device"],
-            **workload_limits(w.workload),
-            "seed": config["seed"],
-        }
-    )
+    # The atlas stage itself makes every expert resident and drops the link: it is off the measured cache.
+    return spec_json(stream_spec(w, slots=0, link=None))
 
 
 def decode_spec(w):
-    return spec_json(
-        {
-            "model": model_spec(w.model),
-            "device": device_spec(w.device),
-            "method": method_spec(w.method),
-            "slots": int(w.slots),
-            **workload_limits(w.workload),
-            "seed": config["seed"],
-        }
-    )
+    return spec_json(stream_spec(w, int(w.slots), config["devices"][w.device]["link"]))
 
 
 def coefficients_file(w):

@@ -81,14 +81,17 @@ def test_experts_matter_and_routes_are_the_routers(make_target):
     with torch.no_grad():
         plain = model(ids, output_router_logits=True)
     engine = offload_experts(model, OffloadConfig(slots=TOP_K))
+    with torch.no_grad(), engine.record_routes() as rec:
+        model(ids)
+    router_topk = torch.stack([logits.topk(TOP_K, dim=-1).indices for logits in plain.router_logits], dim=1)
+    assert torch.equal(rec.routes.sort(-1).values, router_topk.sort(-1).values)  # [T, L, k]
     for layer in engine.layers:  # wrong weights in every host row
         for rows in layer.host.values():
             rows.mul_(-1)
-    with torch.no_grad(), engine.record_routes() as rec:
+    engine.clear_cache()
+    with torch.no_grad():
         broken = model(ids).logits
     assert (broken - plain.logits).abs().max().item() > 1e-2
-    router_topk = torch.stack([logits.topk(TOP_K, dim=-1).indices for logits in plain.router_logits], dim=1)
-    assert torch.equal(rec.routes.sort(-1).values, router_topk.sort(-1).values)  # [T, L, k]
 
 
 def test_last_forward_and_reset(make_target):

@@ -98,7 +98,8 @@ def test_tree_mask_equals_sequential_paths(moe_target, make_drafter):
             cache = DynamicCache()
             drafter(ids[:, :P], hidden[:, :P], pos[:, :P], cache)
             for j in path:
-                step, _ = drafter(ids[:, P + j : P + j + 1], hidden[:, P + j : P + j + 1], tree_pos[:, j : j + 1], cache)
+                node = slice(P + j, P + j + 1)
+                step, _ = drafter(ids[:, node], hidden[:, node], tree_pos[:, j : j + 1], cache)
             torch.testing.assert_close(tree[:, i], step[:, 0], rtol=0, atol=1e-5)
 
 

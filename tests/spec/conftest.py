@@ -44,6 +44,40 @@ def prompts():
     return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 9, 13)]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def limits():
     return Limits(limit_tokens=40, max_new_tokens=24, eos_ids=frozenset({VOCAB - 1}))
+
+
+class OracleDrafter(torch.nn.Module):
+    """A "cheating" drafter that knows the target's greedy continuation ``sequence`` (prompt + AR output).
+
+    Row ``t`` predicts ``sequence[t + 2]`` first (p ~ 0.88) and a wrong token second, whatever its inputs,
+    so the pool's main path is what the target will accept. Duck-types `Eagle3Drafter`; keeps no KV state.
+    """
+
+    aux_layer_ids = (0, 1, 1)
+    draft_vocab_size = VOCAB
+
+    def __init__(self):
+        super().__init__()
+        self.sequence: list[int] = []
+
+    def fuse(self, aux):
+        return aux[..., : aux.shape[-1] // 3]  # [B, T, H]
+
+    def forward(self, input_ids, hidden, position_ids, past_key_values=None, attention_mask=None):
+        logits = torch.zeros(*input_ids.shape, VOCAB)  # [B, T, V]
+        for i, t in enumerate(position_ids[0].tolist()):
+            right = self.sequence[t + 2] if t + 2 < len(self.sequence) else 0
+            logits[0, i, right] = 20.0
+            logits[0, i, (right + 1) % VOCAB] = 18.0
+        return logits, hidden
+
+    def to_target_ids(self, draft_ids):
+        return draft_ids
+
+
+@pytest.fixture
+def oracle():
+    return OracleDrafter()

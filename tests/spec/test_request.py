@@ -1,45 +1,108 @@
 import pytest
-import torch
 
-from specfit.spec import Limits, MethodConfig, build_method, decode_request
+from specfit.io import write_parquet
+from specfit.spec import MethodConfig, build_method, decode_request
 from specfit.spec.methods import SpecFit
 from specfit.spec.routes import AtlasRoutes, LiveRoutes, atlas_table
-from specfit.io import write_parquet
-from specfit.spec.routes import ATLAS_SCHEMA
 from specfit.stage import SpecFitError
 
 B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]  # intercepts b_0..b_7
 BETA = 0.05
 
 
-def decode_all(target, drafter, method, prompts, limits):
-    return [
-        decode_request(target, drafter, method, p, request_id=i, question_id=100 + i, limits=limits)
-        for i, p in enumerate(prompts)
-    ]
+def decode_all(target, drafter, method, prompts, limits, reference=None):
+    results = []
+    for i, prompt in enumerate(prompts):
+        if reference is not None:  # the oracle drafter reads the AR continuation
+            drafter.sequence = prompt + reference[i]
+        result = decode_request(target, drafter, method, prompt, request_id=i, question_id=100 + i, limits=limits)
+        results.append(result)
+    return results
 
 
 def outputs(results):
     return [r.request["output_ids"] for r in results]
 
 
-def specfit(routes, k_max=7):
-    return SpecFit(MethodConfig("specfit", k_max=k_max), B, BETA, routes, num_experts=8)
+def specfit(routes):
+    return SpecFit(MethodConfig("specfit"), B, BETA, routes, num_experts=8)
 
 
-def test_eagle3_and_specfit_equal_ar(target, drafter, prompts, limits):
-    ar = decode_all(target, drafter, build_method({"name": "ar"}), prompts, limits)
-    eagle = decode_all(target, drafter, build_method({"name": "eagle3"}), prompts, limits)
-    live = specfit(LiveRoutes())
-    fit = decode_all(target, drafter, live, prompts, limits)
-    assert outputs(eagle) == outputs(ar)
-    assert outputs(fit) == outputs(ar)
+@pytest.fixture(scope="module")
+def ar_outputs(target, prompts, limits):
+    return outputs(decode_all(target, None, build_method({"name": "ar"}), prompts, limits))
+
+
+def check_records(results, limits, prompts):
+    for r, prompt in zip(results, prompts):
+        req = r.request
+        room = min(limits.max_new_tokens, limits.limit_tokens - len(prompt))
+        assert req["n_output"] == len(req["output_ids"]) == room  # random tokens: EOS is unlikely
+        assert sum(c["committed"] for c in r.cycles) == req["n_output"] - 1
+        assert [c["cycle"] for c in r.cycles] == list(range(len(r.cycles)))
+        assert req["t_request_s"] >= req["t_prefill_s"] + sum(c["t_verify_s"] for c in r.cycles)
+        for c in r.cycles:
+            assert c["committed"] == c["accepted"] + 1 or c is r.cycles[-1]
+            assert set(c["accepted_path"]) <= set(c["selected"])
+
+
+def test_ar_is_one_token_per_cycle(target, prompts, limits, ar_outputs):
+    ar = decode_all(target, None, build_method({"name": "ar"}), prompts, limits)
+    assert outputs(ar) == ar_outputs
+    check_records(ar, limits, prompts)
     for r in ar:
-        assert r.request["n_output"] == len(r.request["output_ids"])
-        assert sum(c["committed"] for c in r.cycles) == r.request["n_output"] - 1
-        assert all(c["pool_token"][1:] == [] and c["committed"] == 1 for c in r.cycles)
-    for r in eagle:
-        assert sum(c["committed"] for c in r.cycles) == r.request["n_output"] - 1
-        assert all(len(c["selected"]) == min(7, len(c["pool_token"]) - 1) for c in r.cycles)
-    print([[c["drafted_levels"] for c in r.cycles] for r in fit])
-    print([[c["accepted"] for c in r.cycles] for r in eagle])
+        assert all(c["pool_token"][1:] == [] and c["committed"] == 1 and c["selected"] == [] for c in r.cycles)
+
+
+def test_random_drafter_is_lossless(target, drafter, prompts, limits, ar_outputs):
+    eagle = decode_all(target, drafter, build_method({"name": "eagle3"}), prompts, limits)
+    fit = decode_all(target, drafter, specfit(LiveRoutes()), prompts, limits)
+    assert outputs(eagle) == ar_outputs
+    assert outputs(fit) == ar_outputs
+    check_records(eagle + fit, limits, prompts + prompts)
+    for c in (c for r in eagle for c in r.cycles):
+        n = len(c["pool_token"]) - 1
+        assert len(c["selected"]) == min(7, n) and c["drafted_levels"] == max(c["pool_level"])
+
+
+def test_oracle_drafter_accepts_and_is_lossless(target, oracle, prompts, limits, ar_outputs):
+    eagle = decode_all(target, oracle, build_method({"name": "eagle3"}), prompts, limits, ar_outputs)
+    live = LiveRoutes()
+    fit = decode_all(target, oracle, specfit(live), prompts, limits, ar_outputs)
+    assert outputs(eagle) == ar_outputs
+    assert outputs(fit) == ar_outputs
+    check_records(eagle + fit, limits, prompts + prompts)
+    first = eagle[0].cycles[0]
+    assert first["accepted"] == 5 and first["committed"] == 6  # the whole main path, then the next root
+    assert all(c["accepted"] == min(5, max(c["pool_level"])) for r in eagle for c in r.cycles)
+    assert sum(c["accepted"] for r in fit for c in r.cycles) > 0
+    # one route query per cycle that drafted a pool
+    assert len(live.rows) == sum(1 for r in fit for c in r.cycles if len(c["pool_token"]) > 1)
+
+
+def test_atlas_replays_the_live_build(target, oracle, prompts, limits, ar_outputs, tmp_path):
+    live = LiveRoutes()
+    built = decode_all(target, oracle, specfit(live), prompts, limits, ar_outputs)
+    path = tmp_path / "atlas.parquet"
+    write_parquet(atlas_table(live.rows), path)
+    measured = decode_all(target, oracle, specfit(AtlasRoutes(path)), prompts, limits, ar_outputs)
+    assert outputs(measured) == ar_outputs
+    for b, m in zip(built, measured):
+        for cb, cm in zip(b.cycles, m.cycles, strict=True):
+            assert cm["selected"] == cb["selected"] and cm["drafted_levels"] == cb["drafted_levels"]
+            assert max(cm["pool_level"]) == cm["drafted_levels"]  # drafting stopped where the replay did
+            n = len(cm["pool_token"])
+            assert cm["pool_token"] == cb["pool_token"][:n] and cm["pool_prob"] == pytest.approx(cb["pool_prob"][:n])
+    levels = [c["drafted_levels"] for r in measured for c in r.cycles]
+    assert min(levels) < max(levels)  # the rule stops early in some cycles and not in others
+
+
+def test_atlas_divergence_names_request_and_cycle(target, oracle, prompts, limits, ar_outputs, tmp_path):
+    live = LiveRoutes()
+    decode_all(target, oracle, specfit(live), prompts[:1], limits, ar_outputs)
+    rows = [dict(r) for r in live.rows]
+    rows[3]["pool_token"] = [rows[3]["pool_token"][0], rows[3]["pool_token"][1] + 1, *rows[3]["pool_token"][2:]]
+    path = tmp_path / "atlas.parquet"
+    write_parquet(atlas_table(rows), path)
+    with pytest.raises(SpecFitError, match="request 0, cycle 3: pool tokens diverge at node 1"):
+        decode_all(target, oracle, specfit(AtlasRoutes(path)), prompts[:1], limits, ar_outputs)

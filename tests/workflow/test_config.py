@@ -32,7 +32,7 @@ def schema(root):
 def test_default_config_is_valid_and_gets_defaults(config, schema):
     validate_config(config, schema)
     assert config["spec_bench"]["sha256"] == "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"
-    assert config["methods"]["eagle3"]["k_max"] == 7
+    assert config["methods"]["eagle3"] == {"rule": "eagle3", "k_max": 7, "max_depth": 5, "top_k_expand": 2}
     assert config["devices"]["cpu-a100link"]["max_inflight"] == 2
 
 

@@ -267,6 +267,7 @@ class _OffloadedLayer:
         self.rows = next(iter(slots.values())).shape[0]
         self.num_experts = next(iter(host.values())).shape[0]
         self.cache = ExpertCache(capacity)
+        self.slot_table: torch.Tensor | None = None  # [E] slot row of each resident expert; None after a change
         self.inner = inner
         self.views = (_SlotView(module, slots, self.rows, False), _SlotView(module, slots, self.rows, True))
 
@@ -285,6 +286,8 @@ class _OffloadedLayer:
         if engine.config.slots == 0:
             self.cache.clear()  # no expert cache: a layer holds only the experts of its current forward
         hits, misses, steps = self.cache.admit(union)
+        if misses:
+            self.slot_table = None
         engine._on_layer(self.index, len(union), len(hits), len(misses), top_k_index)
 
         out = None
@@ -312,12 +315,25 @@ class _OffloadedLayer:
         top_k_index: torch.Tensor,
         top_k_weights: torch.Tensor,
     ) -> torch.Tensor:
-        """The target's experts implementation over the slot rows, for the routed entries of ``group`` only."""
-        slot_of = [self.rows] * self.num_experts  # sentinel for experts outside the group
-        for e, slot in group:
-            slot_of[e] = slot
-        slot_index = torch.tensor(slot_of, device=top_k_index.device)[top_k_index]  # [T, k] slot rows
+        """The target's experts implementation over the slot rows, for the routed entries of ``group`` only.
+
+        A group that is the whole union was never evicted from during this forward, so the table of all resident
+        experts serves it; it is rebuilt only after a change, which keeps the all-hit path short.
+        """
+        if whole:
+            if self.slot_table is None:
+                self.slot_table = self._table(self.cache.slot_of.items(), top_k_index.device)
+            table = self.slot_table
+        else:
+            table = self._table(group, top_k_index.device)
+        slot_index = table[top_k_index]  # [T, k] slot rows, the sentinel for entries outside the group
         return self.inner(self.views[0 if whole else 1], hidden_states, slot_index, top_k_weights)
+
+    def _table(self, pairs, device: torch.device) -> torch.Tensor:
+        slot_of = [self.rows] * self.num_experts  # [E], the sentinel row index for experts not listed
+        for e, slot in pairs:
+            slot_of[e] = slot
+        return torch.tensor(slot_of, device=device)
 
 
 def _offloaded_experts_forward(
@@ -462,6 +478,7 @@ class OffloadEngine:
         started = time.perf_counter()
         for layer in self.layers:
             layer.cache.clear()
+            layer.slot_table = None
         self._clear_s += time.perf_counter() - started
 
     @contextmanager
@@ -524,5 +541,7 @@ def _move_all_but_experts(model: nn.Module, modules: list[nn.Module], family: Mo
 def _slot_buffers(host: dict[str, torch.Tensor], capacity: int, device: torch.device) -> dict[str, torch.Tensor]:
     # At least two rows: transformers' grouped_mm counts tokens per row with histc, which takes min == max == 0
     # (a single row) to mean "use the data's range" and would then count the sentinel entries.
+    # Zeros, not empty: batched_mm multiplies the rows it reads for sentinel entries by a zero weight, and an
+    # uninitialized row may hold NaN.
     rows = max(capacity, 2)
-    return {n: torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=device) for n, t in host.items()}
+    return {n: torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device=device) for n, t in host.items()}

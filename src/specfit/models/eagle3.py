@@ -175,7 +175,9 @@ class Eagle3Drafter(nn.Module):
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
         if missing or unexpected:
-            raise SpecFitError(f"drafter weights at {path} do not fit its config: missing {missing}, unexpected {unexpected}")
+            raise SpecFitError(
+                f"drafter weights at {path} do not fit its config: missing {missing}, unexpected {unexpected}"
+            )
         for name, tensor in expected.items():
             if state[name].shape != tensor.shape:
                 raise SpecFitError(

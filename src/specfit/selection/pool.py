@@ -29,7 +29,7 @@ class Pool:
         n = parent.shape[0] - 1
         if n < 0 or parent[0] != -1:
             raise ValueError("parent[0] must be -1: node 0 is the root s")
-        if not np.all((parent[1:] >= 0) & (parent[1:] < np.arange(1, n + 1))):
+        if not all(0 <= u < v for v, u in enumerate(parent[1:].tolist(), start=1)):
             raise ValueError("every draft node needs a parent with a smaller id: 0 <= parent[v] < v")
         if prob.shape != (n + 1,) or routes.ndim != 3 or routes.shape[0] != n + 1:
             raise ValueError(f"prob must be [{n + 1}] and routes [{n + 1}, L, top_k]")

@@ -80,8 +80,10 @@ def _make_dfs(extend):
             else:
                 p = -1.0 * f
             if objective != MIN_UNION or m == k_max:
-                if best_m < 0 or p > best_p or (
-                    p == best_p and (r > best_r or (r == best_r and (f < best_f or (f == best_f and m < best_m))))
+                if (
+                    best_m < 0
+                    or p > best_p
+                    or (p == best_p and (r > best_r or (r == best_r and (f < best_f or (f == best_f and m < best_m)))))
                 ):
                     best_m, best_p, best_r, best_f = m, p, r, f
                     for i in range(1, m + 1):

@@ -28,9 +28,11 @@ def _intercepts(b, size: int) -> np.ndarray:
 
 
 def _selected(pool: Pool, k_max: int, objective: int, b, beta, lam, backend: str, timed: bool) -> Selection:
+    if k_max < 0:
+        raise ValueError(f"k_max must be >= 0, got {k_max}")
     b = _intercepts(b, min(k_max, pool.n_nodes))
     nodes, reward, union, visited = search(pool, k_max, objective, b, beta, lam, backend)
-    time = float(b[len(nodes)]) + beta * union if timed else None
+    time = float(b[len(nodes)]) + float(beta) * union if timed else None  # the kernel's float64 T̂
     return Selection(nodes, reward, union, time, visited)
 
 
@@ -76,7 +78,7 @@ def select_top_prob(pool: Pool, k_max: int = 7, b=None, beta: float | None = Non
     if b is None or beta is None:
         return Selection(nodes, reward, None, None, 0)
     union = pool.expert_union(nodes)
-    time = float(_intercepts(b, len(nodes))[len(nodes)]) + beta * union
+    time = float(_intercepts(b, len(nodes))[len(nodes)]) + float(beta) * union
     return Selection(nodes, reward, union, time, 0)
 
 

@@ -20,6 +20,11 @@ from specfit.spec.routes import AtlasRoutes, LiveRoutes, NoisyRoutes
 from specfit.stage import SpecFitError
 
 
+# "atlas": read from the atlas; "noisy": the atlas degraded to `accuracy`; "live" / "live-noisy": the atlas build's
+# own target queries (exact or degraded), which follow the same trajectory as the measured "atlas" / "noisy" run.
+ROUTE_SOURCES = ("atlas", "noisy", "live", "live-noisy")
+
+
 @dataclass(frozen=True)
 class MethodConfig:
     """The ``method`` slice of a decode rule's spec."""
@@ -28,7 +33,7 @@ class MethodConfig:
     k_max: int = 7  # K: most draft nodes one cycle verifies
     max_depth: int = 5  # pool levels
     top_k_expand: int = 2  # children per expanded node, and nodes expanded per level
-    routes: str = "atlas"  # SpecFit's route source: "atlas", "noisy" (the atlas degraded) or "live"
+    routes: str = "atlas"  # SpecFit's route source, one of ROUTE_SOURCES
     accuracy: float = 1.0  # route accuracy of the "noisy" source
 
 
@@ -73,7 +78,10 @@ def register_method(name: str):
     return register
 
 
-def build_method(config: MethodConfig | dict, inputs: dict | None = None, seed: int = 0, num_experts: int = 0) -> Method:
+def build_method(
+    config: MethodConfig | dict, inputs: dict | None = None, seed: int = 0, num_experts: int = 0
+) -> Method:
+    """The registered method ``config.name``; ``inputs`` are the decode rule's input paths."""
     config = config if isinstance(config, MethodConfig) else MethodConfig(**config)
     if config.name not in METHODS:
         raise SpecFitError(f"unknown method {config.name!r}; registered: {sorted(METHODS)}")
@@ -128,16 +136,14 @@ class SpecFit(Method):
         if "coefficients" not in inputs:
             raise SpecFitError("method specfit needs the `coefficients` input (the fitted b and beta)")
         coefficients = read_json(inputs["coefficients"])
-        if config.routes == "live":
-            routes = LiveRoutes()
-        elif "atlas" not in inputs:
+        if config.routes not in ROUTE_SOURCES:
+            raise SpecFitError(f"unknown route source {config.routes!r}: use one of {', '.join(ROUTE_SOURCES)}")
+        live = config.routes.startswith("live")  # the atlas build: the target's own routes, queried per cycle
+        if not live and "atlas" not in inputs:
             raise SpecFitError(f"method specfit with {config.routes!r} routes needs the `atlas` input")
-        elif config.routes == "atlas":
-            routes = AtlasRoutes(inputs["atlas"])
-        elif config.routes == "noisy":
-            routes = NoisyRoutes(AtlasRoutes(inputs["atlas"]), config.accuracy, seed, num_experts)
-        else:
-            raise SpecFitError(f"unknown route source {config.routes!r}: use atlas, noisy or live")
+        routes = LiveRoutes() if live else AtlasRoutes(inputs["atlas"])
+        if config.routes.endswith("noisy"):
+            routes = NoisyRoutes(routes, config.accuracy, seed, num_experts)
         return cls(config, coefficients["b"], coefficients["beta"], routes, num_experts)
 
     def select(self, cycle, pool, final):

@@ -42,10 +42,6 @@ class CandidatePool:
     def depth(self) -> int:
         return self.level[-1]
 
-    def prefix(self, depth: int) -> int:
-        """Number of draft nodes in V<=depth (they are nodes 1..that number)."""
-        return sum(1 for lv in self.level[1:] if lv <= depth)
-
     def add(self, parent: int, token: int, prob: float) -> int:
         self.token.append(token)
         self.parent.append(parent)

@@ -84,7 +84,9 @@ def prefill(target: Target, drafter: Eagle3Drafter | None, prompt_ids: list[int]
     return root, state
 
 
-def draft(drafter, state, method: Method, cycle: Cycle, root: int, depth_cap: int, times: dict) -> tuple[CandidatePool, Decision]:
+def draft(
+    drafter, state: DraftState, method: Method, cycle: Cycle, root: int, depth_cap: int, times: dict
+) -> tuple[CandidatePool, Decision]:
     """Draft the pool level by level until the method selects; ``depth_cap`` bounds the levels."""
     pool = CandidatePool.root_only(root)
     clock = cycle.clock

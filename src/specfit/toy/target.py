@@ -3,7 +3,7 @@
 spec (config ``toy.target``)::
 
     hidden_size: 256            num_layers: 4           num_heads: 4 (head_dim = hidden_size / num_heads)
-    num_experts: 32             top_k: 4                moe_intermediate_size: 256
+    num_experts: 32             top_k: 4                moe_intermediate_size: 128
     router_aux_loss_coef: 0.01  (the load-balancing loss; without it routing collapses onto a few experts)
     seq_len: 2048               batch_size: 2           (articles are up to ~2,100 toy tokens)
     lr: 3.0e-3                  train_seconds: 150      max_steps: 2000
@@ -17,14 +17,12 @@ outputs: {target: folder} holding the fp32 model and the tokenizer, loadable lik
 from __future__ import annotations
 
 import logging
-import math
-
 import torch
 from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from specfit.io import atomic_path, write_json
 from specfit.stage import stage_main
-from specfit.toy.train import conversations, seed_everything, split, train_loop
+from specfit.toy.train import conversations, cosine_lr, seed_everything, split, train_loop, windows
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +35,13 @@ def chat_ids(tokenizer, questions: list[dict]) -> list[torch.Tensor]:
     ]
 
 
-def windows(stream: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
-    """[B, T] random windows of a token stream (conversations back to back)."""
-    start = torch.randint(0, len(stream) - seq_len, (batch_size,), generator=generator)
-    return torch.stack([stream[s : s + seq_len] for s in start.tolist()])
-
-
-def cosine_lr(lr: float, progress: float, warmup: float = 0.05) -> float:
-    if progress < warmup:
-        return lr * progress / warmup
-    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (progress - warmup) / (1 - warmup)))))
-
-
 def toy_config(spec: dict, tokenizer) -> Qwen3MoeConfig:
     H, heads = spec.get("hidden_size", 256), spec.get("num_heads", 4)
     return Qwen3MoeConfig(
         vocab_size=len(tokenizer),
         hidden_size=H,
-        intermediate_size=spec.get("moe_intermediate_size", 256),
-        moe_intermediate_size=spec.get("moe_intermediate_size", 256),
+        intermediate_size=spec.get("moe_intermediate_size", 128),
+        moe_intermediate_size=spec.get("moe_intermediate_size", 128),
         num_hidden_layers=spec.get("num_layers", 4),
         num_attention_heads=heads,
         num_key_value_heads=spec.get("num_kv_heads", heads // 2),
@@ -73,14 +59,15 @@ def toy_config(spec: dict, tokenizer) -> Qwen3MoeConfig:
 
 
 @torch.no_grad()
-def heldout_stats(model, ids: list[torch.Tensor]) -> dict:
+def heldout_stats(model, ids: list[torch.Tensor], max_len: int = 1024) -> dict:
     """Next-token loss and expert load on held-out conversations: a collapsed router shows up here."""
     model.eval()
     E, k = model.config.num_experts, model.config.num_experts_per_tok
     loss, n, load = 0.0, 0, torch.zeros(model.config.num_hidden_layers, E)
     for x in ids:
-        out = model(x[None, :2048], labels=x[None, :2048], output_router_logits=True)
-        m = min(len(x), 2048) - 1
+        x = x[None, :max_len]  # [1, T]
+        out = model(x, labels=x, output_router_logits=True)
+        m = x.shape[1] - 1
         loss += (out.loss.item() - model.config.router_aux_loss_coef * out.aux_loss.item()) * m
         n += m
         for layer, logits in enumerate(out.router_logits):  # [T, E] per layer
@@ -107,13 +94,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     log.info("toy target: %.1fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(seed)
-    start = [None]
 
-    def step(i: int) -> dict:
-        import time
-
-        start[0] = start[0] or time.perf_counter()
-        progress = max(i / max_steps, (time.perf_counter() - start[0]) / seconds)
+    def step(i: int, progress: float) -> dict:
         for group in opt.param_groups:
             group["lr"] = cosine_lr(lr, progress)
         x = windows(stream, batch_size, seq_len, gen)  # [B, T]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 import time
@@ -51,14 +52,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train_loop(step: Callable[[int], dict], seconds: float, max_steps: int, desc: str) -> dict:
-    """Call ``step(i)`` (it returns floats to log) until ``seconds`` pass or ``max_steps`` are done."""
+def train_loop(step: Callable[[int, float], dict], seconds: float, max_steps: int, desc: str) -> dict:
+    """Call ``step(i, progress)`` until ``seconds`` pass or ``max_steps`` are done; it returns floats to log.
+
+    ``progress`` in [0, 1) is how far the run is through whichever of its two limits comes first.
+    """
     start = time.perf_counter()
     bar = tqdm(total=max_steps, desc=desc, mininterval=5)
     stats: dict = {}
     i = 0
     while i < max_steps and time.perf_counter() - start < seconds:
-        stats = step(i)
+        stats = step(i, max(i / max_steps, (time.perf_counter() - start) / seconds))
         i += 1
         bar.update()
         if i % 20 == 0 or i == 1:
@@ -68,3 +72,15 @@ def train_loop(step: Callable[[int], dict], seconds: float, max_steps: int, desc
     elapsed = time.perf_counter() - start
     log.info("%s: %d steps in %.1f s (cap %d steps, budget %.0f s): %s", desc, i, elapsed, max_steps, seconds, stats)
     return {"steps": i, "seconds": round(elapsed, 1), **stats}
+
+
+def windows(stream: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    """[B, T] random windows of a token stream (conversations back to back)."""
+    start = torch.randint(0, len(stream) - seq_len, (batch_size,), generator=generator)
+    return torch.stack([stream[s : s + seq_len] for s in start.tolist()])
+
+
+def cosine_lr(lr: float, progress: float, warmup: float = 0.05) -> float:
+    if progress < warmup:
+        return lr * progress / warmup
+    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (progress - warmup) / (1 - warmup)))))

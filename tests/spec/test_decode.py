@@ -1,0 +1,88 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
+from specfit import atlas, decode
+from specfit.spec import CYCLE_SCHEMA, REQUEST_SCHEMA
+
+B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
+
+
+@pytest.fixture(scope="module")
+def files(target, drafter, prompts, tmp_path_factory):
+    root = tmp_path_factory.mktemp("decode")
+    target.save_pretrained(root / "target")
+    vocab = {f"t{i}": i for i in range(target.config.vocab_size)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(
+        root / "target"
+    )
+    drafter.save_pretrained(root / "drafter")
+    pq.write_table(pa.Table.from_pylist([
+        {"request_id": i, "question_id": 10 + i, "prompt": "", "prompt_ids": p} for i, p in enumerate(prompts[:2])
+    ]), root / "prompts.parquet")
+    (root / "coefficients.json").write_text(json.dumps({"b": B, "beta": 0.05}))
+    return {
+        "prompts": root / "prompts.parquet", "target": root / "target", "drafter": root / "drafter",
+        "coefficients": root / "coefficients.json",
+    }
+
+
+def spec(name, **method):
+    return {"method": {"name": name, **method}, "slots": 4, "limit_tokens": 40, "max_new_tokens": 12,
+            "warmup_tokens": 3}
+
+
+def outs(path, name):
+    return {k: path / f"{name}.{k}.{ext}" for k, ext in
+            (("requests", "parquet"), ("cycles", "parquet"), ("metrics", "json"), ("atlas", "parquet"))}
+
+
+def test_methods_through_the_stage_are_lossless(files, tmp_path):
+    ar = outs(tmp_path, "ar")
+    decode.main(["--spec", json.dumps(spec("ar")), *sum((["--in", f"{k}={v}"] for k, v in files.items()), []),
+                 *sum((["--out", f"{k}={ar[k]}"] for k in ("requests", "cycles", "metrics")), [])])
+    requests = pq.read_table(ar["requests"])
+    assert requests.schema.equals(REQUEST_SCHEMA) and pq.read_table(ar["cycles"]).schema.equals(CYCLE_SCHEMA)
+    assert requests.column("n_output").to_pylist() == [12, 12]
+    assert not list(tmp_path.glob("*.parts"))
+
+    inputs = dict(files, reference=ar["requests"])
+    build = outs(tmp_path, "build")
+    atlas.run(spec("specfit"), inputs, build)
+    fit = outs(tmp_path, "fit")
+    decode.run(spec("specfit", routes="noisy", accuracy=0.6), dict(inputs, atlas=build["atlas"]), fit)
+    eagle = outs(tmp_path, "eagle")
+    decode.run(spec("eagle3"), inputs, eagle)
+    for run in (build, fit, eagle):
+        metrics = json.loads(run["metrics"].read_text())
+        assert metrics["lossless"] == {"reference": str(ar["requests"]), "n_requests": 2, "n_identical": 2,
+                                       "missing": 0, "divergences": []}
+        assert metrics["n_output_tokens"] == 24 and metrics["tps_dec"] > 0 and metrics["h2d_per_token"] > 0
+        assert metrics["link_emulated"] is False and metrics["resumed"] == []
+    assert pq.read_table(build["atlas"]).num_rows == json.loads(build["metrics"].read_text())["cycles"] - 2
+
+
+def test_a_crashed_stream_resumes(files, tmp_path, monkeypatch):
+    run = outs(tmp_path, "ar")
+    real = decode.decode_request
+    calls = []
+
+    def crash_on_second_request(*args, request_id, **kwargs):
+        calls.append(request_id)
+        if len(calls) == 3:  # warm-up, request 0, then request 1 crashes
+            raise RuntimeError("crash")
+        return real(*args, request_id=request_id, **kwargs)
+
+    monkeypatch.setattr(decode, "decode_request", crash_on_second_request)
+    with pytest.raises(RuntimeError):
+        decode.run(spec("ar"), files, run)
+    assert not run["requests"].exists()
+    monkeypatch.setattr(decode, "decode_request", real)
+    decode.run(spec("ar"), files, run)
+    metrics = json.loads(run["metrics"].read_text())
+    assert metrics["resumed"] == [{"request_id": 1, "requests_done": 1}]
+    assert pq.read_table(run["requests"]).column("request_id").to_pylist() == [0, 1]
