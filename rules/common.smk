@@ -98,16 +98,23 @@ def toy_spec(part):
 
 
 def calibrate_spec(w):
+    device = config["devices"][w.device]
     return spec_json(
         {
-            "model": model_spec(w.model),
-            "device": device_spec(w.device),
-            "coefficients": config["devices"][w.device]["coefficients"],
+            "dtype": config["models"][w.model]["dtype"],
+            "torch_device": device["torch_device"],
+            "max_inflight": device["max_inflight"],
+            "link": device["link"],
+            "coefficients": device["coefficients"],
             "slots": (
                 config["models"][w.model]["main_slots"][w.device]
                 if w.cache == "cache"
                 else 0
             ),
+            # The calibration states come from GSM8K questions, under the GSM8K limit (Appendix B).
+            "limit_tokens": config["workloads"]
+            .get("gsm8k", {})
+            .get("limit_tokens", 512),
             "protocol": config["calibration"],
             "seed": config["seed"],
         }
@@ -192,15 +199,19 @@ def theory_run(w):
 
 def theory_inputs(w):
     run = theory_run(w)
+    variant = atlas_variant(config, run.method, run.slots)
     return {
         "cycles": f"{run.path}/cycles.parquet",
-        "atlas": f"data/atlas/{w.model}/{w.device}/{w.workload}/{atlas_variant(config, run.method, run.slots)}/atlas.parquet",
+        "requests": f"{run.path}/requests.parquet",
+        "atlas": f"data/atlas/{w.model}/{w.device}/{w.workload}/{variant}/atlas.parquet",
         "coefficients": f"data/calibration/{w.model}/{w.device}/cache.json",
     }
 
 
 def theory_spec(w):
-    return spec_json(config["theory"])
+    method = config["methods"][theory_run(w).method]
+    pool = {k: method[k] for k in ("k_max", "max_depth") if k in method}
+    return spec_json({**config["theory"], **pool})
 
 
 def all_decode_metrics():

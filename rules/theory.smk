@@ -15,5 +15,6 @@ rule theory:
         code=code_hash("specfit.theory"),
     shell:
         "python -m specfit.theory --spec {params.spec:q} --in cycles={input.cycles:q} "
+        "--in requests={input.requests:q} "
         "--in atlas={input.atlas:q} --in coefficients={input.coefficients:q} "
         "--out theory={output.theory:q} > {log:q} 2>&1"

@@ -37,7 +37,7 @@ def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE
         "runs": [{"models": ["toy"], "devices": list(devices), "workloads": ["gsm8k"], "methods": list(methods),
                   "slots": list(slots)}],
         "calibration": {"question_ids": [401, 402, 403], "cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2},
-        "theory": {"beta_multiplier": 2.0, "dinkelbach_tol": 1e-12},
+        "theory": {"beta_multiplier": 2.0},
         "seed": 0,
     }
 

@@ -70,14 +70,14 @@ class DecodeSpec:
         return cls(**{**spec, "method": MethodConfig(**spec["method"])})
 
 
-def make_engine(model, spec: DecodeSpec):
+def make_engine(model, slots: int, max_inflight: int = 2, link: dict | None = None, torch_device: str = "cpu"):
+    """Offload ``model``'s experts to host memory with ``slots`` device slots per layer (config units: GB/s, us)."""
     from specfit.engine import LinkModel, OffloadConfig, offload_experts
 
-    link = None
-    if spec.link is not None:
-        link = LinkModel(spec.link["bandwidth_gbps"] * 1e9, spec.link.get("latency_us", 0.0) * 1e-6)
-    config = OffloadConfig(spec.slots, max_inflight=spec.max_inflight, link=link)
-    return offload_experts(model, config, device=spec.torch_device)
+    if link is not None:
+        link = LinkModel(link["bandwidth_gbps"] * 1e9, link.get("latency_us", 0.0) * 1e-6)
+    config = OffloadConfig(slots, max_inflight=max_inflight, link=link)
+    return offload_experts(model, config, device=torch_device)
 
 
 def eos_ids(model) -> frozenset[int]:
@@ -120,7 +120,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     spec = DecodeSpec.from_dict(spec)
     torch.manual_seed(spec.seed)
     model, _ = load_target(inputs["target"], spec.dtype, "cpu")
-    engine = make_engine(model, spec)
+    engine = make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device)
     num_experts = engine.num_experts
     method = build_method(spec.method, inputs, spec.seed, num_experts)
     drafter = None

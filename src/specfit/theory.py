@@ -1,14 +1,25 @@
-"""Selection theory evaluated on recorded cycles (Appendix A.4, Table 5); pure functions.
+"""Theory stage: selection theory evaluated on recorded cycles (Appendix A.4, Table 5).
 
 Expectations are means over the recorded cycles with the trajectory held fixed: each cycle's legal
 family is that of the pool it drafted, and the same pools are reselected at β and at 2β.
+
+The stage reads the cycles of SpecFit's run with the cache (pools, selections, drafted levels), the
+routes of every pool node from that run's atlas, the output tokens (for each cycle's accepted path in
+the whole drafted pool, not only in the verified subtree) and the with-cache coefficients.
+
+spec: {"beta_multiplier": 2.0, "k_max": 7, "max_depth": 5}
+inputs: cycles, requests (Parquet of the decode run), atlas (Parquet), coefficients (JSON)
+outputs: theory (JSON: the quantities of Table 5)
 """
 
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow.parquet as pq
 
+from specfit.io import read_json, write_json
 from specfit.selection import Pool, Selection, select_parametric, select_specfit
+from specfit.stage import SpecFitError, stage_main
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,9 @@ def _figures(selections: list[Selection]):
     return reward, time, union, nodes
 
 
-def selection_theory(cycles: list[RecordedCycle], b, beta: float, k_max: int = 7, max_depth: int = 5) -> dict:
+def selection_theory(
+    cycles: list[RecordedCycle], b, beta: float, k_max: int = 7, max_depth: int = 5, beta_multiplier: float = 2.0
+) -> dict:
     """Table 5 for one workload: the ratio rule Ŝ (Eq. 5) against the throughput-optimal S* (Eq. 7).
 
     Percentages of λ* refer to predicted throughput. The gain of S* counts committed tokens from the
@@ -91,10 +104,11 @@ def selection_theory(cycles: list[RecordedCycle], b, beta: float, k_max: int = 7
     commits_star = np.array([committed(s.nodes, path) for s, path in zip(optimal, paths)])  # [cycles]
     gain = (commits_star.sum() / time_star.sum()) / (commits.sum() / time.sum()) - 1.0
 
-    reward_2, _, union_2, nodes_2 = _figures([select_specfit(pool, b, 2.0 * beta, k_max) for pool in pools])
+    reward_2, _, union_2, nodes_2 = _figures([select_specfit(pool, b, beta_multiplier * beta, k_max) for pool in pools])
     levels = np.array([cycle.drafted_levels for cycle in cycles])  # [cycles]
     return {
         "cycles": len(cycles),
+        "beta_multiplier": beta_multiplier,  # the "2β" keys are at this multiple of β
         "lambda_star": float(lam),
         "theta": float(theta),
         "gap_pct": float(100.0 * (lam - theta) / lam),
@@ -113,3 +127,64 @@ def selection_theory(cycles: list[RecordedCycle], b, beta: float, k_max: int = 7
             100.0 * np.mean([tuple(sorted(c.selected)) != h.nodes for c, h in zip(cycles, ratio_rule)])
         ),
     }
+
+
+def greedy_path(parent: list[int], token: list[int], continuation: list[int]) -> tuple[int, ...]:
+    """The longest root path of a pool whose tokens are the target's greedy ``continuation`` after the root."""
+    path, node = [], 0
+    for want in continuation:
+        child = next((v for v in range(node + 1, len(parent)) if parent[v] == node and token[v] == want), None)
+        if child is None:
+            break
+        path.append(child)
+        node = child
+    return tuple(path)
+
+
+def recorded_cycles(cycles: list[dict], requests: list[dict], atlas_rows: dict) -> list[RecordedCycle]:
+    """Cycles of a SpecFit run with their pools' atlas routes and accepted paths in the whole drafted pool.
+
+    A cycle's root is output token ``Σ committed`` of the earlier cycles; the tokens after it are the target's
+    greedy continuation, which gives the accepted path of any subtree, verified or not. At the end of a
+    request the output is cut at EOS or the limit: there the recorded path is the longer one. Cycles at the
+    length limit that drafted nothing offer no choice and are left out.
+    """
+    outputs = {r["request_id"]: r["output_ids"] for r in requests}
+    num_experts = 1 + max(int(row["routes"].max()) for row in atlas_rows.values())
+    recorded, position = [], {}
+    for c in sorted(cycles, key=lambda c: (c["request_id"], c["cycle"])):
+        key = (c["request_id"], c["cycle"])
+        start = position.get(c["request_id"], 0)
+        position[c["request_id"]] = start + c["committed"]
+        if len(c["pool_parent"]) == 1:  # at the length limit nothing was drafted: no choice to evaluate
+            continue
+        if key not in atlas_rows:
+            raise SpecFitError(f"request {key[0]}, cycle {key[1]} is not in the atlas: was it built for this run?")
+        output = outputs[c["request_id"]]
+        if output[start] != c["pool_token"][0]:
+            raise SpecFitError(f"request {key[0]}, cycle {key[1]}: the root is not output token {start}")
+        path = greedy_path(c["pool_parent"], c["pool_token"], output[start + 1 :])
+        if len(path) < len(c["accepted_path"]):
+            path = tuple(c["accepted_path"])
+        n = len(c["pool_parent"])
+        pool = Pool(c["pool_parent"], c["pool_prob"], atlas_rows[key]["routes"][:n], num_experts)
+        recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], path, c["drafted_levels"]))
+    return recorded
+
+
+def run(spec: dict, inputs: dict, outputs: dict) -> None:
+    from specfit.spec.routes import AtlasRoutes
+
+    cycles = pq.read_table(inputs["cycles"]).to_pylist()
+    requests = pq.read_table(inputs["requests"]).to_pylist()
+    coefficients = read_json(inputs["coefficients"])
+    recorded = recorded_cycles(cycles, requests, AtlasRoutes(inputs["atlas"]).rows)
+    table = selection_theory(recorded, coefficients["b"], coefficients["beta"], spec.get("k_max", 7),
+                             spec.get("max_depth", 5), spec.get("beta_multiplier", 2.0))
+    write_json({**table, "b": coefficients["b"], "beta": coefficients["beta"]}, outputs["theory"])
+
+
+main = stage_main(run)
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,18 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
 from transformers import LlamaConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
 from specfit.spec import Limits
 
 VOCAB = 256
+B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]  # made-up SpecFit intercepts for the stage tests
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +88,23 @@ class OracleDrafter(torch.nn.Module):
 @pytest.fixture
 def oracle():
     return OracleDrafter()
+
+
+@pytest.fixture(scope="session")
+def files(target, drafter, prompts, tmp_path_factory):
+    """The tiny pair saved as checkpoints, two prompts and made-up coefficients: a decode stage's inputs."""
+    root = tmp_path_factory.mktemp("decode")
+    target.save_pretrained(root / "target")
+    vocab = {f"t{i}": i for i in range(target.config.vocab_size)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(
+        root / "target"
+    )
+    drafter.save_pretrained(root / "drafter")
+    pq.write_table(pa.Table.from_pylist([
+        {"request_id": i, "question_id": 10 + i, "prompt": "", "prompt_ids": p} for i, p in enumerate(prompts[:2])
+    ]), root / "prompts.parquet")
+    (root / "coefficients.json").write_text(json.dumps({"b": B, "beta": 0.05}))
+    return {
+        "prompts": root / "prompts.parquet", "target": root / "target", "drafter": root / "drafter",
+        "coefficients": root / "coefficients.json",
+    }

@@ -1,34 +1,10 @@
 import json
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer, models
-from transformers import PreTrainedTokenizerFast
 
 from specfit import atlas, decode
 from specfit.spec import CYCLE_SCHEMA, REQUEST_SCHEMA
-
-B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
-
-
-@pytest.fixture(scope="module")
-def files(target, drafter, prompts, tmp_path_factory):
-    root = tmp_path_factory.mktemp("decode")
-    target.save_pretrained(root / "target")
-    vocab = {f"t{i}": i for i in range(target.config.vocab_size)}
-    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(
-        root / "target"
-    )
-    drafter.save_pretrained(root / "drafter")
-    pq.write_table(pa.Table.from_pylist([
-        {"request_id": i, "question_id": 10 + i, "prompt": "", "prompt_ids": p} for i, p in enumerate(prompts[:2])
-    ]), root / "prompts.parquet")
-    (root / "coefficients.json").write_text(json.dumps({"b": B, "beta": 0.05}))
-    return {
-        "prompts": root / "prompts.parquet", "target": root / "target", "drafter": root / "drafter",
-        "coefficients": root / "coefficients.json",
-    }
 
 
 def spec(name, **method):

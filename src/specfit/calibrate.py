@@ -1,0 +1,244 @@
+"""Calibration stage: probe cycles on EAGLE-3 states and the NNLS fit of T̂(S) = b_|S| + β·F(S) (Appendix B).
+
+States: EAGLE-3's trajectory on the calibration questions (GSM8K 401-403) after 0, 4 and 8 cycles, with the full
+pool drafted (SpecFit's own trajectory would need the coefficients being fitted). In each state, for each size
+k = 0..7, two probe trees: the probability-prefix tree (the k nodes of highest p_v) and the minimum-expert-union
+tree (the exact argmin of F over legal subtrees of size k). A probe is one cycle timed with synchronization:
+drafting min(depth(S) + 1, 5) levels, verifying S ∪ {s}, committing; the state is then restored so that the next
+probe starts from the same state. Each probe runs ``repeats`` times without clearing the cache and the times
+are averaged, giving 9 × 8 × 2 = 144 points (k, F, y) with y in ms.
+
+The routes that give F come from a first, untimed pass over the same trajectory (one tree query per state), so
+that the route queries leave no trace in the expert cache the timed pass measures.
+
+spec: {"dtype", "torch_device", "max_inflight", "link", "slots" (0: the no-cache fit), "limit_tokens",
+       "coefficients": "fit" | "paper-a100" | "paper-rtx4090", "seed",
+       "protocol": {"question_ids", "cycle_boundaries", "sizes", "repeats"}}
+inputs: prompts (Parquet of the calibration questions), target, drafter
+outputs: coefficients (JSON: b, beta in ms, fit diagnostics), points (Parquet: one row per probe tree)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from specfit.coefficients import fit_nnls, predict_ms, preset
+from specfit.decode import eos_ids, make_engine, read_prompts
+from specfit.io import write_json, write_parquet
+from specfit.models import load_drafter, load_target
+from specfit.selection import Pool, select_min_union, select_top_prob
+from specfit.spec import CandidatePool, Limits, MethodConfig, build_method
+from specfit.spec.cycle import Cycle, Stopwatch
+from specfit.spec.pool import DraftState, draft_level, sync
+from specfit.spec.request import commit, draft, prefill
+from specfit.spec.tree import crop
+from specfit.spec.verify import Target
+from specfit.stage import SpecFitError, stage_main
+
+log = logging.getLogger("specfit.calibrate")
+
+TRAJECTORY = MethodConfig(name="eagle3")  # the paper's generator: top-2 expansion, depth 5, K = 7
+PROBE_TREES = ("prob", "union")  # probability-prefix and minimum-expert-union probe trees
+
+POINTS_SCHEMA = pa.schema([
+    ("question_id", pa.int64()),
+    ("state", pa.int64()),  # index of the (question, cycle boundary) state
+    ("cycle", pa.int64()),  # cycles of EAGLE-3's trajectory before the state
+    ("k", pa.int64()),
+    ("tree", pa.string()),
+    ("nodes", pa.list_(pa.int64())),
+    ("levels", pa.int64()),  # pool levels the probe drafted
+    ("F", pa.int64()),
+    ("y_ms", pa.float64()),  # mean of the repeats
+    ("y_repeats_ms", pa.list_(pa.float64())),
+    ("pred_ms", pa.float64()),
+])
+
+
+@dataclass
+class Snapshot:
+    """What a probe cycle changes and `restore` puts back: both KV caches and the drafter's bookkeeping."""
+
+    prefix_len: int
+    committed: int
+    logits: torch.Tensor | None
+    feature: dict = field(default_factory=dict)
+    row: dict = field(default_factory=dict)
+    pending: tuple | None = None
+
+    @classmethod
+    def take(cls, target: Target, state: DraftState) -> "Snapshot":
+        return cls(target.prefix_len, state.committed, state.logits, dict(state.feature), dict(state.row),
+                   state.pending)
+
+    def restore(self, target: Target, state: DraftState) -> None:
+        crop(target.cache, self.prefix_len)
+        crop(state.cache, self.committed)
+        state.committed, state.logits, state.pending = self.committed, self.logits, self.pending
+        state.feature, state.row = dict(self.feature), dict(self.row)
+
+
+@dataclass
+class ProbeState:
+    """A calibration state: where the trajectory stands, its full pool and the target's routes for it."""
+
+    question_id: int
+    cycle: int
+    pool: CandidatePool
+    routes: np.ndarray  # [n+1, L, k]
+
+
+class Trajectory:
+    """EAGLE-3's greedy trajectory of one calibration question, cycle by cycle."""
+
+    def __init__(self, model, drafter, engine, prompt_ids: list[int], question_id: int, limits: Limits):
+        self.drafter, self.limits, self.prompt_ids, self.question_id = drafter, limits, prompt_ids, question_id
+        self.method = build_method(TRAJECTORY)
+        self.target = Target(model, engine, drafter.aux_layer_ids)
+        self.clock = Stopwatch(model.device)
+        self.root, self.state = prefill(self.target, drafter, prompt_ids)
+        self.output = [self.root]
+        self.cycle = 0
+
+    @property
+    def room(self) -> int:
+        return self.limits.room(len(self.prompt_ids), len(self.output))
+
+    @property
+    def done(self) -> bool:
+        return self.output[-1] in self.limits.eos_ids or self.room <= 1
+
+    def draft_full(self) -> CandidatePool:
+        cycle = Cycle(self.question_id, self.cycle, self.target.prefix_len, self.target, self.clock)
+        depth = min(TRAJECTORY.max_depth, self.room - 1)
+        pool, _ = draft(self.drafter, self.state, self.method, cycle, self.output[-1], depth, {})
+        return pool
+
+    def step(self, pool: CandidatePool | None = None) -> None:
+        """One EAGLE-3 cycle (drafting the pool unless given): verify its top-7, commit."""
+        pool = pool if pool is not None else self.draft_full()
+        nodes = select_top_prob(Pool(np.asarray(pool.parent), np.asarray(pool.path_prob), np.empty((pool.n + 1, 0, 1)),
+                                     1), TRAJECTORY.k_max).nodes
+        verdict = self.target.verify(pool, nodes)
+        self.target.commit(verdict)
+        commit(self.output, pool, verdict, self.room, self.limits, self.state)
+        self.cycle += 1
+
+
+def collect_states(model, drafter, engine, prompts: list[dict], boundaries: list[int], limits: Limits):
+    """First pass: the pool and the target's routes at every state (untimed, routes through the engine)."""
+    states = []
+    for prompt in prompts:
+        traj = Trajectory(model, drafter, engine, prompt["prompt_ids"], prompt["question_id"], limits)
+        while traj.cycle <= max(boundaries) and not traj.done:
+            pool = traj.draft_full()
+            if traj.cycle in boundaries:
+                routes = traj.target.routes(pool).numpy().astype(np.int64)  # [n+1, L, k]
+                states.append(ProbeState(prompt["question_id"], traj.cycle, pool, routes))
+            traj.step(pool)
+        missed = sorted(set(boundaries) - {s.cycle for s in states if s.question_id == prompt["question_id"]})
+        if missed:
+            log.warning("question %d ended before cycles %s: fewer states", prompt["question_id"], missed)
+    return states
+
+
+def probe_trees(state: ProbeState, num_experts: int, sizes: int):
+    """(k, tree, nodes, F) of both probe trees of every size k < sizes that the pool can hold."""
+    pool = Pool(np.asarray(state.pool.parent), np.asarray(state.pool.path_prob), state.routes, num_experts)
+    for k in range(min(sizes, pool.n_nodes + 1)):
+        for tree, sel in (("prob", select_top_prob(pool, k)), ("union", select_min_union(pool, k))):
+            yield k, tree, sel.nodes, pool.expert_union(sel.nodes)
+
+
+def probe_cycle(traj: Trajectory, expected: CandidatePool, nodes: tuple[int, ...]) -> tuple[float, int]:
+    """Seconds of one cycle that drafts min(depth(S) + 1, 5) levels, verifies S ∪ {s} and commits; then undo it."""
+    levels = min(max((expected.level[v] for v in nodes), default=0) + 1, expected.depth)
+    snap = Snapshot.take(traj.target, traj.state)
+    times: dict[str, float] = {}
+    scratch = list(traj.output)
+    with traj.clock.section(times, "cycle"):
+        if traj.state.pending is not None:
+            sync(traj.drafter, traj.state)
+        pool = CandidatePool.root_only(expected.token[0])
+        for _ in range(levels):
+            draft_level(traj.drafter, traj.state, pool, TRAJECTORY.top_k_expand)
+        verdict = traj.target.verify(pool, nodes)
+        traj.target.commit(verdict)
+        commit(scratch, pool, verdict, traj.room, traj.limits, traj.state)
+    if pool.token != expected.token[: len(pool.token)]:
+        raise SpecFitError(f"question {traj.question_id}, cycle {traj.cycle}: the probe drafted another pool")
+    snap.restore(traj.target, traj.state)
+    return times["cycle"], levels
+
+
+def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol: dict, limits: Limits) -> dict:
+    """Second pass: every probe tree of every state, timed ``repeats`` times on the live expert cache."""
+    rows = {name: [] for name in POINTS_SCHEMA.names}
+    by_question: dict[int, list[ProbeState]] = {}
+    for s in states:
+        by_question.setdefault(s.question_id, []).append(s)
+    index = 0
+    for prompt in prompts:
+        todo = {s.cycle: s for s in by_question.get(prompt["question_id"], [])}
+        traj = Trajectory(model, drafter, engine, prompt["prompt_ids"], prompt["question_id"], limits)
+        while todo and not traj.done:
+            state = todo.pop(traj.cycle, None)
+            if state is not None:
+                for k, tree, nodes, union in probe_trees(state, engine.num_experts, protocol["sizes"]):
+                    times = []
+                    for _ in range(protocol["repeats"]):
+                        seconds, levels = probe_cycle(traj, state.pool, nodes)
+                        times.append(1e3 * seconds)
+                    for name, value in (("question_id", state.question_id), ("state", index), ("cycle", state.cycle),
+                                        ("k", k), ("tree", tree), ("nodes", list(nodes)), ("levels", levels),
+                                        ("F", union), ("y_ms", float(np.mean(times))), ("y_repeats_ms", times)):
+                        rows[name].append(value)
+                index += 1
+            traj.step()
+    return rows
+
+
+def run(spec: dict, inputs: dict, outputs: dict) -> None:
+    cache = spec["slots"] > 0
+    if spec["coefficients"] != "fit":
+        coefficients = preset(spec["coefficients"], cache)
+        write_parquet(POINTS_SCHEMA.empty_table(), outputs["points"])
+        write_json({**coefficients, "source": spec["coefficients"], "cache": cache, "slots": spec["slots"],
+                    "r2": None, "rmse_ms": None, "max_abs_residual_ms": None, "n_points": 0,
+                    "link_emulated": False, "timing_label": "the paper's Appendix B"}, outputs["coefficients"])
+        return
+    protocol = spec["protocol"]
+    torch.manual_seed(spec["seed"])
+    model, _ = load_target(inputs["target"], spec["dtype"], "cpu")
+    engine = make_engine(model, spec["slots"], spec["max_inflight"], spec["link"], spec["torch_device"])
+    drafter = load_drafter(inputs["drafter"], model, device=spec["torch_device"])
+    prompts = read_prompts(inputs["prompts"], None)
+    limits = Limits(spec["limit_tokens"], spec["limit_tokens"], eos_ids(model))
+    with torch.inference_mode():
+        states = collect_states(model, drafter, engine, prompts, protocol["cycle_boundaries"], limits)
+        if not states:
+            raise SpecFitError("no calibration state: every calibration question ended before its first cycle")
+        warm = Trajectory(model, drafter, engine, prompts[0]["prompt_ids"], prompts[0]["question_id"], limits)
+        warm.step()  # warm-up, untimed; then an empty expert cache, as every measured stream starts
+        engine.clear_cache()
+        engine.reset_stats()
+        rows = measure(model, drafter, engine, prompts, states, protocol, limits)
+    fit = fit_nnls(rows["k"], rows["F"], rows["y_ms"], protocol["sizes"])
+    rows["pred_ms"] = predict_ms(fit.b, fit.beta, rows["k"], rows["F"]).tolist()
+    write_parquet(pa.Table.from_pydict(rows, schema=POINTS_SCHEMA), outputs["points"])
+    write_json({**fit.as_dict(), "source": "fit", "cache": cache, "slots": spec["slots"], "states": len(states),
+                "link_emulated": engine.link_emulated, "timing_label": engine.timing_label,
+                "h2d_transfers": engine.stats()["h2d_transfers"]}, outputs["coefficients"])
+    log.info("fit over %d points: b = %s ms, beta = %.4f ms, R^2 = %.3f (%s)", fit.n_points,
+             [round(v, 3) for v in fit.b], fit.beta, fit.r2, engine.timing_label)
+
+
+main = stage_main(run)
+
+if __name__ == "__main__":
+    main()
