@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("engine", "select")
+BENCHMARKS = ("engine", "link", "select")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,134 @@
+"""The whole workflow on tests/smoke.yaml: every stage for real, then incremental reruns.
+
+Runs `snakemake --cores 1 reports/all` in a copy of the workflow (so the repository's own data/ is untouched)
+and checks the report's tables against the metrics.json files, the lossless check on every run, and that
+Snakemake schedules exactly what an edit affects.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specfit import report
+from specfit.workflow import decode_runs, method_rule, validate_config
+from test_report import find, key_of, md_tables
+
+pytestmark = pytest.mark.slow
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args, "--configfile", "smoke.yaml"],
+        cwd=workdir, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def scheduled(workdir: Path, *configfiles: str) -> dict[str, int]:
+    """Jobs a dry run would schedule, by rule."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "reports/all", "--configfile", "smoke.yaml", *configfiles],
+        cwd=workdir, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    stats = re.search(r"Job stats:\n(.*?)\n\n", proc.stdout, re.S)
+    if stats is None:
+        assert "Nothing to be done" in proc.stdout, proc.stdout[-2000:]
+        return {}
+    rows = [line.split() for line in stats.group(1).splitlines()[2:]]
+    return {rule: int(n) for rule, n in rows if rule != "total"}
+
+
+@pytest.fixture(scope="module")
+def workflow(root, questions_path, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("workflow")
+    for name in ("workflow", "rules", "envs"):
+        shutil.copytree(root / name, workdir / name)
+    shutil.copy(root / "config.yaml", workdir / "config.yaml")
+    shutil.copy(root / "tests" / "smoke.yaml", workdir / "smoke.yaml")
+    raw = workdir / "data/raw/spec_bench"
+    raw.mkdir(parents=True)
+    (raw / "question.jsonl").symlink_to(questions_path)
+    snakemake(workdir, "--cores", "1", "reports/all")
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    smoke = yaml.safe_load((workdir / "smoke.yaml").read_text())
+    config["runs"] = smoke.pop("runs")
+    for key, value in smoke.items():  # snakemake's merge of --configfile: nested dicts update
+        _update(config.setdefault(key, {}), value)
+    return workdir, validate_config(config, workdir / "workflow/schemas/config.schema.yaml")
+
+
+def _update(into: dict, new: dict) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _update(into[k], v)
+        else:
+            into[k] = v
+
+
+def test_every_run_is_lossless_against_ar(workflow):
+    workdir, config = workflow
+    for run in decode_runs(config):
+        metrics = json.loads((workdir / run.path / "metrics.json").read_text())
+        assert metrics["n_requests"] == 2 and metrics["link_emulated"] is True
+        assert "emulated link" in metrics["timing_label"]
+        if method_rule(config, run.method) == "ar" and run.slots == 0:
+            assert metrics["lossless"] is None  # the reference itself
+        else:
+            check = metrics["lossless"]
+            assert check["n_requests"] == check["n_identical"] == 2, (run, check)
+
+
+def test_report_tables_match_the_metrics(workflow):
+    workdir, config = workflow
+    out = workdir / "reports/all"
+    assert (out / "index.html").is_file()
+    tables = md_tables((out / "report.md").read_text())
+    checked = 0
+    for workload in config["workloads"]:
+        header, rows = find(tables, f"Counters per verification cycle, toy / cpu-a100link, {workload}")
+        for row in rows:
+            slots = 0 if row[1] == "No" else int(re.fullmatch(r"Yes \((\d+)\)", row[1]).group(1))
+            metrics = json.loads((workdir / f"data/decode/toy/cpu-a100link/{workload}/{row[0]}/slots{slots}"
+                                  / "metrics.json").read_text())
+            for h, cell in zip(header[2:], row[2:]):
+                key = key_of(h)
+                expected = "–" if metrics[key] is None or (row[0] == "ar" and key in report.DRAFT_KEYS) else \
+                    format(metrics[key], report.METRICS[key].fmt)
+                assert cell == expected, (workload, row[0], slots, key)
+                checked += 1
+    assert checked > 0
+
+
+def test_theory_and_calibration_outputs(workflow):
+    workdir, config = workflow
+    for workload in ("summarization", "gsm8k"):
+        table = json.loads((workdir / f"data/theory/toy/cpu-a100link/{workload}.json").read_text())
+        assert table["recorded_selection_differs_pct"] == 0.0  # the selector reproduces every recorded choice
+        assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
+    for mode in ("cache", "nocache"):
+        fit = json.loads((workdir / f"data/calibration/toy/cpu-a100link/{mode}.json").read_text())
+        assert len(fit["b"]) == 8 and fit["beta"] >= 0 and fit["r2"] is not None
+        assert fit["n_points"] == 2 * 8 * 2  # 2 states (cycles 0 and 2 of question 401) x 8 sizes x 2 trees
+
+
+def test_incremental_reruns(workflow, tmp_path):
+    workdir, _ = workflow
+    assert scheduled(workdir) == {}  # after a full run, nothing to do
+    (workdir / "k6.yaml").write_text("methods: {specfit: {k_max: 6}}\n")
+    # one method's parameter: its atlases and runs, the theory over them and the report; nothing else
+    jobs = scheduled(workdir, "k6.yaml")
+    assert set(jobs) == {"atlas", "decode", "theory", "report"}, jobs
+    assert jobs["decode"] == 5 and jobs["atlas"] == 4  # specfit at slots 0/2/4 x workloads, not specfit-noisy
+    runs = yaml.safe_load((workdir / "smoke.yaml").read_text())["runs"]
+    runs.append({"models": ["toy"], "devices": ["cpu-a100link"], "workloads": ["summarization"],
+                 "methods": ["eagle3"], "slots": [1]})
+    (workdir / "slots1.yaml").write_text(yaml.safe_dump({"runs": runs}))
+    assert scheduled(workdir, "slots1.yaml") == {"decode": 1, "report": 1}  # a new cache size: only its run
