@@ -174,3 +174,29 @@ def test_cuda_host_storage_is_pinned(make_target):
     assert all(rows.is_pinned() for layer in engine.layers for rows in layer.host.values())
     assert all(rows.is_cuda for layer in engine.layers for rows in layer.slots.values())
     assert model.lm_head.weight.is_cuda
+
+
+def test_logits_do_not_depend_on_what_the_cache_holds():
+    """Bit-identical logits whatever the cache state: an atlas build (every expert resident) and a measured run
+    (a small, warm LRU that splits forwards into hit and miss groups) must see the same pools. Top-4, so that a
+    sum over groups in another order would round differently."""
+    import copy
+
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    base = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=4,
+        attn_implementation="sdpa")).eval()
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(5))
+    warm = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(6))
+    logits = []
+    for slots, history in ((8, None), (2, warm), (5, warm), (0, None)):
+        model = copy.deepcopy(base)
+        offload_experts(model, OffloadConfig(slots=slots))
+        with torch.no_grad():
+            if history is not None:
+                model(history)  # leaves some of the experts `ids` needs resident, others not
+            logits.append(model(ids).logits)
+    assert all(torch.equal(logits[0], other) for other in logits[1:])

@@ -290,6 +290,14 @@ class _OffloadedLayer:
             self.slot_table = None
         engine._on_layer(self.index, len(union), len(hits), len(misses), top_k_index)
 
+        # One row per routed entry, top-1 each: every group returns its entries' weighted outputs [T*k, H] (zero
+        # elsewhere) and the sum over k happens once, in a fixed order, as in transformers' own experts path. So
+        # the result does not depend on how hits and misses split the forward into groups: a forward gives the
+        # same bits whatever the cache holds (measured runs replay their atlas build exactly).
+        T, k = top_k_index.shape
+        entry_states = hidden_states.repeat_interleave(k, dim=0)  # [T*k, H]
+        entry_index = top_k_index.reshape(T * k, 1)  # [T*k, 1]
+        entry_weights = top_k_weights.reshape(T * k, 1)  # [T*k, 1]
         out = None
         in_flight: list = []
         for step in steps:
@@ -303,9 +311,11 @@ class _OffloadedLayer:
                 engine.copier.wait(in_flight)
                 engine._copy_wait_s += time.perf_counter() - started
                 in_flight = []
-            part = self._compute(group, len(group) == len(union), hidden_states, top_k_index, top_k_weights)
+            part = self._compute(group, len(group) == len(union), entry_states, entry_index, entry_weights)
             out = part if out is None else out.add_(part)
-        return torch.zeros_like(hidden_states) if out is None else out
+        if out is None:
+            return torch.zeros_like(hidden_states)
+        return out.view(T, k, -1).sum(dim=1)  # [T, H]
 
     def _compute(
         self,
