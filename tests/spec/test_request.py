@@ -106,3 +106,37 @@ def test_atlas_divergence_names_request_and_cycle(target, oracle, prompts, limit
     write_parquet(atlas_table(rows), path)
     with pytest.raises(SpecFitError, match="request 0, cycle 3: pool tokens diverge at node 1"):
         decode_all(target, oracle, specfit(AtlasRoutes(path)), prompts[:1], limits, ar_outputs)
+
+
+CHAIN_METHOD = '''
+from specfit.spec.methods import Decision, Method, register_method
+
+
+@register_method("greedy-chain")
+class GreedyChain(Method):
+    """Verify the most probable chain only: after each level, the best child of the last chosen node."""
+
+    def select(self, cycle, pool, final):
+        if not final:
+            return None
+        chain, node = [], 0
+        while True:
+            children = [v for v in range(1, pool.n + 1) if pool.parent[v] == node]
+            if not children:
+                return Decision(tuple(chain), pool.depth)
+            node = max(children, key=lambda v: (pool.path_prob[v], -v))
+            chain.append(node)
+'''
+
+
+def test_a_new_method_is_one_module(target, oracle, prompts, limits, ar_outputs, tmp_path, monkeypatch):
+    """A method in a module of its own, named `module:name` in the config, is imported, registered and lossless."""
+    (tmp_path / "chain_method.py").write_text(CHAIN_METHOD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    method = build_method({"name": "chain_method:greedy-chain"})
+    chain = decode_all(target, oracle, method, prompts, limits, ar_outputs)
+    assert outputs(chain) == ar_outputs
+    assert all(len(c["selected"]) == max(c["pool_level"]) for r in chain for c in r.cycles)
+    assert sum(c["accepted"] for r in chain for c in r.cycles) > 0
+    with pytest.raises(SpecFitError, match="cannot import 'no_such_module'"):
+        build_method({"name": "no_such_module:x"})

@@ -7,6 +7,8 @@ subclass of `Method` in one module, registered with ``@register_method("name")``
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -81,8 +83,19 @@ def register_method(name: str):
 def build_method(
     config: MethodConfig | dict, inputs: dict | None = None, seed: int = 0, num_experts: int = 0
 ) -> Method:
-    """The registered method ``config.name``; ``inputs`` are the decode rule's input paths."""
+    """The registered method ``config.name``; ``inputs`` are the decode rule's input paths.
+
+    A name ``module:name`` imports ``module`` first, so a method can live in a module of its own, in this package
+    or outside it, and register itself with ``@register_method(name)`` when imported.
+    """
     config = config if isinstance(config, MethodConfig) else MethodConfig(**config)
+    module, sep, name = config.name.rpartition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise SpecFitError(f"method {config.name!r}: cannot import {module!r} ({err})") from err
+        config = dataclasses.replace(config, name=name)
     if config.name not in METHODS:
         raise SpecFitError(f"unknown method {config.name!r}; registered: {sorted(METHODS)}")
     return METHODS[config.name].from_inputs(config, inputs or {}, seed, num_experts)

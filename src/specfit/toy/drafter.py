@@ -149,7 +149,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     train, heldout = split(inputs["questions"], spec.get("heldout", 12), seed)
     stream = torch.cat(chat_ids(tokenizer, train))
     counts = torch.bincount(stream, minlength=target.config.vocab_size)
-    draft_tokens = counts.topk(spec.get("draft_vocab_size", 2048)).indices.sort().values  # [Vd]
+    draft_vocab_size = min(spec.get("draft_vocab_size", 2048), target.config.vocab_size)
+    draft_tokens = counts.topk(draft_vocab_size).indices.sort().values  # [Vd]
     drafter = new_drafter(spec, target, draft_tokens, verifier=str(inputs["target"])).train()
     log.info("draft vocabulary covers %.1f%% of training tokens", 100 * counts[draft_tokens].sum() / counts.sum())
 
