@@ -99,6 +99,7 @@ def test_two_hand_computed_cycles():
     # Θ = 3.5 / 6; S* keeps {1} in A and drops it in B: λ* = 3 / 5.
     expected = {
         "cycles": 2,
+        "beta_multiplier": 2.0,
         "lambda_star": 0.6,
         "theta": 3.5 / 6,
         "gap_pct": 100 * (0.6 - 3.5 / 6) / 0.6,
