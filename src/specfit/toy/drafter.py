@@ -9,6 +9,7 @@ spec (config ``toy.drafter``)::
     train_seconds: 100          max_steps: 2000
     agreement_texts: 6          (held-out conversations, first 512 tokens each, for top-1 agreement)
     acceptance_prompts: 4       acceptance_new_tokens: 48
+    distill_prompts: 192        distill_new_tokens: 64      (EAGLE's recipe: train along the target's own output)
     heldout: 12                 seed: 0                 (as in the tokenizer and target stages)
 
 inputs: {questions: question.jsonl, target: folder}; outputs: {drafter: folder} in speculators format, without
@@ -103,6 +104,32 @@ def teacher(target, drafter, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 @torch.no_grad()
+def self_distillation(target, tokenizer, questions: list[dict], spec: dict) -> torch.Tensor:
+    """[N] token stream of training prompts (their last 256 tokens) each followed by the target's own greedy
+    continuation: the drafter then learns the distribution it drafts along at decode time, as EAGLE trains on
+    the target's generations rather than on human text."""
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True,
+                                      tokenize=False)
+        for q in questions[: spec.get("distill_prompts", 192)]
+    ]
+    tokenizer.truncation_side = "left"
+    pieces = []
+    for i in range(0, len(texts), 16):
+        batch = tokenizer(texts[i : i + 16], return_tensors="pt", padding=True, truncation=True, max_length=256,
+                          add_special_tokens=False)
+        out = target.generate(**batch, max_new_tokens=spec.get("distill_new_tokens", 64), do_sample=False,
+                              pad_token_id=tokenizer.pad_token_id)  # [b, P + N], prompts left-padded
+        for row, pads in zip(out, (batch["attention_mask"] == 0).sum(1).tolist()):
+            row = row[pads:]
+            eos = (row[batch["input_ids"].shape[1] - pads :] == tokenizer.eos_token_id).nonzero()
+            if len(eos):  # generate pads a finished sequence: keep it up to its end-of-turn token
+                row = row[: batch["input_ids"].shape[1] - pads + int(eos[0]) + 1]
+            pieces.append(row)
+    return torch.cat(pieces)
+
+
+@torch.no_grad()
 def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> dict:
     """Top-1 agreement on held-out text, and accepted tokens per chain along the target's greedy output."""
     steps = spec.get("ttt_steps", 3)
@@ -147,12 +174,14 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     target, tokenizer = load_target(inputs["target"], dtype="float32", key="models.toy.target")
     target.requires_grad_(False)
     train, heldout = split(inputs["questions"], spec.get("heldout", 12), seed)
-    stream = torch.cat(chat_ids(tokenizer, train))
-    counts = torch.bincount(stream, minlength=target.config.vocab_size)
+    text = torch.cat(chat_ids(tokenizer, train))
+    counts = torch.bincount(text, minlength=target.config.vocab_size)
     draft_vocab_size = min(spec.get("draft_vocab_size", 2048), target.config.vocab_size)
     draft_tokens = counts.topk(draft_vocab_size).indices.sort().values  # [Vd]
     drafter = new_drafter(spec, target, draft_tokens, verifier=str(inputs["target"])).train()
     log.info("draft vocabulary covers %.1f%% of training tokens", 100 * counts[draft_tokens].sum() / counts.sum())
+    stream = self_distillation(target.eval(), tokenizer, train, spec)
+    log.info("self-distillation: %d tokens of training prompts and the target's greedy continuations", len(stream))
 
     steps, lr = spec.get("ttt_steps", 3), spec.get("lr", 2e-3)
     seq_len, batch_size = spec.get("seq_len", 512), spec.get("batch_size", 4)
