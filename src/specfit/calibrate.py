@@ -31,8 +31,9 @@ from specfit.coefficients import fit_nnls, predict_ms, preset
 from specfit.decode import eos_ids, make_engine, read_prompts
 from specfit.io import write_json, write_parquet
 from specfit.models import load_drafter, load_target
-from specfit.selection import Pool, select_min_union, select_top_prob
+from specfit.selection import select_min_union, select_top_prob
 from specfit.spec import CandidatePool, Limits, MethodConfig, build_method
+from specfit.spec.methods import selection_pool
 from specfit.spec.cycle import Cycle, Stopwatch
 from specfit.spec.pool import DraftState, draft_level, sync
 from specfit.spec.request import commit, draft, prefill
@@ -122,8 +123,7 @@ class Trajectory:
     def step(self, pool: CandidatePool | None = None) -> None:
         """One EAGLE-3 cycle (drafting the pool unless given): verify its top-7, commit."""
         pool = pool if pool is not None else self.draft_full()
-        nodes = select_top_prob(Pool(np.asarray(pool.parent), np.asarray(pool.path_prob), np.empty((pool.n + 1, 0, 1)),
-                                     1), TRAJECTORY.k_max).nodes
+        nodes = select_top_prob(selection_pool(pool), TRAJECTORY.k_max).nodes
         verdict = self.target.verify(pool, nodes)
         self.target.commit(verdict)
         commit(self.output, pool, verdict, self.room, self.limits, self.state)
@@ -149,7 +149,7 @@ def collect_states(model, drafter, engine, prompts: list[dict], boundaries: list
 
 def probe_trees(state: ProbeState, num_experts: int, sizes: int):
     """(k, tree, nodes, F) of both probe trees of every size k < sizes that the pool can hold."""
-    pool = Pool(np.asarray(state.pool.parent), np.asarray(state.pool.path_prob), state.routes, num_experts)
+    pool = selection_pool(state.pool, state.routes, num_experts)
     for k in range(min(sizes, pool.n_nodes + 1)):
         for tree, sel in (("prob", select_top_prob(pool, k)), ("union", select_min_union(pool, k))):
             yield k, tree, sel.nodes, pool.expert_union(sel.nodes)

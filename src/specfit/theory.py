@@ -129,7 +129,7 @@ def selection_theory(
     }
 
 
-def greedy_path(parent: list[int], token: list[int], continuation: list[int]) -> tuple[int, ...]:
+def accepted_path_in_pool(parent: list[int], token: list[int], continuation: list[int]) -> tuple[int, ...]:
     """The longest root path of a pool whose tokens are the target's greedy ``continuation`` after the root."""
     path, node = [], 0
     for want in continuation:
@@ -163,7 +163,7 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas_rows: dict) 
         output = outputs[c["request_id"]]
         if output[start] != c["pool_token"][0]:
             raise SpecFitError(f"request {key[0]}, cycle {key[1]}: the root is not output token {start}")
-        path = greedy_path(c["pool_parent"], c["pool_token"], output[start + 1 :])
+        path = accepted_path_in_pool(c["pool_parent"], c["pool_token"], output[start + 1 :])
         if len(path) < len(c["accepted_path"]):
             path = tuple(c["accepted_path"])
         n = len(c["pool_parent"])

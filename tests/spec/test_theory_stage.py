@@ -39,6 +39,6 @@ def test_table_5_on_recorded_pools(run):
 
 def test_accepted_paths_extend_past_the_verified_subtree():
     # root 0 -> 1 -> 3 matches the continuation [a, c]; only node 1 was verified
-    path = theory.greedy_path([-1, 0, 0, 1, 1], [9, 10, 11, 12, 13], [10, 12, 99])
+    path = theory.accepted_path_in_pool([-1, 0, 0, 1, 1], [9, 10, 11, 12, 13], [10, 12, 99])
     assert path == (1, 3)
     assert theory.committed((1,), path) == 2 and theory.committed((1, 3), path) == 3
