@@ -192,7 +192,8 @@ def test_logits_do_not_depend_on_what_the_cache_holds():
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(5))
     warm = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(6))
     logits = []
-    for slots, history in ((8, None), (2, warm), (5, warm), (0, None)):
+    # every expert resident (all hits: the target's own path), cold, warm and split into groups, no cache
+    for slots, history in ((8, ids), (8, None), (2, warm), (5, warm), (0, None)):
         model = copy.deepcopy(base)
         offload_experts(model, OffloadConfig(slots=slots))
         with torch.no_grad():

@@ -290,10 +290,14 @@ class _OffloadedLayer:
             self.slot_table = None
         engine._on_layer(self.index, len(union), len(hits), len(misses), top_k_index)
 
-        # One row per routed entry, top-1 each: every group returns its entries' weighted outputs [T*k, H] (zero
-        # elsewhere) and the sum over k happens once, in a fixed order, as in transformers' own experts path. So
-        # the result does not depend on how hits and misses split the forward into groups: a forward gives the
-        # same bits whatever the cache holds (measured runs replay their atlas build exactly).
+        computes = [step for step in steps if step[0] != "load"]
+        if len(computes) == 1 and len(computes[0][1]) == len(union) and not computes[0][2]:
+            # all hits: one call of the target's own implementation over the slot rows
+            return self._compute(computes[0][1], True, hidden_states, top_k_index, top_k_weights)
+        # Several groups: one row per routed entry, top-1 each, so that every group returns its entries' weighted
+        # outputs [T*k, H] (zero elsewhere) and the sum over k happens once, in the same order as in the target's
+        # own path above. The result does not depend on how hits and misses split the forward: a forward gives
+        # the same bits whatever the cache holds (measured runs replay their atlas build exactly).
         T, k = top_k_index.shape
         entry_states = hidden_states.repeat_interleave(k, dim=0)  # [T*k, H]
         entry_index = top_k_index.reshape(T * k, 1)  # [T*k, 1]
