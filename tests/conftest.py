@@ -15,7 +15,18 @@ def root() -> Path:
 
 @pytest.fixture(scope="session")
 def questions_path() -> Path:
-    path = ROOT / yaml.safe_load((ROOT / "config.yaml").read_text())["spec_bench"]["path"]
+    """The configured question.jsonl; missing, it is fetched from the pinned commit as the workflow would."""
+    from specfit.extract import fetch
+    from specfit.stage import SpecFitError
+    from specfit.workflow import validate_config
+
+    config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()),
+                             ROOT / "workflow/schemas/config.schema.yaml")
+    source = config["spec_bench"]
+    path = ROOT / source["path"]
     if not path.is_file():
-        pytest.fail(f"Spec-Bench's question.jsonl is expected at {path} (see README: place it there first)")
+        try:
+            fetch({"url": source["url"], "sha256": source["sha256"]}, {}, {"questions": path})
+        except SpecFitError as err:
+            pytest.fail(str(err))
     return path
