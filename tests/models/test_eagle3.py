@@ -2,7 +2,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specfit.models.eagle3 import Eagle3Drafter, aux_hidden_states, default_aux_layer_ids
+from specfit.models.eagle3 import (
+    Eagle3Drafter,
+    aux_hidden_states,
+    default_aux_layer_ids,
+)
+from specfit.spec.tree import tree_mask, tree_positions
 from specfit.stage import SpecFitError
 
 
@@ -77,14 +82,8 @@ def test_tree_mask_equals_sequential_paths(moe_target, make_drafter):
     for p in parents:
         depth.append(0 if p < 0 else depth[p] + 1)
     N = len(parents)
-    mask = torch.full((1, 1, N, P + N), float("-inf"))  # [B, 1, N, P+N]
-    mask[..., :P] = 0
-    for i in range(N):
-        j = i
-        while j >= 0:
-            mask[0, 0, i, P + j] = 0
-            j = parents[j]
-    tree_pos = P + torch.tensor(depth)[None]  # [1, N]
+    mask = tree_mask(parents, P, torch.float32)  # [1, 1, N, P+N]: the prefix and each node's own path
+    tree_pos = tree_positions(depth, P)  # [1, N]
     with torch.no_grad():
         cache = DynamicCache()
         drafter(ids[:, :P], hidden[:, :P], pos[:, :P], cache)
