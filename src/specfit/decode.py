@@ -37,7 +37,7 @@ from tqdm import tqdm
 from specfit.io import read_json, write_json, write_parquet
 from specfit.models import load_drafter, load_target
 from specfit.spec import (
-    ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, Limits, LiveRoutes, MethodConfig, build_method, decode_request,
+    ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, Limits, MethodConfig, build_method, decode_request,
 )
 from specfit.stage import SpecFitError, stage_main
 
@@ -128,10 +128,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         if "drafter" not in inputs:
             raise SpecFitError(f"method {spec.method.name} needs the `drafter` input")
         drafter = load_drafter(inputs["drafter"], model, device=spec.torch_device)
-    live = getattr(method, "route_source", None)
-    while hasattr(live, "base"):  # a noisy source over live routes still builds the exact atlas
-        live = live.base
-    live = live if isinstance(live, LiveRoutes) else None
+    live = method.live
     if live is not None and "atlas" not in outputs:
         raise SpecFitError("live routes build an atlas: give the `atlas` output")
 
@@ -160,11 +157,12 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     progress = tqdm(total=len(prompts), initial=len(prompts) - len(todo), unit="req", desc=spec.method.name)
     tokens = seconds = 0.0
     for prompt in todo:
-        atlas_start = len(live.rows) if live is not None else 0
+        if live is not None:
+            live.rows.clear()  # on disk request by request, not held for the whole stream
         result = decode(prompt, limits)
         tables = {"requests": [result.request], "cycles": result.cycles}
         if live is not None:
-            tables["atlas"] = live.rows[atlas_start:]
+            tables["atlas"] = live.rows
         parts.write(prompt["request_id"], tables)
         tokens += result.request["n_output"]
         seconds += result.request["t_request_s"]

@@ -27,10 +27,11 @@ def test_methods_through_the_stage_are_lossless(files, tmp_path):
     assert not list(tmp_path.glob("*.parts"))
 
     inputs = dict(files, reference=ar["requests"])
-    build = outs(tmp_path, "build")
-    atlas.run(spec("specfit"), inputs, build)
+    build = outs(tmp_path, "build")  # the noisy variant's own atlas: its trajectory is the noisy rule's
+    noisy = spec("specfit", routes="noisy", accuracy=0.6)
+    atlas.run(noisy, inputs, build)
     fit = outs(tmp_path, "fit")
-    decode.run(spec("specfit", routes="noisy", accuracy=0.6), dict(inputs, atlas=build["atlas"]), fit)
+    decode.run(noisy, dict(inputs, atlas=build["atlas"]), fit)
     eagle = outs(tmp_path, "eagle")
     decode.run(spec("eagle3"), inputs, eagle)
     for run in (build, fit, eagle):

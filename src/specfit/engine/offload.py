@@ -283,17 +283,13 @@ class _OffloadedLayer:
         with torch.no_grad():
             counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
             union = counts.nonzero().flatten().tolist()  # increasing expert ids; a host sync
-        if engine.config.slots == 0:
-            self.cache.clear()  # no expert cache: a layer holds only the experts of its current forward
         hits, misses, steps = self.cache.admit(union)
         if misses:
             self.slot_table = None
         engine._on_layer(self.index, len(union), len(hits), len(misses), top_k_index)
 
-        computes = [step for step in steps if step[0] != "load"]
-        if len(computes) == 1 and len(computes[0][1]) == len(union) and not computes[0][2]:
-            # all hits: one call of the target's own implementation over the slot rows
-            return self._compute(computes[0][1], True, hidden_states, top_k_index, top_k_weights)
+        if not misses and steps:  # all hits: one call of the target's own implementation over the slot rows
+            return self._compute(steps[0][1], True, hidden_states, top_k_index, top_k_weights)
         # Several groups: one row per routed entry, top-1 each, so that every group returns its entries' weighted
         # outputs [T*k, H] (zero elsewhere) and the sum over k happens once, in the same order as in the target's
         # own path above. The result does not depend on how hits and misses split the forward: a forward gives
@@ -447,6 +443,11 @@ class OffloadEngine:
         self._copy_wait_s = 0.0
         if self.link is not None:
             self.link.reset()
+
+    @property
+    def h2d_transfers(self) -> int:
+        """Cumulative host-to-device expert transfers: the one counter the decode loop reads every cycle."""
+        return sum(self._total.transfers)
 
     def stats(self) -> dict:
         """Cumulative counters since the last ``reset_stats()``; per-layer lists under ``"per_layer"``."""

@@ -55,6 +55,11 @@ class Pool:
             levels[v] = levels[self.parent[v]] + 1
         return levels
 
+    def with_levels(self, levels) -> "Pool":
+        """This pool, told its node depths (the drafter knows them): no walk up the parents to find them."""
+        self.__dict__["levels"] = np.asarray(levels, dtype=np.int64)  # [n+1]
+        return self
+
     def prefix(self, n_nodes: int) -> "Pool":
         """The pool of draft nodes 1..n_nodes, sharing this pool's arrays and encoded bitmaps."""
         if not 0 <= n_nodes <= self.n_nodes:

@@ -50,6 +50,7 @@ class Decision:
 class Method:
     name: ClassVar[str]
     drafts: ClassVar[bool] = True  # False: no drafter, every cycle verifies the root alone
+    live: LiveRoutes | None = None  # the route source that builds an atlas as it goes (SpecFit's atlas build)
 
     def __init__(self, config: MethodConfig):
         self.config = config
@@ -105,7 +106,7 @@ def selection_pool(pool: CandidatePool, routes: np.ndarray | None = None, num_ex
     """The selector's view of ``pool``; without routes it carries no experts (probability rules)."""
     if routes is None:
         routes = np.empty((pool.n + 1, 0, 1), dtype=np.int64)  # [n+1, 0 layers, 1]
-    return Pool(np.asarray(pool.parent), np.asarray(pool.path_prob), routes, num_experts)
+    return Pool(np.asarray(pool.parent), np.asarray(pool.path_prob), routes, num_experts).with_levels(pool.level)
 
 
 @register_method("ar")
@@ -143,6 +144,10 @@ class SpecFit(Method):
         self.beta = float(beta)
         self.route_source = routes
         self.num_experts = num_experts
+        base = routes
+        while hasattr(base, "base"):  # a noisy source over live routes still builds the exact atlas
+            base = base.base
+        self.live = base if isinstance(base, LiveRoutes) else None
 
     @classmethod
     def from_inputs(cls, config, inputs, seed, num_experts):
@@ -167,7 +172,7 @@ class SpecFit(Method):
         full = selection_pool(pool, self.route_source.routes(cycle, pool), self.num_experts)
         first = 1 if self.route_source.full_pool else pool.depth
         for depth in range(first, pool.depth + 1):
-            view = full.upto_level(depth)
+            view = full if depth == pool.depth else full.upto_level(depth)  # V<=d; the whole pool at its depth
             chosen = select_specfit(view, self.b, self.beta, self.config.k_max)
             if (final and depth == pool.depth) or not holds_level(view, chosen, depth):
                 return Decision(chosen.nodes, depth)

@@ -70,7 +70,7 @@ class RequestResult:
 
 
 def h2d_transfers(engine) -> int:
-    return engine.stats()["h2d_transfers"] if engine is not None else 0
+    return engine.h2d_transfers if engine is not None else 0
 
 
 def prefill(target: Target, drafter: Eagle3Drafter | None, prompt_ids: list[int]) -> tuple[int, DraftState | None]:

@@ -126,6 +126,9 @@ class NoisyRoutes:
     replaced by a random expert outside the node's true top-k, the replacements of one node and layer
     distinct. Node v's noise is drawn from (seed, request_id, cycle, v), so it does not depend on how many
     levels were drafted.
+
+    The simulation stands in for a route predictor whose cost the paper estimates apart (Section 4.6), so it runs
+    outside the request timer; a node's noisy routes are drawn once per cycle, not again at every level.
     """
 
     def __init__(self, base, accuracy: float, seed: int, num_experts: int):
@@ -134,15 +137,24 @@ class NoisyRoutes:
         self.seed = seed
         self.num_experts = num_experts
         self.full_pool = base.full_pool
+        self._cycle: tuple[int, int] | None = None
+        self._noisy: list[np.ndarray] = []  # [L, k] per node already drawn in this cycle
 
     def routes(self, cycle: Cycle, pool: CandidatePool) -> np.ndarray:
-        routes = self.base.routes(cycle, pool).copy()  # [n+1, L, k]
-        _, L, k = routes.shape
-        for v in range(routes.shape[0]):
-            rng = np.random.default_rng((self.seed, cycle.request_id, cycle.index, v))
-            replace = rng.random((L, k)) >= self.accuracy  # [L, k]
-            keys = rng.random((L, self.num_experts))  # [L, N] random order of the experts
-            np.put_along_axis(keys, routes[v], np.inf, axis=1)  # true experts last
-            outside = np.argsort(keys, axis=1)[:, :k]  # [L, k] distinct experts outside the true top-k
-            routes[v] = np.where(replace, outside, routes[v])
-        return routes
+        routes = self.base.routes(cycle, pool)  # [n+1, L, k]
+        with cycle.clock.excluded():
+            if self._cycle != (cycle.request_id, cycle.index):
+                self._cycle, self._noisy = (cycle.request_id, cycle.index), []
+            for v in range(len(self._noisy), routes.shape[0]):
+                self._noisy.append(self._draw(cycle, v, routes[v]))
+            return np.stack(self._noisy[: routes.shape[0]])
+
+    def _draw(self, cycle: Cycle, v: int, true: np.ndarray) -> np.ndarray:
+        """[L, k] node v's routes, each expert replaced with probability 1 - accuracy by one outside ``true``."""
+        L, k = true.shape
+        rng = np.random.default_rng((self.seed, cycle.request_id, cycle.index, v))
+        replace = rng.random((L, k)) >= self.accuracy  # [L, k]
+        keys = rng.random((L, self.num_experts))  # [L, N] random order of the experts
+        np.put_along_axis(keys, true, np.inf, axis=1)  # true experts last
+        outside = np.argsort(keys, axis=1)[:, :k]  # [L, k] distinct experts outside the true top-k
+        return np.where(replace, outside, true)

@@ -40,11 +40,18 @@ def tree_positions(depth: list[int], past_len: int, device=None) -> torch.Tensor
     return (torch.tensor(depth, device=device) + past_len)[None]
 
 
-def keep_positions(cache: DynamicCache, keep: torch.Tensor) -> None:
-    """Keep only the cache positions ``keep`` [P'] (ascending) in every layer: drops rejected tree rows."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(-2, keep.to(layer.keys.device))  # [B, H, P', D]
-        layer.values = layer.values.index_select(-2, keep.to(layer.values.device))
+def keep_rows(cache: DynamicCache, past_len: int, rows: list[int]) -> None:
+    """Keep the committed prefix and, after it, only the tree rows ``rows`` (ascending): drops rejected rows.
+
+    Only the kept rows move (to positions ``past_len, past_len + 1, ...``); the prefix is not copied.
+    """
+    if rows != list(range(len(rows))):  # else they already sit where they belong
+        for layer in cache.layers:
+            src = torch.tensor(rows, device=layer.keys.device) + past_len  # [m]
+            end = past_len + len(rows)
+            layer.keys[..., past_len:end, :] = layer.keys.index_select(-2, src)  # [B, H, m, D]
+            layer.values[..., past_len:end, :] = layer.values.index_select(-2, src)
+    crop(cache, past_len + len(rows))
 
 
 def crop(cache: DynamicCache, length: int) -> None:

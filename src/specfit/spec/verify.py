@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from specfit.models.eagle3 import aux_hidden_states
 from specfit.spec.pool import CandidatePool
-from specfit.spec.tree import keep_positions, tree_mask, tree_positions
+from specfit.spec.tree import keep_rows, tree_mask, tree_positions
 
 
 @dataclass
@@ -24,7 +24,8 @@ class Verdict:
     accepted: list[int]  # node ids of the accepted path, root excluded
     next_root: int  # the target's argmax after the accepted path
     aux: torch.Tensor | None  # [1, 1+len(accepted), 3H] target aux states of root + accepted path
-    kept: torch.Tensor  # [P + 1 + len(accepted)] cache positions of the prefix, the root and the accepted path
+    past_len: int  # committed positions before the verified rows
+    kept: list[int]  # verified rows on the committed path: the root (0) and the accepted nodes' rows
 
 
 class Target:
@@ -80,12 +81,13 @@ class Target:
             accepted=accepted,
             next_root=predicted[kept[-1]],
             aux=aux[:, kept] if aux is not None else None,
-            kept=torch.cat([torch.arange(past), torch.tensor(kept) + past]),
+            past_len=past,
+            kept=kept,
         )
 
     def commit(self, verdict: Verdict) -> None:
         """Drop the KV rows of the rejected nodes."""
-        keep_positions(self.cache, verdict.kept)
+        keep_rows(self.cache, verdict.past_len, verdict.kept)
 
     def routes(self, pool: CandidatePool) -> torch.Tensor:
         """[n+1, L, k] experts the target routes root + every pool node to, in one tree forward.
