@@ -26,11 +26,6 @@ wildcard_constraints:
     cache="cache|nocache",
 
 
-def stage(name):
-    """The command line of a stage module; its config slice and inputs/outputs come as flags."""
-    return f"python -m specfit.{name}"
-
-
 def run_of(w):
     return DecodeRun(w.model, w.device, w.workload, w.method, int(w.slots))
 
@@ -48,15 +43,6 @@ def tokenizer_dir(w):
     return f"data/models/{w.model}/tokenizer" if model["toy"] else model["target"]
 
 
-def model_spec(model):
-    return {"dtype": config["models"][model]["dtype"]}
-
-
-def device_spec(device):
-    d = config["devices"][device]
-    return {k: d[k] for k in ("torch_device", "max_inflight", "link", "label")}
-
-
 def device_gpus(w):
     return 1 if config["devices"][w.device]["torch_device"] == "cuda" else 0
 
@@ -70,23 +56,27 @@ def workload_ids(workload):
     return list(range(q["start"], q["stop"] + 1, q.get("step", 1)))
 
 
+def calibration_limit():
+    """The calibration states come from GSM8K questions, under the GSM8K limit (Appendix B)."""
+    return config["workloads"].get("gsm8k", {}).get("limit_tokens", 512)
+
+
 def extract_spec(w):
     if w.workload == "calibration":
-        # The calibration states come from GSM8K questions, under the GSM8K limit (Appendix B).
-        limit = config["workloads"].get("gsm8k", {}).get("limit_tokens", 512)
-        spec = {
-            "question_ids": config["calibration"]["question_ids"],
-            "limit_tokens": limit,
-        }
-        return spec_json({**spec, "max_new_tokens": None, "max_requests": None})
-    wl = config["workloads"][w.workload]
+        ids, limit, requests = (
+            config["calibration"]["question_ids"],
+            calibration_limit(),
+            None,
+        )
+    else:
+        wl = config["workloads"][w.workload]
+        ids, limit, requests = (
+            workload_ids(w.workload),
+            wl["limit_tokens"],
+            wl["max_requests"],
+        )
     return spec_json(
-        {
-            "question_ids": workload_ids(w.workload),
-            "limit_tokens": wl["limit_tokens"],
-            "max_new_tokens": wl["max_new_tokens"],
-            "max_requests": wl["max_requests"],
-        }
+        {"question_ids": ids, "limit_tokens": limit, "max_requests": requests}
     )
 
 
@@ -111,11 +101,11 @@ def calibrate_spec(w):
                 if w.cache == "cache"
                 else 0
             ),
-            # The calibration states come from GSM8K questions, under the GSM8K limit (Appendix B).
-            "limit_tokens": config["workloads"]
-            .get("gsm8k", {})
-            .get("limit_tokens", 512),
-            "protocol": config["calibration"],
+            "limit_tokens": calibration_limit(),
+            # the question ids reach the stage as its prompts input
+            "protocol": {
+                k: v for k, v in config["calibration"].items() if k != "question_ids"
+            },
             "seed": config["seed"],
         }
     )
@@ -168,7 +158,7 @@ def decode_inputs(w):
         inputs["drafter"] = drafter_dir(w)
     if kind == "specfit":
         inputs["coefficients"] = coefficients_file(w)
-        variant = atlas_variant(config, w.method, w.slots)
+        variant = atlas_variant(w.method, w.slots)
         inputs["atlas"] = (
             f"data/atlas/{w.model}/{w.device}/{w.workload}/{variant}/atlas.parquet"
         )
@@ -199,7 +189,7 @@ def theory_run(w):
 
 def theory_inputs(w):
     run = theory_run(w)
-    variant = atlas_variant(config, run.method, run.slots)
+    variant = atlas_variant(run.method, run.slots)
     return {
         "cycles": f"{run.path}/cycles.parquet",
         "requests": f"{run.path}/requests.parquet",
@@ -243,8 +233,6 @@ def report_spec(w):
         "devices",
         "methods",
         "runs",
-        "calibration",
-        "theory",
         "seed",
     )
     return spec_json({k: config[k] for k in keep})

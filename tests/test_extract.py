@@ -87,7 +87,7 @@ def test_unknown_question_id_is_a_clear_error(questions, tokenizer):
 def test_stage_writes_parquet(questions_path, tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path / "tok")
     out = tmp_path / "p.parquet"
-    spec = {"question_ids": [401, 402], "limit_tokens": 512, "max_new_tokens": 16, "max_requests": None}
+    spec = {"question_ids": [401, 402], "limit_tokens": 512, "max_requests": None}
     subprocess.run(
         [sys.executable, "-m", "specfit.extract", "--spec", json.dumps(spec), "--in", f"questions={questions_path}",
          "--in", f"tokenizer={tmp_path / 'tok'}", "--out", f"prompts={out}"],

@@ -20,9 +20,9 @@ DEVICE = "cpu-a100link"
 def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE,)) -> dict:
     all_methods = {
         "ar": {"rule": "ar"},
-        "eagle3": {"rule": "eagle3", "k_max": 7, "max_depth": 5, "expand": 2},
-        "specfit": {"rule": "specfit", "k_max": 7, "max_depth": 5, "expand": 2, "routes": "atlas"},
-        "specfit-noisy": {"rule": "specfit", "k_max": 7, "max_depth": 5, "expand": 2, "routes": "noisy",
+        "eagle3": {"rule": "eagle3", "k_max": 7, "max_depth": 5, "top_k_expand": 2},
+        "specfit": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
+        "specfit-noisy": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "noisy",
                           "accuracy": 0.6},
     }
     return {

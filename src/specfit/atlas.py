@@ -22,7 +22,10 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     method = spec["method"]
     if method.get("name") != "specfit":
         raise SpecFitError(f"an atlas is built for a specfit method, not {method.get('name')!r}")
-    routes = {"atlas": "live", "noisy": "live-noisy"}[method.get("routes", "atlas")]
+    live = {"atlas": "live", "noisy": "live-noisy"}
+    if method.get("routes", "atlas") not in live:
+        raise SpecFitError(f"an atlas is built for routes {sorted(live)}, not {method['routes']!r}")
+    routes = live[method.get("routes", "atlas")]
     build = {**spec, "method": {**method, "routes": routes}, "slots": ALL_RESIDENT, "link": None}
     decode.run(build, inputs, outputs)
 

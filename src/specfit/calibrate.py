@@ -21,7 +21,7 @@ outputs: coefficients (JSON: b, beta in ms, fit diagnostics), points (Parquet: o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -68,9 +68,9 @@ class Snapshot:
     prefix_len: int
     committed: int
     logits: torch.Tensor | None
-    feature: dict = field(default_factory=dict)
-    row: dict = field(default_factory=dict)
-    pending: tuple | None = None
+    feature: dict
+    row: dict
+    pending: tuple | None
 
     @classmethod
     def take(cls, target: Target, state: DraftState) -> "Snapshot":
@@ -151,7 +151,8 @@ def probe_trees(state: ProbeState, num_experts: int, sizes: int):
     """(k, tree, nodes, F) of both probe trees of every size k < sizes that the pool can hold."""
     pool = selection_pool(state.pool, state.routes, num_experts)
     for k in range(min(sizes, pool.n_nodes + 1)):
-        for tree, sel in (("prob", select_top_prob(pool, k)), ("union", select_min_union(pool, k))):
+        for tree in PROBE_TREES:
+            sel = select_top_prob(pool, k) if tree == "prob" else select_min_union(pool, k)
             yield k, tree, sel.nodes, pool.expert_union(sel.nodes)
 
 

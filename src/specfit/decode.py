@@ -194,7 +194,7 @@ def stream_metrics(requests: list[dict], cycles: pa.Table) -> dict:
     t_req = sum(r["t_request_s"] for r in requests)
     t_dec = t_req - sum(r["t_prefill_s"] for r in requests)
     c = {name: np.asarray(cycles.column(name).to_pylist()) for name in (
-        "committed", "accepted", "drafted_levels", "t_draft_s", "t_select_s", "t_verify_s", "t_commit_s",
+        "committed", "accepted", "drafted_levels", "t_draft_s", "t_select_s", "t_verify_s",
     )}
     selected = np.asarray([len(s) for s in cycles.column("selected").to_pylist()])
     pool = np.asarray([len(p) - 1 for p in cycles.column("pool_token").to_pylist()])

@@ -5,8 +5,7 @@ Prompts are the first turn of each question, rendered with the model's chat temp
 the question's index in the workload's id list, so it is stable across runs and subsets. A prompt that
 leaves no room for one output token under ``limit_tokens`` is reported and skipped, never cut.
 
-spec: {"question_ids": [int, ...], "limit_tokens": int, "max_new_tokens": int | null,
-       "max_requests": int | null}
+spec: {"question_ids": [int, ...], "limit_tokens": int, "max_requests": int | null}
 inputs: questions (question.jsonl), tokenizer (dir)        outputs: prompts (Parquet)
 
 ``python -m specfit.extract fetch`` downloads question.jsonl from the pinned Spec-Bench commit.

@@ -48,16 +48,9 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def write_parquet(table: pa.Table | dict, path: str | os.PathLike, schema: pa.Schema | None = None) -> None:
-    if not isinstance(table, pa.Table):
-        table = pa.Table.from_pydict(table, schema=schema)
+def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-
-
-def write_text(text: str, path: str | os.PathLike) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
 
 
 def _json_default(obj: Any) -> Any:

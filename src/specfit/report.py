@@ -6,7 +6,7 @@ Per model and device: decode throughput with and without the expert cache (Figur
 the devices side by side (Table 4) and the paper's headline figures beside this run's. Every timing taken
 over an emulated link says so. A missing input empties its section with a note; a malformed one is an error.
 
-spec: the config minus toy settings (workloads, models, devices, methods, runs, calibration, theory, seed)
+spec: the config slice it shows (workloads, models, devices, methods, runs, seed)
 inputs: root (the workflow folder that holds data/)        outputs: report (a folder)
 """
 

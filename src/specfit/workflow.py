@@ -123,8 +123,11 @@ def cache_mode(slots: int) -> str:
     return "cache" if int(slots) > 0 else "nocache"
 
 
-def atlas_variant(config: dict, method: str, slots: int) -> str:
-    """One atlas per SpecFit variant (coefficient set, route source, seed): they follow different cycles."""
+def atlas_variant(method: str, slots: int) -> str:
+    """One atlas per SpecFit variant: the method (its route source) and the coefficient set (cache mode).
+
+    Variants select different trees and so follow different cycles; the seed is the config's, shared by all.
+    """
     return f"{method}-{cache_mode(slots)}"
 
 
@@ -175,11 +178,20 @@ def _specfit_imports(path: Path, module: str) -> set[str]:
     return {m for m in found if m == "specfit" or m.startswith("specfit.")}
 
 
+# Package data a module reads at run time: an edit to it reruns the rules that run the module.
+MODULE_DATA = {
+    "specfit.report": ("templates/report.html.j2", "templates/report.md.j2"),
+    "specfit.coefficients": ("data/paper_results.yaml",),
+}
+
+
 def code_hash(module: str) -> str:
-    """Hash of a stage module's source and of every ``specfit`` module it imports, transitively.
+    """Hash of a stage module's source and of every ``specfit`` module it imports, transitively, with the
+    package data those modules read (`MODULE_DATA`).
 
     Snakemake does not see edits to modules run with ``python -m``; a rule that carries this as a param
-    reruns when its own code changes, and only then (not on every edit to the package).
+    reruns when its own code changes, and only then (not on every edit to the package). Methods imported
+    from outside the package (``rule: "module:name"``) are not followed.
     """
     seen: dict[str, Path] = {}
     todo = [module]
@@ -195,4 +207,6 @@ def code_hash(module: str) -> str:
     digest = hashlib.sha256()
     for name in sorted(seen):
         digest.update(name.encode() + b"\0" + seen[name].read_bytes() + b"\0")
+        for data in MODULE_DATA.get(name, ()):
+            digest.update(data.encode() + b"\0" + (PACKAGE_DIR / data).read_bytes() + b"\0")
     return digest.hexdigest()[:16]

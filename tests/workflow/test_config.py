@@ -87,8 +87,8 @@ def test_decode_matrix(config, schema):
     run = DecodeRun("toy", "cpu-a100link", "gsm8k", "specfit-noisy", 12)
     assert reference_run(config, run) == DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 0)
     assert reference_run(config, DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 0)) is None
-    assert atlas_variant(config, "specfit-noisy", 12) == "specfit-noisy-cache"
-    assert atlas_variant(config, "specfit", 0) == "specfit-nocache"
+    assert atlas_variant("specfit-noisy", 12) == "specfit-noisy-cache"
+    assert atlas_variant("specfit", 0) == "specfit-nocache"
     assert {(r.device, r.workload, r.slots) for r in theory_runs(config)} == {
         ("cpu-a100link", "summarization", 12), ("cpu-a100link", "gsm8k", 12), ("cpu-4090link", "gsm8k", 8)}
 
@@ -109,3 +109,17 @@ def test_code_hash_follows_specfit_imports(tmp_path, monkeypatch):
     assert code_hash("specfit.stage") == before
     (pkg / "sub" / "helper.py").write_text("X = 2\n")  # imported transitively: new hash
     assert code_hash("specfit.stage") != before
+
+
+def test_code_hash_follows_package_data(tmp_path, monkeypatch):
+    import specfit.workflow as wf
+
+    pkg = tmp_path / "specfit"
+    (pkg / "templates").mkdir(parents=True)
+    (pkg / "report.py").write_text("X = 1\n")
+    (pkg / "templates" / "page.j2").write_text("{{ x }}")
+    monkeypatch.setattr(wf, "PACKAGE_DIR", pkg)
+    monkeypatch.setattr(wf, "MODULE_DATA", {"specfit.report": ("templates/page.j2",)})
+    before = code_hash("specfit.report")
+    (pkg / "templates" / "page.j2").write_text("<b>{{ x }}</b>")  # a template edit reruns the report
+    assert code_hash("specfit.report") != before

@@ -3,7 +3,8 @@
 Times uncached AR steps of a target on the CPU with no link (compute and real memory copies only), counts
 its expert transfers per step, and prints the links under which the copies take three quarters of an
 uncached AR step, as on the paper's A100 (Table 2: about 400 transfers of 0.41 ms in a 214 ms step), and the
-RTX 4090's link, 0.78 / 0.41 times slower per expert (Section 4.5). Paste the figures into config.yaml.
+RTX 4090's link, as much slower per expert as its fitted β without the cache (0.78 vs 0.41 ms, Section 4.5).
+Paste the figures into config.yaml.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import time
 import torch
 
 from specfit.decode import make_engine
-from specfit.engine.link import link_for_copy_share
+from specfit.coefficients import preset
+from specfit.engine.link import LinkModel, link_for_copy_share
 from specfit.models import load_target
-
-A100_MS_PER_EXPERT, RTX4090_MS_PER_EXPERT = 0.41, 0.78  # fitted β without the cache (Appendix B)
 
 
 def uncached_ar_step(model, engine, prompt_len: int, steps: int) -> tuple[float, float]:
@@ -51,15 +51,16 @@ def main(argv: list[str] | None = None) -> None:
     uncached_ar_step(model, engine, args.prompt_len, 4)  # warm-up
     step_s, transfers = uncached_ar_step(model, engine, args.prompt_len, args.steps)
     a100 = link_for_copy_share(step_s, transfers, engine.expert_bytes, args.share, args.latency_us * 1e-6)
-    per_copy_s = args.latency_us * 1e-6 + engine.expert_bytes / a100.bandwidth_bytes_per_s
-    slower = per_copy_s * RTX4090_MS_PER_EXPERT / A100_MS_PER_EXPERT
-    rtx = engine.expert_bytes / (slower - args.latency_us * 1e-6)
+    per_copy_s = a100.copy_s(engine.expert_bytes)
+    # the RTX 4090's fitted cost per expert without the cache, relative to the A100's (Appendix B)
+    slower = per_copy_s * preset("paper-rtx4090", cache=False)["beta"] / preset("paper-a100", cache=False)["beta"]
+    rtx = LinkModel(engine.expert_bytes / (slower - a100.latency_s), a100.latency_s)
     print(f"target {args.target}: expert {engine.expert_bytes / 1e6:.3f} MB, {transfers:.1f} transfers per uncached "
           f"AR step, {1e3 * step_s:.2f} ms per step without a link ({args.threads} thread(s), cpu memory copies)")
     print(f"A100-like link (copies {100 * args.share:.0f}% of an uncached AR step, {1e3 * per_copy_s:.3f} ms per expert):"
           f" bandwidth_gbps: {a100.bandwidth_bytes_per_s / 1e9:.4f}, latency_us: {args.latency_us:g}")
     print(f"RTX 4090-like link ({1e3 * slower:.3f} ms per expert):"
-          f" bandwidth_gbps: {rtx / 1e9:.4f}, latency_us: {args.latency_us:g}")
+          f" bandwidth_gbps: {rtx.bandwidth_bytes_per_s / 1e9:.4f}, latency_us: {args.latency_us:g}")
     engine.close()
 
 

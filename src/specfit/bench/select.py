@@ -10,11 +10,10 @@ import time
 
 import numpy as np
 
+from specfit.coefficients import preset
 from specfit.selection import Pool, select_specfit
 
-# A100 coefficients fitted with the expert cache (Appendix B), in ms.
-B_A100_CACHE = (142.214, 147.532, 150.522, 152.269, 152.743, 163.204, 155.175, 156.068)
-BETA_A100_CACHE = 0.210715513
+A100_CACHE = preset("paper-a100", cache=True)  # Appendix B's coefficients with the expert cache, in ms
 
 
 def paper_pool(rng: np.random.Generator, depth: int = 5, layers: int = 48, experts: int = 128, top_k: int = 8):
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
 
     rng = np.random.default_rng(args.seed)
     raw = [paper_pool(rng) for _ in range(args.pools)]
-    b, beta = B_A100_CACHE, BETA_A100_CACHE
+    b, beta = A100_CACHE["b"], A100_CACHE["beta"]
     select_specfit(Pool(*raw[0], num_experts=128), b, beta)  # load or compile the kernels outside the timing
 
     full, encode, search, python, visited, nodes = [], [], [], [], [], []

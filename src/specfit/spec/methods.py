@@ -36,7 +36,7 @@ class MethodConfig:
     max_depth: int = 5  # pool levels
     top_k_expand: int = 2  # children per expanded node, and nodes expanded per level
     routes: str = "atlas"  # SpecFit's route source, one of ROUTE_SOURCES
-    accuracy: float = 1.0  # route accuracy of the "noisy" source
+    accuracy: float = 0.6  # route accuracy of the "noisy" source (the paper's simulated predictor)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ spec (config ``toy.drafter``)::
     draft_vocab_size: 2048      (the most frequent training tokens, mapped by d2t / t2d as in EAGLE-3)
     ttt_steps: 3                (EAGLE-3's training-time test: each step feeds back the drafter's own states)
     seq_len: 512                batch_size: 4           lr: 2.0e-3
-    train_seconds: 100          max_steps: 2000
+    train_seconds: 80           max_steps: 2000         (config ``toy.drafter``; the rest are stage options)
     agreement_texts: 6          (held-out conversations, first 512 tokens each, for top-1 agreement)
     acceptance_prompts: 4       acceptance_new_tokens: 48
     distill_prompts: 192        distill_new_tokens: 64      (EAGLE's recipe: train along the target's own output)
@@ -209,7 +209,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         opt.step()
         return stats
 
-    stats = train_loop(step, spec.get("train_seconds", 100), spec.get("max_steps", 2000), "toy drafter")
+    stats = train_loop(step, spec.get("train_seconds", 80), spec.get("max_steps", 2000), "toy drafter")
     drafter.eval()
     stats |= acceptance(target, tokenizer, drafter, heldout, spec)
     log.info("acceptance: %s", stats)

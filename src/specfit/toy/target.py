@@ -1,13 +1,13 @@
 """Stage: the toy target, a small Qwen3-MoE language model trained on Spec-Bench text.
 
-spec (config ``toy.target``)::
+spec (config ``toy.target``, defaults as in the schema; num_heads, router_aux_loss_coef and heldout are stage options)::
 
-    hidden_size: 256            num_layers: 4           num_heads: 4 (head_dim = hidden_size / num_heads)
+    hidden_size: 128            num_layers: 4           num_heads: 4 (head_dim = hidden_size / num_heads)
     num_experts: 32             top_k: 4                moe_intermediate_size: 128
+    seq_len: 512                batch_size: 4           lr: 4.0e-3
+    train_seconds: 150          max_steps: 3000         seed: 0
     router_aux_loss_coef: 0.01  (the load-balancing loss; without it routing collapses onto a few experts)
-    seq_len: 2048               batch_size: 2           (articles are up to ~2,100 toy tokens)
-    lr: 3.0e-3                  train_seconds: 150      max_steps: 2000
-    heldout: 12                 seed: 0                 (as in the tokenizer stage)
+    heldout: 12                 (as in the tokenizer and drafter stages)
 
 The vocabulary is the tokenizer's. inputs: {questions: question.jsonl, tokenizer: folder};
 outputs: {target: folder} holding the fp32 model and the tokenizer, loadable like any HF checkpoint, and
@@ -36,7 +36,7 @@ def chat_ids(tokenizer, questions: list[dict]) -> list[torch.Tensor]:
 
 
 def toy_config(spec: dict, tokenizer) -> Qwen3MoeConfig:
-    H, heads = spec.get("hidden_size", 256), spec.get("num_heads", 4)
+    H, heads = spec.get("hidden_size", 128), spec.get("num_heads", 4)
     return Qwen3MoeConfig(
         vocab_size=len(tokenizer),
         hidden_size=H,
@@ -86,8 +86,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     tokenizer = AutoTokenizer.from_pretrained(inputs["tokenizer"])
     train, heldout = split(inputs["questions"], spec.get("heldout", 12), seed)
     stream = torch.cat(chat_ids(tokenizer, train))
-    seq_len, batch_size, lr = spec.get("seq_len", 2048), spec.get("batch_size", 2), spec.get("lr", 3e-3)
-    seconds, max_steps = spec.get("train_seconds", 150), spec.get("max_steps", 2000)
+    seq_len, batch_size, lr = spec.get("seq_len", 512), spec.get("batch_size", 4), spec.get("lr", 4e-3)
+    seconds, max_steps = spec.get("train_seconds", 150), spec.get("max_steps", 3000)
     log.info("training text: %d tokens from %d questions", len(stream), len(train))
 
     model = Qwen3MoeForCausalLM(toy_config(spec, tokenizer)).train()
