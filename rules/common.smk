@@ -208,6 +208,11 @@ def all_decode_metrics():
     return [f"{r.path}/metrics.json" for r in RUNS]
 
 
+def all_decode_requests():
+    """The per-request rows beside each metrics.json: the report's bootstrap intervals resample them."""
+    return [f"{r.path}/requests.parquet" for r in RUNS]
+
+
 def all_theory():
     return sorted(
         {

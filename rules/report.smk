@@ -4,6 +4,7 @@
 rule report:
     input:
         metrics=all_decode_metrics(),
+        requests=all_decode_requests(),
         calibration=all_calibration(),
         theory=all_theory(),
     output:

@@ -39,6 +39,7 @@ from specfit.models import load_drafter, load_target
 from specfit.spec import (
     ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, Limits, MethodConfig, build_method, decode_request,
 )
+from specfit.spec.routes import atlas_source
 from specfit.stage import SpecFitError, stage_main
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
             raise SpecFitError(f"method {spec.method.name} needs the `drafter` input")
         drafter = load_drafter(inputs["drafter"], model, device=spec.torch_device)
     live = method.live
+    atlas = atlas_source(getattr(method, "route_source", None))  # routes replayed from an atlas, or None
     if live is not None and "atlas" not in outputs:
         raise SpecFitError("live routes build an atlas: give the `atlas` output")
 
@@ -154,6 +156,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         decode(todo[0], warmup)
         engine.clear_cache()
         engine.reset_stats()
+        if atlas is not None:
+            atlas.reset_counts()
     progress = tqdm(total=len(prompts), initial=len(prompts) - len(todo), unit="req", desc=spec.method.name)
     tokens = seconds = 0.0
     for prompt in todo:
@@ -172,11 +176,13 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
 
     ids = [p["request_id"] for p in prompts]
     requests, cycles = parts.read("requests", ids), parts.read("cycles", ids)
-    metrics = stream_metrics(requests.to_pylist(), cycles)
+    metrics = stream_metrics(requests.to_pylist(), cycles, prompts, spec.seed)
     metrics.update(
         method=spec.method.name, slots=spec.slots, link_emulated=engine.link_emulated,
         timing_label=engine.timing_label, resumed=resumes,
     )
+    if atlas is not None:  # pool nodes (roots included) of this process's requests; missed: a fallback's routes
+        metrics.update(atlas_nodes=atlas.nodes_looked_up, atlas_nodes_missed=atlas.nodes_missed)
     metrics["lossless"] = None  # this run is the reference, or no AR run is configured beside it
     if "reference" in inputs:
         metrics["lossless"] = lossless_check(model, prompts, requests.to_pylist(), inputs["reference"])
@@ -188,8 +194,18 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     shutil.rmtree(parts.path)
 
 
-def stream_metrics(requests: list[dict], cycles: pa.Table) -> dict:
-    """Eq. 10 throughputs and per-cycle means; times in seconds unless the key says ms."""
+def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] | None = None, seed: int = 0) -> dict:
+    """Eq. 10 throughputs and per-cycle means; times in seconds unless the key says ms.
+
+    ``tps_dec_low`` / ``tps_dec_high``: the 95% percentile-bootstrap interval of ``tps_dec`` over requests
+    (`specfit.intervals.tps_interval`, seeded by ``seed``). With ``prompts`` (rows with ``request_id`` and
+    ``prompt_ids``), cycles are split into fresh ones and ones that start inside a repeated output 4-gram
+    (`specfit.ngrams`): ``committed_per_cycle_fresh`` / ``_repeated`` and ``cycles_fresh`` / ``_repeated``
+    (None without prompts).
+    """
+    from specfit.intervals import tps_interval  # torch-free, shared with the report
+    from specfit.ngrams import stream_split
+
     n = sum(r["n_output"] for r in requests)
     t_req = sum(r["t_request_s"] for r in requests)
     t_dec = t_req - sum(r["t_prefill_s"] for r in requests)
@@ -203,17 +219,27 @@ def stream_metrics(requests: list[dict], cycles: pa.Table) -> dict:
     def mean(x):
         return float(np.mean(x)) if len(x) else None
 
+    interval = tps_interval(requests, seed=seed) if requests and t_dec > 0 else None
+    split = dict.fromkeys(("committed_per_cycle_fresh", "committed_per_cycle_repeated", "cycles_fresh",
+                           "cycles_repeated"))
+    if prompts is not None:
+        columns = ("request_id", "prefix_len", "committed")
+        split = stream_split(prompts, requests, cycles.select(list(columns)).to_pylist())
+
     return {
         "n_requests": len(requests),
         "n_output_tokens": n,
         "cycles": n_cycles,
         "tps_dec": (n - len(requests)) / t_dec if t_dec > 0 else None,
+        "tps_dec_low": None if interval is None else interval["low"],
+        "tps_dec_high": None if interval is None else interval["high"],
         "tps_req": n / t_req if t_req > 0 else None,
         "draft_nodes_per_cycle": mean(selected),
         "pool_nodes_per_cycle": mean(pool),
         "drafted_levels_per_cycle": mean(c["drafted_levels"]),
         "accepted_per_cycle": mean(c["accepted"]),
         "committed_per_cycle": mean(c["committed"]),
+        **split,
         "ms_per_cycle": 1e3 * t_dec / n_cycles if n_cycles else None,
         "draft_ms_per_cycle": 1e3 * mean(c["t_draft_s"]) if n_cycles else None,
         "verify_ms_per_cycle": 1e3 * mean(c["t_verify_s"]) if n_cycles else None,

@@ -6,6 +6,10 @@ Per model and device: decode throughput with and without the expert cache (Figur
 the devices side by side (Table 4) and the paper's headline figures beside this run's. Every timing taken
 over an emulated link says so. A missing input empties its section with a note; a malformed one is an error.
 
+Every decode TPS carries its 95% percentile-bootstrap interval over the run's requests (requests.parquet beside
+metrics.json), and every ratio of two runs' TPS a paired bootstrap interval over request ids
+(`specfit.intervals`); a ratio whose interval holds 1 reads "tie", never a win.
+
 spec: the config slice it shows (workloads, models, devices, methods, runs, seed)
 inputs: root (the workflow folder that holds data/)        outputs: report (a folder)
 """
@@ -28,8 +32,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from specfit import intervals  # noqa: E402
 from specfit.coefficients import paper_results  # noqa: E402
 from specfit.io import atomic_path  # noqa: E402
 from specfit.stage import SpecFitError, stage_main  # noqa: E402
@@ -55,6 +61,10 @@ METRICS = {
     "tps_req": Quantity("Request TPS", ".2f", timing=True),
     "draft_nodes_per_cycle": Quantity("Draft nodes", ".2f"),
     "committed_per_cycle": Quantity("Committed", ".2f"),
+    "committed_per_cycle_fresh": Quantity("Committed, fresh cycles", ".2f"),
+    "committed_per_cycle_repeated": Quantity("Committed, repeated cycles", ".2f"),
+    "cycles_fresh": Quantity("Fresh cycles", "d"),
+    "cycles_repeated": Quantity("Repeated cycles", "d"),
     "cycles": Quantity("Cycles", "d"),
     "ms_per_cycle": Quantity("ms/cycle", ".1f", timing=True),
     "h2d_per_token": Quantity("H2D/token", ".1f"),
@@ -64,9 +74,15 @@ METRICS = {
     "n_requests": Quantity("Requests", "d"),
     "n_output_tokens": Quantity("Output tokens", "d"),
 }
-DRAFT_KEYS = ("draft_nodes_per_cycle", "draft_ms_per_cycle")  # AR drafts nothing: a dash, as in the paper
+# fresh vs repeated-4-gram cycles (specfit.ngrams): shown for drafting methods; absent from older metrics.json
+SPLIT_KEYS = ("committed_per_cycle_fresh", "committed_per_cycle_repeated", "cycles_fresh", "cycles_repeated")
+DRAFT_KEYS = ("draft_nodes_per_cycle", "draft_ms_per_cycle", *SPLIT_KEYS)  # AR: a dash, as in the paper
 LINK_EMULATED, TIMING_LABEL, LOSSLESS, RESUMED = "link_emulated", "timing_label", "lossless", "resumed"
-METRICS_REQUIRED = (*METRICS, LINK_EMULATED, TIMING_LABEL, LOSSLESS)
+METRICS_REQUIRED = (*(k for k in METRICS if k not in SPLIT_KEYS), LINK_EMULATED, TIMING_LABEL, LOSSLESS)
+
+# requests.parquet beside each metrics.json (REQUEST_SCHEMA of specfit.spec.request): the columns the intervals read
+REQUEST_COLUMNS = ("request_id", "n_output", "t_request_s", "t_prefill_s")
+TPS_MATCH_RTOL = 1e-6  # metrics.json's tps_dec and the one its requests.parquet gives must agree
 
 # data/calibration/{model}/{device}/{cache}.json (specfit.calibrate)
 CALIBRATION_REQUIRED = ("b", "beta", "source", "r2", "rmse_ms", "n_points", "slots", "link_emulated")
@@ -159,11 +175,6 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def pct_change(a, b):
-    r = ratio(a, b)
-    return None if r is None else 100.0 * (r - 1.0)
-
-
 def pct_less(a, b):
     """How many percent ``a`` lies below ``b``."""
     r = ratio(a, b)
@@ -172,6 +183,62 @@ def pct_less(a, b):
 
 def x_fmt(value) -> str:
     return MISSING if value is None else f"{value:.2f}×"
+
+
+# ------------------------------------------------------------------------------------ intervals
+NO_INTERVAL = "[no interval]"
+
+
+def interval_note(seed: int) -> str:
+    return (f"Decode TPS in brackets: 95% interval, a percentile bootstrap over the run's requests "
+            f"({intervals.N_BOOT} resamples, seed {seed}). Ratios between runs (speedups, gains): the same bootstrap "
+            f"paired over request ids (both runs resampled with the same prompts); a ratio whose interval "
+            f"includes 1 is a tie, “faster” / “slower” only when the whole interval lies above / below 1.")
+
+
+def est(value, ci: dict | None = None) -> dict | None:
+    """A run's estimate: value, with its interval (and verdict, for a ratio) where the requests give one."""
+    if value is None:
+        return None
+    out = {"value": value, "low": None, "high": None}
+    if ci is not None:
+        out.update(low=ci["low"], high=ci["high"])
+        if "verdict" in ci:
+            out["verdict"] = ci["verdict"]
+    return out
+
+
+def as_pct(e: dict | None) -> dict | None:
+    """A ratio estimate as a percent change, 100 (r − 1), verdict kept."""
+    if e is None:
+        return None
+    return {**e, **{k: None if e[k] is None else 100.0 * (e[k] - 1.0) for k in ("value", "low", "high")}}
+
+
+def show(value, spec: str, unit: str = "") -> str:
+    """A paper number (float) or a run's estimate (dict): "1.03× [0.97, 1.09] tie", "5.21 [4.80, 5.66]"."""
+    if not isinstance(value, dict):
+        return MISSING if value is None else fmt(value, spec) + unit
+    text = fmt(value["value"], spec) + unit
+    if value["low"] is None:
+        return f"{text} {NO_INTERVAL}"
+    text += f" [{fmt(value['low'], spec)}, {fmt(value['high'], spec)}]"
+    return f"{text} {value['verdict']}" if "verdict" in value else text
+
+
+def tps_cell(e) -> str:
+    return show(e, METRICS["tps_dec"].fmt)
+
+
+def x_cell(e) -> str:
+    return show(e, ".2f", "×")
+
+
+def error_bar(e: dict | None):
+    """Matplotlib yerr of an estimate ([[below], [above]]), None without an interval."""
+    if e is None or e["low"] is None:
+        return None
+    return [[max(0.0, e["value"] - e["low"])], [max(0.0, e["high"] - e["value"])]]
 
 
 def slug(*parts: str) -> str:
@@ -203,14 +270,26 @@ def _load_json(path: Path, required: tuple[str, ...]) -> dict | None:
     return data
 
 
-def _load_points(path: Path):
+def _load_columns(path: Path, columns: tuple[str, ...]):
     if not path.is_file():
         return None
     table = pq.read_table(path)
-    lacking = [c for c in POINTS_COLUMNS if c not in table.column_names]
+    lacking = [c for c in columns if c not in table.column_names]
     if lacking:
         raise SpecFitError(f"{path} lacks columns {', '.join(lacking)}")
-    return table.to_pandas()
+    return table.select(list(columns))
+
+
+def _load_points(path: Path) -> dict[str, np.ndarray] | None:
+    """A calibration's probe points: column name -> numpy array."""
+    table = _load_columns(path, POINTS_COLUMNS)
+    return None if table is None else {c: table.column(c).to_numpy() for c in POINTS_COLUMNS}
+
+
+def _load_requests(path: Path) -> list[dict] | None:
+    """A decode run's requests (the columns the intervals read), one dict per request."""
+    table = _load_columns(path, REQUEST_COLUMNS)
+    return None if table is None else table.to_pylist()
 
 
 @dataclass
@@ -220,24 +299,76 @@ class Inputs:
     runs: list[DecodeRun]
     metrics: dict[DecodeRun, dict]  # present runs only
     calibration: dict[tuple[str, str, str], dict]  # (model, device, cache mode)
-    points: dict[tuple[str, str, str], object]  # pandas frames
+    points: dict[tuple[str, str, str], dict[str, np.ndarray]]  # column -> values
     theory: dict[tuple[str, str, str], dict]  # (model, device, workload)
     paper: dict
+    requests: dict[DecodeRun, list[dict]] = field(default_factory=dict)  # present runs only
+    _intervals: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def seed(self) -> int:
+        return int(self.spec.get("seed", 0))
 
     def missing(self, runs: list[DecodeRun]) -> list[str]:
         return [f"{r.path}/metrics.json" for r in runs if r not in self.metrics]
 
+    def missing_requests(self, runs) -> list[str]:
+        """requests.parquet of runs that have metrics but no requests (their numbers show without an interval)."""
+        return list(dict.fromkeys(f"{r.path}/requests.parquet" for r in runs
+                                  if r is not None and r in self.metrics and r not in self.requests))
+
     def run(self, model, device, workload, method, slots) -> dict | None:
         return self.metrics.get(DecodeRun(model, device, workload, method, slots))
+
+    def tps(self, run: DecodeRun | None) -> dict | None:
+        """A run's decode TPS (metrics.json) with its bootstrap interval over requests."""
+        m = self.metrics.get(run)
+        if m is None or m["tps_dec"] is None:
+            return None
+        if run not in self.requests:
+            return est(m["tps_dec"])
+        key = ("tps", run)
+        if key not in self._intervals:
+            try:
+                ci = intervals.tps_interval(self.requests[run], seed=self.seed)
+            except ValueError as err:
+                raise SpecFitError(f"{run.path}/requests.parquet: {err}") from err
+            if not math.isclose(ci["value"], m["tps_dec"], rel_tol=TPS_MATCH_RTOL):
+                raise SpecFitError(f"{run.path}: metrics.json has tps_dec {m['tps_dec']}, its requests.parquet gives "
+                                   f"{ci['value']}: the two files come from different runs")
+            self._intervals[key] = ci
+        return est(m["tps_dec"], self._intervals[key])
+
+    def speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> dict | None:
+        """TPS(num) / TPS(den) with a paired bootstrap interval over the request ids both runs hold."""
+        a, b = self.metrics.get(num), self.metrics.get(den)
+        if a is None or b is None or a["tps_dec"] is None or not b["tps_dec"]:
+            return None
+        if num not in self.requests or den not in self.requests:
+            return est(ratio(a["tps_dec"], b["tps_dec"]))
+        key = ("ratio", num, den)
+        if key not in self._intervals:
+            for run in (num, den):
+                self.tps(run)  # its requests.parquet agrees with its metrics.json
+            try:
+                self._intervals[key] = intervals.ratio_interval(self.requests[num], self.requests[den],
+                                                                seed=self.seed)
+            except ValueError as err:
+                raise SpecFitError(f"{num.path} over {den.path}: {err}") from err
+        ci = self._intervals[key]
+        return est(ci["value"], ci)
 
 
 def load_inputs(spec: dict, root: Path) -> Inputs:
     runs = decode_runs(spec)
-    metrics = {}
+    metrics, requests = {}, {}
     for r in runs:
         data = _load_json(root / r.path / "metrics.json", METRICS_REQUIRED)
         if data is not None:
             metrics[r] = data
+            rows = _load_requests(root / r.path / "requests.parquet")
+            if rows is not None:
+                requests[r] = rows
     calibration, points, theory = {}, {}, {}
     for model, device in sorted({(r.model, r.device) for r in runs}):
         for mode in ("cache", "nocache"):
@@ -252,7 +383,7 @@ def load_inputs(spec: dict, root: Path) -> Inputs:
         data = _load_json(root / "data" / "theory" / r.model / r.device / f"{r.workload}.json", THEORY_REQUIRED)
         if data is not None:
             theory[r.model, r.device, r.workload] = data
-    return Inputs(spec, root, runs, metrics, calibration, points, theory, paper_results())
+    return Inputs(spec, root, runs, metrics, calibration, points, theory, paper_results(), requests)
 
 
 # ------------------------------------------------------------------------------------ roles of the methods
@@ -336,6 +467,12 @@ class Group:
     def m(self, workload, method, slots) -> dict | None:
         return None if method is None else self.i.run(self.model, self.device, workload, method, slots)
 
+    def key(self, workload, method, slots) -> DecodeRun | None:
+        return None if method is None else DecodeRun(self.model, self.device, workload, method, slots)
+
+    def ar_nocache(self, workload) -> DecodeRun | None:
+        return self.key(workload, self.roles.ar, 0)
+
     def ar_nocache_tps(self, workload) -> float | None:
         m = self.m(workload, self.roles.ar, 0)
         return None if m is None else m["tps_dec"]
@@ -364,34 +501,39 @@ class Group:
             width = 0.8 / len(methods)
             for j, method in enumerate(methods):
                 for x, slots in enumerate((self.main, 0)):
-                    m = self.m(w, method, slots)
-                    if m is not None:
-                        bar = ax.bar(x + (j - (len(methods) - 1) / 2) * width, m["tps_dec"], width, color=f"C{j}",
+                    e = self.i.tps(self.key(w, method, slots))
+                    if e is not None:
+                        bar = ax.bar(x + (j - (len(methods) - 1) / 2) * width, e["value"], width, color=f"C{j}",
+                                     yerr=error_bar(e), capsize=3, ecolor="0.25",
                                      label=method if not any(b.get_label() == method for b in ax.containers) else None)
-                        ax.bar_label(bar, fmt="%.2f", fontsize=8)
+                        ax.bar_label(bar, fmt="%.2f", fontsize=8, label_type="center")
             ax.set_xticks([0, 1], [f"With expert cache ({self.main} slots)", "Without expert cache"])
             ax.set_ylabel("Decode TPS (tokens/s)")
             ax.set_ylim(top=ax.get_ylim()[1] * 1.2)  # room for the legend above the bars
             ax.set_title(tagged(f"{self.model} / {self.device} / {w}: decode throughput", emulated), fontsize=9)
             ax.legend(fontsize=8, ncol=len(methods), loc="upper center")
             sec.figures.append(self.figures.save(fig, slug(self.model, self.device, w, "tps"),
-                                                 tagged(f"Decode TPS, {self.workload_title(w)}", emulated)))
-            ar = self.ar_nocache_tps(w)
-            rows = [[r.method, cache_cell(r.slots), fmt(self.i.metrics[r]["tps_dec"], METRICS["tps_dec"].fmt),
+                                                 tagged(f"Decode TPS with 95% bootstrap intervals, "
+                                                        f"{self.workload_title(w)}", emulated)))
+            ar = self.ar_nocache(w)
+            sec.missing += self.i.missing_requests([*present, ar])
+            rows = [[r.method, cache_cell(r.slots), tps_cell(self.i.tps(r)),
                      fmt(self.i.metrics[r]["tps_req"], METRICS["tps_req"].fmt),
-                     x_fmt(ratio(self.i.metrics[r]["tps_dec"], ar))] for r in present]
+                     x_cell(self.i.speedup(r, ar))] for r in present]
             sec.tables.append(Table(
                 tagged(f"Throughput, {self.workload_title(w)}", emulated),
                 ["Method", "Cache", column("tps_dec", emulated), column("tps_req", emulated),
                  tagged("Speedup over AR without cache", emulated)],
                 rows))
+        if sec.tables:
+            sec.notes.append(interval_note(self.i.seed))
         return sec
 
     # 2. Tables 2 and 3
     def counters(self) -> Section:
         sec = Section("Verification and transfer counters (Tables 2 and 3)")
-        keys = ("draft_nodes_per_cycle", "committed_per_cycle", "cycles", "ms_per_cycle", "h2d_per_token",
-                "draft_ms_per_cycle")
+        keys = ("draft_nodes_per_cycle", "committed_per_cycle", *SPLIT_KEYS, "cycles", "ms_per_cycle",
+                "h2d_per_token", "draft_ms_per_cycle")
         for w in self.workloads:
             runs = self.runs_of(w)
             sec.missing += self.i.missing(runs)
@@ -404,12 +546,16 @@ class Group:
                 m = self.i.metrics[r]
                 is_ar = method_rule(self.spec, r.method) == "ar"
                 rows.append([r.method, cache_cell(r.slots)] + [
-                    MISSING if is_ar and k in DRAFT_KEYS else fmt(m[k], METRICS[k].fmt) for k in keys])
+                    MISSING if is_ar and k in DRAFT_KEYS else fmt(m.get(k), METRICS[k].fmt) for k in keys])
             sec.tables.append(Table(tagged(f"Counters per verification cycle, {self.workload_title(w)}", emulated),
                                     ["Method", "Cache"] + [column(k, emulated) for k in keys], rows))
         if sec.tables:
             sec.notes.append("Cache: 'Yes (n)' = n expert slots per layer; 'No' = cache cleared before every target "
                              "forward. H2D/token counts expert transfers per output token, prefill included.")
+            sec.notes.append("Fresh / repeated cycles: a cycle is repeated when the output 4-gram ending at its first "
+                             "committed token already occurred earlier in the output (a loop; the prompt does not "
+                             "count), fresh otherwise; 'Committed, fresh / repeated cycles' are the mean committed "
+                             "tokens of each kind, so loops can be read apart from fresh text.")
         return sec
 
     # 3. Figure 4
@@ -434,11 +580,13 @@ class Group:
                 continue
             with_paper = (paper_device(self.spec, self.device) == "a100" and w == "summarization"
                           and len(common) == len(paper["slots"]))
+            sec.missing += self.i.missing_requests(runs)
+            tps = {(m, s): self.i.tps(self.key(w, m, s)) for m in pair for s in common}
             rows = []
             for j, s in enumerate(common):
-                gain = pct_change(get(pair[1], s, "tps_dec"), get(pair[0], s, "tps_dec"))
-                row = [str(s), fmt(get(pair[0], s, "tps_dec"), ".2f"), fmt(get(pair[1], s, "tps_dec"), ".2f"),
-                       fmt(gain, ".1f"), fmt(get(pair[0], s, "ms_per_cycle"), ".1f"),
+                gain = as_pct(self.i.speedup(self.key(w, pair[1], s), self.key(w, pair[0], s)))
+                row = [str(s), tps_cell(tps[pair[0], s]), tps_cell(tps[pair[1], s]),
+                       show(gain, ".1f"), fmt(get(pair[0], s, "ms_per_cycle"), ".1f"),
                        fmt(get(pair[1], s, "ms_per_cycle"), ".1f"), fmt(get(pair[0], s, "h2d_per_token"), ".1f"),
                        fmt(get(pair[1], s, "h2d_per_token"), ".1f")]
                 if with_paper:
@@ -458,6 +606,10 @@ class Group:
                     ys = [get(m, s, key) for s in common]
                     ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
                             marker="o", color=f"C{j + 1}", label=m)
+                    if key == "tps_dec":  # the 95% bootstrap intervals
+                        for x, s in zip(xs, common):
+                            if (bar := error_bar(tps[m, s])) is not None:
+                                ax.errorbar([x], [tps[m, s]["value"]], yerr=bar, color=f"C{j + 1}", capsize=3)
             for ax, key in zip(axes, ("tps_dec", "ms_per_cycle", "h2d_per_token")):
                 ax.set_xticks(list(xs), [str(s) for s in common])
                 ax.set_xlabel("Expert slots per layer")
@@ -467,7 +619,9 @@ class Group:
                                 "vs slots", emulated), fontsize=9)
             sec.figures.append(self.figures.save(fig, slug(self.model, self.device, w, "sweep"),
                                                  tagged(f"Slot sweep, {self.workload_title(w)}", emulated)))
-        if not sec.tables and not sec.missing:
+        if sec.tables:
+            sec.notes.append(interval_note(self.i.seed))
+        elif not sec.missing:
             sec.notes.append(f"No workload has at least three slot values for both {pair[0]} and {pair[1]}.")
         return sec
 
@@ -592,8 +746,8 @@ class Group:
             noisy = [r for r in self.runs_of(w) if r.method in self.roles.noisy]
             if not noisy:
                 continue
-            ar = self.ar_nocache_tps(w)
-            if ar is None:
+            ar = self.ar_nocache(w)
+            if self.ar_nocache_tps(w) is None:
                 sec.missing += self.i.missing([DecodeRun(self.model, self.device, w, self.roles.ar or "ar", 0)])
             rows, runs = [], []
             for r in noisy:
@@ -607,12 +761,12 @@ class Group:
                         continue
                     runs.append(run)
                     sec.missing += self.i.missing([run])
-                    tps = self.i.metrics[run]["tps_dec"] if run in self.i.metrics else None
                     shown = on_a100 and run.slots == self.main
-                    rows.append([run.method, kind, cache_cell(run.slots), fmt(tps, ".2f"), x_fmt(ratio(tps, ar)),
-                                 x_fmt(paper_x) if shown else MISSING])
+                    rows.append([run.method, kind, cache_cell(run.slots), tps_cell(self.i.tps(run)),
+                                 x_cell(self.i.speedup(run, ar)), x_fmt(paper_x) if shown else MISSING])
             if not any(r in self.i.metrics for r in runs):
                 continue
+            sec.missing += self.i.missing_requests([*runs, ar])
             emulated = self.emulated(runs)
             sec.tables.append(Table(tagged(f"Exact vs noisy routes, {self.workload_title(w)}", emulated),
                                     ["Method", "Routes", "Cache", column("tps_dec", emulated),
@@ -621,6 +775,8 @@ class Group:
                                     rows))
         if not self.roles.noisy:
             sec.notes.append("No method with noisy routes is configured.")
+        if sec.tables:
+            sec.notes.append(interval_note(self.i.seed))
         return sec
 
     # 9. lossless check
@@ -686,25 +842,37 @@ def paper_cells(paper: dict, device: str, workload: str) -> dict | None:
     return out
 
 
-def headline(c: dict) -> list[tuple[str, str, float | None, str]]:
+def headline(c: dict, tps_ratio=None) -> list[tuple[str, str, float | dict | None, str]]:
     """The paper's headline ratios from (rule, cache mode) cells; the same code reads paper and run.
 
     Each entry: label, the key of the paper's text claim (paper_results.yaml ``text_claims``), value, format.
+    ``tps_ratio(cell, cell)``, where given, gives the ratio of two cells' decode TPS as an estimate with its
+    interval (a run's); without it the ratio is a plain number (the paper's).
     """
 
     def v(rule, mode, key):
         cell = c.get((rule, mode))
         return None if cell is None else cell.get(key)
 
-    ar = v("ar", "nocache", "tps_dec")
+    def tps(a, b):
+        if tps_ratio is not None:
+            return tps_ratio(a, b)
+        return ratio(v(*a, "tps_dec"), v(*b, "tps_dec"))
+
+    def pct(a, b):
+        r = tps(a, b)
+        if isinstance(r, dict):
+            return as_pct(r)
+        return None if r is None else 100.0 * (r - 1.0)
+
     return [
         ("SpecFit over cached EAGLE-3 (%)", "vs_cached_eagle3_pct",
-         pct_change(v("specfit", "cache", "tps_dec"), v("eagle3", "cache", "tps_dec")), ".1f"),
+         pct(("specfit", "cache"), ("eagle3", "cache")), ".1f"),
         ("SpecFit over vanilla EAGLE-3, no cache (%)", "vs_vanilla_eagle3_no_cache_pct",
-         pct_change(v("specfit", "nocache", "tps_dec"), v("eagle3", "nocache", "tps_dec")), ".1f"),
-        ("SpecFit (cache) over AR without cache (×)", "vs_ar_x", ratio(v("specfit", "cache", "tps_dec"), ar), ".2f"),
+         pct(("specfit", "nocache"), ("eagle3", "nocache")), ".1f"),
+        ("SpecFit (cache) over AR without cache (×)", "vs_ar_x", tps(("specfit", "cache"), ("ar", "nocache")), ".2f"),
         ("Vanilla EAGLE-3 over AR without cache (×)", "vanilla_eagle3_vs_ar_x",
-         ratio(v("eagle3", "nocache", "tps_dec"), ar), ".2f"),
+         tps(("eagle3", "nocache"), ("ar", "nocache")), ".2f"),
         ("SpecFit commits fewer tokens per cycle than cached EAGLE-3 (%)", "fewer_committed_pct",
          pct_less(v("specfit", "cache", "committed_per_cycle"), v("eagle3", "cache", "committed_per_cycle")), ".1f"),
         ("SpecFit cycle shorter than cached EAGLE-3 (%)", "shorter_cycle_pct",
@@ -729,6 +897,13 @@ class ModelView:
 
         return cells(get, self.roles, main_slots(self.spec, self.model, device))
 
+    def run_keys(self, device: str, workload: str) -> dict:
+        """(method rule, cache mode) -> the DecodeRun behind `run_cells`' entry (None: no such method)."""
+        def get(rule, method, mode, slots):
+            return None if method is None else DecodeRun(self.model, device, workload, method, slots)
+
+        return cells(get, self.roles, main_slots(self.spec, self.model, device))
+
     def emulated(self, device) -> bool:
         return any(m[LINK_EMULATED] for r, m in self.i.metrics.items() if (r.model, r.device) == (self.model, device))
 
@@ -746,16 +921,16 @@ class ModelView:
             emulated = any(self.emulated(d) for d in devices)
             rows = []
             for d in devices:
-                c = self.run_cells(d, w)
-                ar = c["ar", "nocache"]["tps_dec"] if c["ar", "nocache"] else None
+                c, key = self.run_cells(d, w), self.run_keys(d, w)
                 for mode in ("nocache", "cache"):
                     for rule in ("ar", "eagle3", "specfit"):
                         m = c[rule, mode]
                         if m is None:
                             continue
+                        sec.missing += self.i.missing_requests([key[rule, mode], key["ar", "nocache"]])
                         slots = main_slots(self.spec, self.model, d) if mode == "cache" else 0
-                        rows.append([d, rule, cache_cell(slots), fmt(m["tps_dec"], ".2f"),
-                                     x_fmt(ratio(m["tps_dec"], ar))]
+                        rows.append([d, rule, cache_cell(slots), tps_cell(self.i.tps(key[rule, mode])),
+                                     x_cell(self.i.speedup(key[rule, mode], key["ar", "nocache"]))]
                                     + [MISSING if rule == "ar" and k in DRAFT_KEYS
                                        else fmt(m[k], METRICS[k].fmt) for k in keys[1:]])
             if not rows:
@@ -766,6 +941,9 @@ class ModelView:
                                     header + [column(k, emulated) for k in keys[1:]], rows))
         if not sec.tables:
             sec.notes.append("No workload runs on more than one device.")
+        else:
+            sec.missing = list(dict.fromkeys(sec.missing))
+            sec.notes.append(interval_note(self.i.seed))
         return sec
 
     # 10. paper vs this run
@@ -789,15 +967,17 @@ class ModelView:
                 if paper is None or not any(r.model == self.model and r.device == d and r.workload == w
                                             for r in self.i.runs):
                     continue
-                run = self.run_cells(d, w)
-                paper_ar, run_ar = paper["ar", "nocache"]["tps_dec"], (run["ar", "nocache"] or {}).get("tps_dec")
+                run, key = self.run_cells(d, w), self.run_keys(d, w)
+                sec.missing += self.i.missing_requests(key.values())
+                paper_ar = paper["ar", "nocache"]["tps_dec"]
                 rows = []
                 for mode in ("nocache", "cache"):
                     for rule in ("ar", "eagle3", "specfit"):
                         p, r = paper[rule, mode], run[rule, mode] or {}
                         rows.append([rule, "Yes" if mode == "cache" else "No",
-                                     fmt(p["tps_dec"], ".2f"), fmt(r.get("tps_dec"), ".2f"),
-                                     x_fmt(ratio(p["tps_dec"], paper_ar)), x_fmt(ratio(r.get("tps_dec"), run_ar)),
+                                     fmt(p["tps_dec"], ".2f"), tps_cell(self.i.tps(key[rule, mode])),
+                                     x_fmt(ratio(p["tps_dec"], paper_ar)),
+                                     x_cell(self.i.speedup(key[rule, mode], key["ar", "nocache"])),
                                      fmt(p.get("ms_per_cycle"), ".1f"), fmt(r.get("ms_per_cycle"), ".1f"),
                                      fmt(p.get("h2d_per_token"), ".1f"), fmt(r.get("h2d_per_token"), ".1f")])
                 sec.tables.append(Table(
@@ -807,10 +987,14 @@ class ModelView:
                      "Paper H2D/token", "This run H2D/token"], rows))
                 # the text's own figure where it states one (computed from rounded table values it can differ)
                 claims = self.i.paper["text_claims"].get(w if pd_name == "a100" else f"{pd_name}_{w}", {})
-                gains = [[label, fmt(claims.get(claim, p), spec), fmt(r, spec)]
-                         for (label, claim, p, spec), (*_, r, _) in zip(headline(paper), headline(run))]
+                run_gains = headline(run, lambda a, b, key=key: self.i.speedup(key[a], key[b]))
+                gains = [[label, fmt(claims.get(claim, p), spec), show(r, spec, "×" if label.endswith("(×)") else "")]
+                         for (label, claim, p, spec), (*_, r, _) in zip(headline(paper), run_gains)]
                 sec.tables.append(Table(tagged(f"Headline ratios, {d} vs paper {pd_name}, {w}", emulated),
                                         ["Quantity", "Paper", tagged("This run", emulated)], gains))
+        if sec.tables:
+            sec.missing = list(dict.fromkeys(sec.missing))
+            sec.notes.append(interval_note(self.i.seed) + " The paper's figures carry no interval.")
         return sec
 
     def parts(self) -> list[Part]:
@@ -886,7 +1070,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         parts = [part for model in spec["models"] if any(r.model == model for r in data.runs)
                  for part in ModelView(data, figures, model).parts()]
         render({"title": "SpecFit reproduction report", "provenance": provenance(spec, root), "parts": parts,
-                "emulated": EMULATED}, folder)
+                "emulated": EMULATED, "intervals": interval_note(data.seed)}, folder)
 
 
 main = stage_main(run)

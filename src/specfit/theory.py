@@ -141,16 +141,22 @@ def accepted_path_in_pool(parent: list[int], token: list[int], continuation: lis
     return tuple(path)
 
 
-def recorded_cycles(cycles: list[dict], requests: list[dict], atlas_rows: dict) -> list[RecordedCycle]:
+def recorded_cycles(cycles: list[dict], requests: list[dict], atlas) -> list[RecordedCycle]:
     """Cycles of a SpecFit run with their pools' atlas routes and accepted paths in the whole drafted pool.
 
     A cycle's root is output token ``Σ committed`` of the earlier cycles; the tokens after it are the target's
     greedy continuation, which gives the accepted path of any subtree, verified or not. At the end of a
     request the output is cut at EOS or the limit: there the recorded path is the longer one. Cycles at the
     length limit that drafted nothing offer no choice and are left out.
+
+    ``atlas`` is a `specfit.spec.routes.AtlasRoutes`: each pool's routes are looked up by content, as the run
+    looked them up (a node the atlas lacks gets the same fallback, counted in ``atlas.nodes_missed``).
     """
+    from specfit.spec.cycle import Cycle, Stopwatch
+    from specfit.spec.pool import CandidatePool
+
     outputs = {r["request_id"]: r["output_ids"] for r in requests}
-    num_experts = 1 + max(int(row["routes"].max()) for row in atlas_rows.values())
+    num_experts = 1 + max(int(row["routes"].max()) for row in atlas.rows.values())
     recorded, position = [], {}
     for c in sorted(cycles, key=lambda c: (c["request_id"], c["cycle"])):
         key = (c["request_id"], c["cycle"])
@@ -158,16 +164,15 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas_rows: dict) 
         position[c["request_id"]] = start + c["committed"]
         if len(c["pool_parent"]) == 1:  # at the length limit nothing was drafted: no choice to evaluate
             continue
-        if key not in atlas_rows:
-            raise SpecFitError(f"request {key[0]}, cycle {key[1]} is not in the atlas: was it built for this run?")
         output = outputs[c["request_id"]]
         if output[start] != c["pool_token"][0]:
             raise SpecFitError(f"request {key[0]}, cycle {key[1]}: the root is not output token {start}")
         path = accepted_path_in_pool(c["pool_parent"], c["pool_token"], output[start + 1 :])
         if len(path) < len(c["accepted_path"]):
             path = tuple(c["accepted_path"])
-        n = len(c["pool_parent"])
-        pool = Pool(c["pool_parent"], c["pool_prob"], atlas_rows[key]["routes"][:n], num_experts)
+        candidates = CandidatePool(c["pool_token"], c["pool_parent"], c["pool_prob"], c["pool_level"])
+        cycle = Cycle(key[0], key[1], c["prefix_len"], None, Stopwatch(), output[: start + 1])
+        pool = Pool(c["pool_parent"], c["pool_prob"], atlas.routes(cycle, candidates), num_experts)
         recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], path, c["drafted_levels"]))
     return recorded
 
@@ -178,10 +183,12 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     cycles = pq.read_table(inputs["cycles"]).to_pylist()
     requests = pq.read_table(inputs["requests"]).to_pylist()
     coefficients = read_json(inputs["coefficients"])
-    recorded = recorded_cycles(cycles, requests, AtlasRoutes(inputs["atlas"]).rows)
+    atlas = AtlasRoutes(inputs["atlas"])
+    recorded = recorded_cycles(cycles, requests, atlas)
     table = selection_theory(recorded, coefficients["b"], coefficients["beta"], spec.get("k_max", 7),
                              spec.get("max_depth", 5), spec.get("beta_multiplier", 2.0))
-    write_json({**table, "b": coefficients["b"], "beta": coefficients["beta"]}, outputs["theory"])
+    write_json({**table, "b": coefficients["b"], "beta": coefficients["beta"],
+                "atlas_nodes": atlas.nodes_looked_up, "atlas_nodes_missed": atlas.nodes_missed}, outputs["theory"])
 
 
 main = stage_main(run)

@@ -97,17 +97,6 @@ def test_atlas_replays_the_live_build(target, oracle, prompts, limits, ar_output
     assert min(levels) < max(levels)  # the rule stops early in some cycles and not in others
 
 
-def test_atlas_divergence_names_request_and_cycle(target, oracle, prompts, limits, ar_outputs, tmp_path):
-    live = LiveRoutes()
-    decode_all(target, oracle, specfit(live), prompts[:1], limits, ar_outputs)
-    rows = [dict(r) for r in live.rows]
-    rows[3]["pool_token"] = [rows[3]["pool_token"][0], rows[3]["pool_token"][1] + 1, *rows[3]["pool_token"][2:]]
-    path = tmp_path / "atlas.parquet"
-    write_parquet(atlas_table(rows), path)
-    with pytest.raises(SpecFitError, match="request 0, cycle 3: pool tokens diverge at node 1"):
-        decode_all(target, oracle, specfit(AtlasRoutes(path)), prompts[:1], limits, ar_outputs)
-
-
 CHAIN_METHOD = '''
 from specfit.spec.methods import Decision, Method, register_method
 

@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("engine", "link", "select")
+BENCHMARKS = ("engine", "link", "proportions", "select")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
@@ -52,3 +52,4 @@ class Cycle:
     prefix_len: int  # committed tokens the target holds in its KV cache; the root is next
     target: Target
     clock: Stopwatch
+    output: Sequence[int] = ()  # the request's output so far, the root (at position prefix_len) last

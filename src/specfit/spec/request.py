@@ -137,7 +137,7 @@ def decode_request(
         while output[-1] not in limits.eos_ids and (room := limits.room(len(prompt_ids), len(output))) > 0:
             h2d_cycle = h2d_transfers(engine)
             times_c: dict[str, float] = {"draft": 0.0, "select": 0.0, "verify": 0.0, "commit": 0.0}
-            cycle = Cycle(request_id, len(cycles), target.prefix_len, target, clock)
+            cycle = Cycle(request_id, len(cycles), target.prefix_len, target, clock, output)
             pool, decision = draft(drafter, state, method, cycle, output[-1], min(method.max_depth, room - 1), times_c)
             with clock.section(times_c, "verify"):
                 verdict = target.verify(pool, decision.nodes)

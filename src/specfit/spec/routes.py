@@ -5,11 +5,15 @@ drafted so far.
 
 - `LiveRoutes` (the atlas build) asks the target itself: one tree forward over root + the whole pool, through
   the offload engine's route recorder, outside the request timer. It keeps each answer as an atlas row.
-- `AtlasRoutes` (measured runs) reads those rows back and checks that the run drafts what the atlas holds.
+- `AtlasRoutes` (measured runs) reads those rows back, looking each node up by its content (the tokens it sees).
 - `NoisyRoutes` degrades another source to a given route accuracy.
 """
 
 from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +22,8 @@ import pyarrow.parquet as pq
 from specfit.spec.cycle import Cycle
 from specfit.spec.pool import CandidatePool
 from specfit.stage import SpecFitError
+
+log = logging.getLogger(__name__)
 
 ATLAS_SCHEMA = pa.schema([
     ("request_id", pa.int64()),
@@ -32,7 +38,12 @@ ATLAS_SCHEMA = pa.schema([
     ("top_k", pa.int64()),
 ])
 
-PROB_RTOL = 1e-6
+# Path probabilities of a replayed node vs its atlas entry, relative. They are products of up to 5 drafter softmax
+# probabilities over target features that a cache state changes in the last bits (bf16 on a GPU: more), so they
+# differ by ~1e-7..1e-5 in fp32; 1e-4 flags a real divergence. A larger difference is logged and counted, never
+# fatal: the selector reads the run's own probabilities, the atlas's only serve this check.
+PROB_RTOL = 1e-4
+WARNINGS_PER_KIND = 5  # log the first few misses and probability differences; the counters hold them all
 
 
 def atlas_row(cycle: Cycle, pool: CandidatePool, routes: np.ndarray) -> dict:
@@ -70,8 +81,54 @@ class LiveRoutes:
         return routes
 
 
+@dataclass
+class _Frame:
+    """One atlas row seen from the current cycle: ``node[v]`` is the row's node holding run node v, or -1."""
+
+    row: dict
+    children: dict[tuple[int, int], int]  # (row node, token) -> child row node
+    exact: bool  # the row of this very prefix (anchor 0), not an earlier row
+    node: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _CycleMatch:
+    """What one cycle's pool resolved to so far (the pool grows level by level; nodes resolve once)."""
+
+    cycle: Cycle
+    token: list[int]
+    parent: list[int]
+    frames: list[_Frame]
+    answer: list[np.ndarray] = field(default_factory=list)  # [L, k] per node
+    found: list[bool] = field(default_factory=list)  # answered from the atlas, not by a fallback
+
+
 class AtlasRoutes:
-    """Routes read from an atlas; each cycle's prefix and drafted levels must match the atlas row exactly."""
+    """Routes read back from an atlas, each node looked up by its content.
+
+    A node's routes depend only on the tokens the target sees for it: the committed prefix and the tokens on its
+    path from the root. Every method commits AR's output, so the atlas run (every expert resident) and a measured
+    run see the same token sequence ``x``; a cycle at ``prefix_len`` q has root ``x[q]``. Atlas rows are keyed by
+    (request_id, prefix_len) and nodes within a row by their token path from the root. What must match:
+
+    - exactly: the request must be in the atlas, and its first cycle's prefix_len must be the atlas's first row's
+      (the prompt), else `SpecFitError`; a node is found only by its exact token path, and then gets the atlas's
+      routes bit for bit.
+    - within `PROB_RTOL` (relative): the path probability of a node found in the row of the same prefix. A larger
+      difference is logged and counted (``prob_mismatches``), never fatal.
+    - nothing else: the drafted count, node ids and parents may differ; cycle indices are not compared.
+
+    A node the atlas lacks (a drafting near-tie flipped, which changes that node's token and its subtree, or a cycle
+    boundary the atlas run never had because an earlier selection differed) does not abort the run. First the
+    earlier rows of the request are tried, nearest first: row p < q holds the node if its pool has the path
+    ``x[p+1..q]`` + the node's token path, matched against the cycle's committed ``output`` (a `Cycle` without
+    it falls back to the roots known at those positions, any token where none is known; a row where no path or
+    two paths fit is skipped, not guessed). Else the node gets the routes of its
+    nearest resolved ancestor (the root's if none; a root no row holds gets the root's of the nearest earlier row)
+    and counts in ``nodes_missed``. Each node counts once per cycle, however many levels re-ask.
+
+    ``rows`` keeps the atlas run's own cycles by (request_id, cycle) for readers of the atlas itself.
+    """
 
     full_pool = False
 
@@ -84,39 +141,176 @@ class AtlasRoutes:
         # routes stay numpy ([n+1, L, k] int16): a full atlas holds ~10^8 expert ids
         flat = table.column("routes").combine_chunks()
         values, offsets = flat.values.to_numpy().astype(np.int16), flat.offsets.to_numpy()
-        self.rows = {}
+        self.rows: dict[tuple[int, int], dict] = {}  # (request_id, cycle) -> row: the atlas run's own cycles
+        self._at: dict[int, dict[int, dict]] = {}  # request_id -> prefix_len -> row
+        shapes = set()
         for i, row in enumerate(table.drop_columns(["routes"]).to_pylist()):
             shape = (-1, row["n_layers"], row["top_k"])
             row["routes"] = values[offsets[i] : offsets[i + 1]].reshape(shape)
+            where = f"atlas {path}, request {row['request_id']}, prefix_len {row['prefix_len']}"
+            if row["routes"].shape[0] != len(row["pool_token"]):
+                raise SpecFitError(f"{where}: {row['routes'].shape[0]} routes for {len(row['pool_token'])} nodes")
+            if row["prefix_len"] in self._at.get(row["request_id"], {}):
+                raise SpecFitError(f"{where}: two rows for one prefix")
+            shapes.add(shape)
             self.rows[row["request_id"], row["cycle"]] = row
+            self._at.setdefault(row["request_id"], {})[row["prefix_len"]] = row
+        if len(shapes) > 1:
+            raise SpecFitError(f"atlas {path}: rows of different route shapes {sorted(shapes)}")
+        self._prefixes = {r: sorted(rows) for r, rows in self._at.items()}  # request_id -> its prefix_lens
+        self._max_level = max((max(r["pool_level"]) for r in self.rows.values()), default=0)
+        # x[position] per request: the atlas rows' roots, then this run's cycles' roots
+        self._known = {r: {q: row["pool_token"][0] for q, row in rows.items()} for r, rows in self._at.items()}
+        self._children: dict[tuple[int, int], dict[tuple[int, int], int]] = {}
+        self._match: _CycleMatch | None = None
+        self._warned: dict[str, int] = {}
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        """Zero the counters (decode does so after its warm-up request)."""
+        self.nodes_looked_up = 0  # nodes answered, roots included, each once per cycle
+        self.nodes_missed = 0  # of those, answered by a fallback: the atlas lacks their content
+        self.nodes_from_earlier_rows = 0  # of those found, found in an earlier row than their cycle's own
+        self.prob_mismatches = 0  # found in their own row with a path probability off by more than PROB_RTOL
 
     def routes(self, cycle: Cycle, pool: CandidatePool) -> np.ndarray:
-        where = f"atlas {self.path}, request {cycle.request_id}, cycle {cycle.index}"
-        row = self.rows.get((cycle.request_id, cycle.index))
-        if row is None:
-            raise SpecFitError(f"{where}: no such row; the run has gone past the atlas")
-        if row["prefix_len"] != cycle.prefix_len:
-            raise SpecFitError(f"{where}: prefix_len {cycle.prefix_len} here, {row['prefix_len']} in the atlas")
-        n = pool.n
-        drafted = sum(1 for lv in row["pool_level"][1:] if lv <= pool.depth)
-        if drafted != n:
-            raise SpecFitError(f"{where}: {n} nodes drafted up to level {pool.depth}, the atlas has {drafted}")
-        for name, mine, theirs in (
-            ("tokens", pool.token, row["pool_token"]),
-            ("parents", pool.parent, row["pool_parent"]),
-        ):
-            if list(mine) != theirs[: n + 1]:
-                node = next(v for v, (a, b) in enumerate(zip(mine, theirs)) if a != b)
-                raise SpecFitError(f"{where}: pool {name} diverge at node {node}: {mine[node]} vs {theirs[node]}")
-        prob = np.asarray(pool.path_prob)
-        atlas_prob = np.asarray(row["pool_prob"][: n + 1])
-        off = np.abs(prob - atlas_prob) > PROB_RTOL * np.abs(atlas_prob)
-        if off.any():
-            node = int(np.argmax(off))
+        match = self._match
+        if match is None or match.cycle is not cycle or not _extends(match, pool):
+            match = self._match = self._start(cycle, pool)
+        for v in range(len(match.answer), pool.n + 1):
+            self._resolve(match, pool, v)
+        return np.stack(match.answer[: pool.n + 1]).astype(np.int64)  # [n+1, L, k]
+
+    def _start(self, cycle: Cycle, pool: CandidatePool) -> _CycleMatch:
+        """A new cycle: the rows that may hold its nodes, and its root resolved."""
+        rid, q, root = cycle.request_id, cycle.prefix_len, pool.token[0]
+        where = f"atlas {self.path}, request {rid}, cycle {cycle.index}"
+        if rid not in self._at:
+            raise SpecFitError(f"{where}: the atlas has no rows for this request (built for other prompts?)")
+        prefixes = self._prefixes[rid]
+        if q < prefixes[0] or (cycle.index == 0 and q != prefixes[0]):
             raise SpecFitError(
-                f"{where}: path_prob of node {node} is {prob[node]!r} here, {atlas_prob[node]!r} in the atlas"
+                f"{where}: prefix_len {q} here, the atlas's first row has {prefixes[0]} (built for other prompts?)"
             )
-        return row["routes"][: n + 1].astype(np.int64)  # [n+1, L, k]
+        known = self._known[rid]
+        known[q] = root
+        out = cycle.output  # the committed tokens before the root, where the cycle carries them
+        for i in range(max(0, len(out) - 1 - self._max_level), len(out)):
+            known[q - len(out) + 1 + i] = out[i]
+        frames = []
+        row = self._at[rid].get(q)
+        if row is not None and row["pool_token"][0] == root:
+            frames.append(_Frame(row, self._children_of(row), exact=True, node=[0]))
+        first = bisect.bisect_left(prefixes, q - self._max_level)
+        for p in reversed(prefixes[first : bisect.bisect_left(prefixes, q)]):  # earlier rows, nearest first
+            row = self._at[rid][p]
+            anchor = _anchor(row, p, q, known)
+            if anchor is not None:
+                frames.append(_Frame(row, self._children_of(row), exact=False, node=[anchor]))
+        match = _CycleMatch(cycle, [], [], frames)
+        self.nodes_looked_up += 1
+        if frames:
+            frame = frames[0]
+            self.nodes_from_earlier_rows += not frame.exact
+            match.answer.append(frame.row["routes"][frame.node[0]])
+            match.found.append(True)
+        else:  # a boundary no row holds, or this run's root differs from the atlas's
+            floor = self._at[rid][prefixes[bisect.bisect_right(prefixes, q) - 1]]
+            self._miss(f"{where}: root {root} at prefix_len {q} is in no atlas row; using the routes of the root "
+                       f"at prefix_len {floor['prefix_len']}")
+            match.answer.append(floor["routes"][0])
+            match.found.append(False)
+        match.token.append(root)
+        match.parent.append(-1)
+        return match
+
+    def _resolve(self, match: _CycleMatch, pool: CandidatePool, v: int) -> None:
+        """Answer node v > 0 from the first row that holds it, else from its nearest resolved ancestor."""
+        parent, token = pool.parent[v], pool.token[v]
+        hit = None
+        for frame in match.frames:
+            up = frame.node[parent]
+            node = frame.children.get((up, token), -1) if up >= 0 else -1
+            frame.node.append(node)
+            if node >= 0 and hit is None:
+                hit = frame
+        self.nodes_looked_up += 1
+        if hit is not None:
+            node = hit.node[v]
+            match.answer.append(hit.row["routes"][node])
+            match.found.append(True)
+            if hit.exact:
+                self._check_prob(match.cycle, v, pool.path_prob[v], hit.row["pool_prob"][node])
+            else:
+                self.nodes_from_earlier_rows += 1
+        else:
+            u = parent
+            while u > 0 and not match.found[u]:
+                u = match.parent[u]
+            cycle = match.cycle
+            self._miss(f"atlas {self.path}, request {cycle.request_id}, cycle {cycle.index}: node {v} (token "
+                       f"{token}) is in no atlas row; using the routes of node {u}")
+            match.answer.append(match.answer[u])
+            match.found.append(False)
+        match.token.append(token)
+        match.parent.append(parent)
+
+    def _check_prob(self, cycle: Cycle, v: int, mine: float, theirs: float) -> None:
+        if abs(mine - theirs) > PROB_RTOL * abs(theirs):
+            self.prob_mismatches += 1
+            self._warn("prob", f"atlas {self.path}, request {cycle.request_id}, cycle {cycle.index}: path_prob of "
+                               f"node {v} is {mine!r} here, {theirs!r} in the atlas (counted in prob_mismatches)")
+
+    def _miss(self, message: str) -> None:
+        self.nodes_missed += 1
+        self._warn("miss", message + " (counted in nodes_missed)")
+
+    def _warn(self, kind: str, message: str) -> None:
+        seen = self._warned[kind] = self._warned.get(kind, 0) + 1
+        if seen <= WARNINGS_PER_KIND:
+            log.warning("%s%s", message, "; further ones are only counted" if seen == WARNINGS_PER_KIND else "")
+
+    def _children_of(self, row: dict) -> dict[tuple[int, int], int]:
+        key = (row["request_id"], row["prefix_len"])
+        if key not in self._children:
+            self._children[key] = {(p, t): v for v, (p, t) in enumerate(zip(row["pool_parent"], row["pool_token"]))
+                                   if v > 0}
+        return self._children[key]
+
+
+def _extends(match: _CycleMatch, pool: CandidatePool) -> bool:
+    """Whether ``pool`` agrees with the nodes ``match`` resolved (a level more, or fewer levels)."""
+    m = min(len(match.token), len(pool.token))
+    return match.token[:m] == pool.token[:m] and match.parent[:m] == pool.parent[:m]
+
+
+def _anchor(row: dict, p: int, q: int, known: dict[int, int]) -> int | None:
+    """The node of ``row`` (at prefix_len p < q) that holds position q of the sequence, or None.
+
+    That node sits at level q - p with token ``x[q]``, and its ancestors carry the known tokens ``x[p+1..q-1]``.
+    None when no node fits or two do (unknown positions left the path ambiguous).
+    """
+    if known.get(p) != row["pool_token"][0]:  # this run's sequence left the atlas's at p
+        return None
+    depth, tokens, parents, levels = q - p, row["pool_token"], row["pool_parent"], row["pool_level"]
+    fits = []
+    for u in range(1, len(tokens)):
+        if levels[u] != depth or tokens[u] != known[q]:
+            continue
+        a, ok = parents[u], True
+        while a > 0 and ok:
+            ok = known.get(p + levels[a], tokens[a]) == tokens[a]
+            a = parents[a]
+        if ok:
+            fits.append(u)
+    return fits[0] if len(fits) == 1 else None
+
+
+def atlas_source(source) -> AtlasRoutes | None:
+    """The `AtlasRoutes` a route source reads (itself, or under `NoisyRoutes`), or None."""
+    while source is not None and not isinstance(source, AtlasRoutes):
+        source = getattr(source, "base", None)
+    return source
 
 
 class NoisyRoutes:

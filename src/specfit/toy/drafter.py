@@ -5,22 +5,23 @@ spec (config ``toy.drafter``)::
     intermediate_size: 512      num_heads: 4            num_kv_heads: 2     (one Llama layer, the target's H)
     draft_vocab_size: 2048      (the most frequent training tokens, mapped by d2t / t2d as in EAGLE-3)
     ttt_steps: 3                (EAGLE-3's training-time test: each step feeds back the drafter's own states)
-    seq_len: 512                batch_size: 4           lr: 2.0e-3
-    train_seconds: 80           max_steps: 2000         (config ``toy.drafter``; the rest are stage options)
-    agreement_texts: 6          (held-out conversations, first 512 tokens each, for top-1 agreement)
-    acceptance_prompts: 4       acceptance_new_tokens: 48
-    distill_prompts: 192        distill_new_tokens: 64      (EAGLE's recipe: train along the target's own output)
+    seq_len: 2048 (one piece per step: a prompt's end and the target's continuation)    lr: 2.0e-3
+    steps: 600                  max_minutes: 6          (config ``toy.drafter``; the rest are stage options)
+    acceptance_prompts: 12      acceptance_new_tokens: 128  (held-out prompts whose greedy continuations measure it)
+    distill_prompts: 256        distill_new_tokens: 128     distill_max_prompt: 1536
+                                (EAGLE's recipe: train along the target's own output)
     heldout: 12                 seed: 0                 (as in the tokenizer and target stages)
 
 inputs: {questions: question.jsonl, target: folder}; outputs: {drafter: folder} in speculators format, without
 embed_tokens (the target's, frozen, as EAGLE-3 trains it), and ``acceptance.json``: top-1 agreement with the
-target on held-out text, and the mean accepted draft tokens per 3-token chain along the target's own greedy
-output on held-out prompts.
+target and the mean accepted draft tokens per 3-token chain, both along the target's own greedy continuations of
+held-out prompts, with the steps, tokens, wall time and sha256 of the weights.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,9 @@ from specfit.models.eagle3 import Eagle3Drafter, aux_hidden_states, default_aux_
 from specfit.models.loading import load_target
 from specfit.stage import stage_main
 from specfit.toy.target import chat_ids
-from specfit.toy.train import cosine_lr, seed_everything, split, train_loop, windows
+from specfit.toy.train import (
+    conversations, cosine_lr, seed_everything, span_conversations, split, state_digest, train_loop,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,64 +107,68 @@ def teacher(target, drafter, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 @torch.no_grad()
-def self_distillation(target, tokenizer, questions: list[dict], spec: dict) -> torch.Tensor:
-    """[N] token stream of training prompts (their last 256 tokens) each followed by the target's own greedy
-    continuation: the drafter then learns the distribution it drafts along at decode time, as EAGLE trains on
-    the target's generations rather than on human text."""
-    texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True,
-                                      tokenize=False)
-        for q in questions[: spec.get("distill_prompts", 192)]
-    ]
-    tokenizer.truncation_side = "left"
+def self_distillation(target, tokenizer, questions: list[dict], spec: dict, seed: int) -> list[torch.Tensor]:
+    """Training prompts, each followed by the target's own greedy continuation ([P + N] per prompt).
+
+    The drafter then learns the distribution it drafts along at decode time, as EAGLE trains on the target's
+    generations rather than on human text. The prompts are the first turns of the training questions and of
+    random-span conversations (as the target trained on), whole: the toy's replies copy the lead of the user
+    turn, so a prompt cut on the left would hide what the target copies. Batched by length, 8 at a time.
+    """
+    n = spec.get("distill_prompts", 256)
+    chats = conversations(questions) + span_conversations(questions, n, seed + 1)
+    prompts = [tokenizer.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=True)["input_ids"]
+               for chat in random.Random(seed).sample(chats, min(n, len(chats)))]
+    prompts = sorted((p for p in prompts if len(p) <= spec.get("distill_max_prompt", 1536)), key=len)
     pieces = []
-    for i in range(0, len(texts), 16):
-        batch = tokenizer(texts[i : i + 16], return_tensors="pt", padding=True, truncation=True, max_length=256,
-                          add_special_tokens=False)
-        out = target.generate(**batch, max_new_tokens=spec.get("distill_new_tokens", 64), do_sample=False,
-                              pad_token_id=tokenizer.pad_token_id)  # [b, P + N], prompts left-padded
+    for i in range(0, len(prompts), 8):
+        batch = tokenizer.pad({"input_ids": prompts[i : i + 8]}, return_tensors="pt")  # left-padded
+        out = target.generate(**batch, max_new_tokens=spec.get("distill_new_tokens", 128), do_sample=False,
+                              pad_token_id=tokenizer.pad_token_id)  # [b, P + N]
+        width = batch["input_ids"].shape[1]
         for row, pads in zip(out, (batch["attention_mask"] == 0).sum(1).tolist()):
-            row = row[pads:]
-            eos = (row[batch["input_ids"].shape[1] - pads :] == tokenizer.eos_token_id).nonzero()
-            if len(eos):  # generate pads a finished sequence: keep it up to its end-of-turn token
-                row = row[: batch["input_ids"].shape[1] - pads + int(eos[0]) + 1]
-            pieces.append(row)
-    return torch.cat(pieces)
+            eos = (row[width:] == tokenizer.eos_token_id).nonzero()
+            end = width + int(eos[0]) + 1 if len(eos) else len(row)  # generate pads a finished sequence
+            pieces.append(row[pads:end])
+    return pieces
+
+
+def piece_windows(pieces: list[torch.Tensor], seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    """[1, T] the last ``seq_len`` tokens of a random piece: its continuation, with as much prompt as fits."""
+    piece = pieces[int(torch.randint(0, len(pieces), (1,), generator=generator))]
+    return piece[-seq_len:][None]
 
 
 @torch.no_grad()
 def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> dict:
-    """Top-1 agreement on held-out text, and accepted tokens per chain along the target's greedy output."""
+    """Top-1 agreement per draft step, and accepted tokens per chain, along the target's own greedy continuations
+    of held-out prompts (what the drafter meets at decode time), up to the end-of-turn token."""
     steps = spec.get("ttt_steps", 3)
     agree, n = torch.zeros(steps), torch.zeros(steps)
-    for x in chat_ids(tokenizer, heldout[: spec.get("agreement_texts", 6)]):
-        x = x[None, :512]  # [1, T]
-        aux, _, top = teacher(target, drafter, x)
-        for k, logits in enumerate(ttt_forward(drafter, x, drafter.fuse(aux), steps)):
-            m = x.shape[1] - 1 - k  # chains whose step-k token is in the text
-            agree[k] += (drafter.to_target_ids(logits[0, :m].argmax(-1)) == top[0, k + 1 :]).sum()
-            n[k] += m
-
     accepted = []
-    for q in heldout[: spec.get("acceptance_prompts", 4)]:
+    for q in heldout[: spec.get("acceptance_prompts", 12)]:
         prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True, return_tensors="pt"
-        )["input_ids"][:, -1024:]
+        )["input_ids"][:, -2048:]
         seq = target.generate(
-            prompt, max_new_tokens=spec.get("acceptance_new_tokens", 48), do_sample=False,
-            eos_token_id=None, pad_token_id=tokenizer.pad_token_id,
+            prompt, max_new_tokens=spec.get("acceptance_new_tokens", 128), do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
         )  # [1, P + N] the target's own greedy output
         aux, _, _ = teacher(target, drafter, seq)
         chains = [drafter.to_target_ids(l.argmax(-1))[0] for l in ttt_forward(drafter, seq, drafter.fuse(aux), steps)]
         P, T = prompt.shape[1], seq.shape[1]
-        for t in range(P - 1, T - steps - 1):  # chain rooted at t drafts tokens t+2 .. t+steps+1
-            hits = [bool(chains[k][t] == seq[0, t + k + 2]) for k in range(steps)]
-            accepted.append(next((k for k, hit in enumerate(hits) if not hit), steps))
+        for t in range(P - 1, T - 2):  # the chain rooted at t drafts tokens t+2 .. t+steps+1 (t+1 is the root)
+            hits = [bool(chains[k][t] == seq[0, t + k + 2]) for k in range(steps) if t + k + 2 < T]
+            for k, hit in enumerate(hits):
+                agree[k] += hit
+                n[k] += 1
+            if len(hits) == steps:
+                accepted.append(next((k for k, hit in enumerate(hits) if not hit), steps))
     return {
         "top1_agreement": (agree[0] / n[0]).item(),
         "agreement_per_step": (agree / n).tolist(),
         "heldout_tokens": int(n[0]),
-        "mean_accepted_per_chain": sum(accepted) / len(accepted),
+        "mean_accepted_per_chain": sum(accepted) / max(1, len(accepted)),
         "chain_length": steps,
         "chains": len(accepted),
         "chance_top1": 1 / drafter.draft_vocab_size,
@@ -180,11 +187,13 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     draft_tokens = counts.topk(draft_vocab_size).indices.sort().values  # [Vd]
     drafter = new_drafter(spec, target, draft_tokens, verifier=str(inputs["target"])).train()
     log.info("draft vocabulary covers %.1f%% of training tokens", 100 * counts[draft_tokens].sum() / counts.sum())
-    stream = self_distillation(target.eval(), tokenizer, train, spec)
-    log.info("self-distillation: %d tokens of training prompts and the target's greedy continuations", len(stream))
+    pieces = self_distillation(target.eval(), tokenizer, train, spec, seed)
+    log.info("self-distillation: %d training prompts with the target's greedy continuations, %d tokens",
+             len(pieces), sum(len(p) for p in pieces))
 
     steps, lr = spec.get("ttt_steps", 3), spec.get("lr", 2e-3)
-    seq_len, batch_size = spec.get("seq_len", 512), spec.get("batch_size", 4)
+    seq_len = spec.get("seq_len", 2048)
+    seen = [0]  # tokens trained on
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
@@ -192,11 +201,12 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     def step(i: int, progress: float) -> dict:
         for group in opt.param_groups:
             group["lr"] = cosine_lr(lr, progress)
-        ids = windows(stream, batch_size, seq_len, gen)  # [B, T]
+        ids = piece_windows(pieces, seq_len, gen)  # [1, T]
+        seen[0] += ids.shape[1]
         aux, teacher_logits, top = teacher(target, drafter, ids)
         loss, stats = 0.0, {}
         for k, logits in enumerate(ttt_forward(drafter, ids, drafter.fuse(aux), steps)):
-            m = seq_len - 1 - k  # chains whose step-k label lies inside the window
+            m = ids.shape[1] - 1 - k  # chains whose step-k label lies inside the window
             soft = F.softmax(teacher_logits[:, k + 1 :], dim=-1)  # [B, m, Vd] the target over the draft vocab
             step_loss = -(soft * F.log_softmax(logits[:, :m], dim=-1)).sum(-1).mean()
             loss = loss + step_loss
@@ -209,13 +219,14 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         opt.step()
         return stats
 
-    stats = train_loop(step, spec.get("train_seconds", 80), spec.get("max_steps", 2000), "toy drafter")
+    stats = train_loop(step, spec["steps"], "toy drafter", spec.get("max_minutes"), key="toy.drafter")
+    stats["tokens"] = seen[0]
     drafter.eval()
     stats |= acceptance(target, tokenizer, drafter, heldout, spec)
     log.info("acceptance: %s", stats)
     with atomic_path(outputs["drafter"], directory=True) as tmp:
         drafter.save_pretrained(tmp)
-        write_json(stats, tmp / "acceptance.json")
+        write_json(stats | {"sha256": state_digest(drafter)}, tmp / "acceptance.json")
 
 
 main = stage_main(run)

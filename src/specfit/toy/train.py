@@ -1,7 +1,8 @@
-"""What the toy stages share: the training conversations, the held-out split and a time-boxed training loop."""
+"""What the toy stages share: the training conversations, the held-out split and a step-budgeted training loop."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -14,12 +15,13 @@ import torch
 from tqdm import tqdm
 
 from specfit.questions import load_questions, training_questions
+from specfit.stage import SpecFitError
 
 log = logging.getLogger(__name__)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-def lead(text: str, sentences: int = 3, max_words: int = 60) -> str:
+def lead(text: str, sentences: int = 3, max_words: int = 100) -> str:
     """The first sentences of ``text`` (Lead-3, the classic CNN/DailyMail baseline), cut at ``max_words``."""
     text = text.removeprefix("Summarize: ")
     words = " ".join(SENTENCE_END.split(text.strip())[:sentences]).split()
@@ -41,6 +43,34 @@ def conversations(questions: list[dict]) -> list[list[dict]]:
     return chats
 
 
+def span_conversations(questions: list[dict], n: int, seed: int, max_words: int = 900) -> list[list[dict]]:
+    """``n`` more Lead-3 conversations over random sentence spans of the training text.
+
+    Spec-Bench's training questions hold about 140k tokens, which a toy memorizes in a few epochs and then
+    continues held-out prompts with recalled text. A span that starts at a random sentence of a random document,
+    of a log-uniform length between 8 and ``max_words`` words (the evaluated articles are up to ~1,500), asks
+    for the one skill that carries to unseen prompts: read the user turn and copy its lead. Half of the spans
+    get the summarization prompt's "Summarize: " prefix.
+    """
+    rng = random.Random(seed)
+    docs = [SENTENCE_END.split(t.strip()) for q in questions for t in q["turns"]]
+    weights = [len(" ".join(d).split()) for d in docs]
+    chats = []
+    for _ in range(n):
+        doc = rng.choices(docs, weights)[0]
+        want = int(math.exp(rng.uniform(math.log(8), math.log(max_words))))
+        start = rng.randrange(len(doc))
+        words: list[str] = []
+        for sentence in doc[start:]:
+            if len(words) >= want:
+                break
+            words += sentence.split()
+        text = " ".join(words)
+        prompt = ("Summarize: " if rng.random() < 0.5 else "") + text
+        chats.append([{"role": "user", "content": prompt}, {"role": "assistant", "content": lead(text)}])
+    return chats
+
+
 def split(questions_path, heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
     """(train, held-out) among the questions no workload evaluates; held-out ones only measure the toy."""
     pool = training_questions(load_questions(questions_path))
@@ -51,34 +81,59 @@ def split(questions_path, heldout: int, seed: int) -> tuple[list[dict], list[dic
 def seed_everything(seed: int) -> None:
     """Seed every generator, and train on every core this job may use.
 
-    Snakemake sets OMP_NUM_THREADS to a job's threads (1 under ``--cores 1``); a training budget is wall-clock
-    time, and ``--cores 1`` already runs one job at a time, so the toy takes the whole machine while it trains.
+    Snakemake sets OMP_NUM_THREADS to a job's threads (1 under ``--cores 1``); ``--cores 1`` already runs one
+    job at a time, so the toy takes the whole machine while it trains. Budgets are steps, not seconds, so the
+    thread count changes how long training takes, never what it learns (on one machine, bit for bit).
     """
     random.seed(seed)
     torch.manual_seed(seed)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def train_loop(step: Callable[[int, float], dict], seconds: float, max_steps: int, desc: str) -> dict:
-    """Call ``step(i, progress)`` until ``seconds`` pass or ``max_steps`` are done; it returns floats to log.
+def state_digest(module: torch.nn.Module) -> str:
+    """sha256 over a module's parameters and buffers (names, dtypes, shapes and bytes), in name order."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
-    ``progress`` in [0, 1) is how far the run is through whichever of its two limits comes first.
+
+def train_loop(step: Callable[[int, float], dict], steps: int, desc: str, max_minutes: float | None = None,
+               key: str = "toy", probe_steps: int = 3) -> dict:
+    """Call ``step(i, progress)`` for ``i`` in ``range(steps)``, ``progress = i / steps``; it returns floats to log.
+
+    The budget is a step count, so a busy machine trains the same model, only later. The step rate measured over
+    ``probe_steps`` steps (after the first) predicts the whole run; a prediction over ``max_minutes`` stops with an error naming
+    ``key`` (the config section) there, before the long part of training.
     """
     start = time.perf_counter()
-    bar = tqdm(total=max_steps, desc=desc, mininterval=5)
+    bar = tqdm(total=steps, desc=desc, mininterval=5)
     stats: dict = {}
-    i = 0
-    while i < max_steps and time.perf_counter() - start < seconds:
-        stats = step(i, max(i / max_steps, (time.perf_counter() - start) / seconds))
-        i += 1
+    for i in range(steps):
+        stats = step(i, i / steps)
         bar.update()
-        if i % 20 == 0 or i == 1:
+        if i == 0:
+            warm = time.perf_counter()  # the first step pays one-off allocations: the probe starts after it
+        if i == probe_steps and max_minutes is not None:
+            per_step = (time.perf_counter() - warm) / probe_steps
+            predicted = per_step * steps / 60
+            log.info("%s: %d steps predicted to take %.1f min (limit %.1f min)", desc, steps, predicted, max_minutes)
+            if predicted > max_minutes:
+                raise SpecFitError(
+                    f"{desc}: {steps} steps would take about {predicted:.1f} min on this machine "
+                    f"({per_step:.2f} s per step), over `{key}.max_minutes` = {max_minutes}: "
+                    f"lower `{key}.steps` (or the model size), or raise `{key}.max_minutes`"
+                )
+        if (i + 1) % 20 == 0 or i == 0:
             bar.set_postfix(stats)
-            log.info("%s step %d: %s", desc, i, " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
+            log.info("%s step %d: %s", desc, i + 1, " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
     bar.close()
     elapsed = time.perf_counter() - start
-    log.info("%s: %d steps in %.1f s (cap %d steps, budget %.0f s): %s", desc, i, elapsed, max_steps, seconds, stats)
-    return {"steps": i, "seconds": round(elapsed, 1), **stats}
+    log.info("%s: %d steps in %.1f s: %s", desc, steps, elapsed, stats)
+    return {"steps": steps, "seconds": round(elapsed, 1), "threads": torch.get_num_threads(), **stats}
 
 
 def windows(stream: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:

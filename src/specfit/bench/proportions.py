@@ -1,0 +1,162 @@
+"""``python -m specfit.bench proportions``: the toy's proportions beside the paper's, measured now.
+
+Decodes the first ``--requests`` prompts of each workload with AR and EAGLE-3 on the offload engine (the
+config's device, its with-cache slot count, its emulated link, one thread as under ``snakemake --cores 1``)
+and prints, beside the paper's A100 figures:
+
+- EAGLE-3's committed tokens per cycle, on all cycles and on cycles whose 4-gram is fresh in the output;
+- the cost of one drafted level as a share of a cached AR step (paper: about 7%);
+- a 7-node verification's cost in cached AR steps (the paper's flat b_k: b_7 / b_0 with the cache);
+- the expert union of the 8-token tree over the root's, F(tree) / F(root), summed over layers;
+- from the toy's training records: the target's held-out loss and the drafter's top-1 agreement.
+
+The paper's union ratio is read off Tables 2 and 3 without the cache: H2D per token × committed per cycle
+over AR's H2D per token. Timings over an emulated link are labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+import yaml
+
+from specfit.decode import eos_ids, make_engine
+from specfit.io import read_json
+from specfit.models import load_drafter, load_target
+from specfit.ngrams import fresh_split
+from specfit.coefficients import paper_results, preset
+from specfit.spec import Limits, MethodConfig, build_method, decode_request
+
+
+def decode(model, drafter, engine, method: str, prompts: list[dict], limits: Limits, seed: int) -> dict:
+    """Requests, cycles and each verification forward's expert union (summed over layers) of one method."""
+    config = MethodConfig(name=method) if method == "ar" else MethodConfig(name=method, k_max=7, max_depth=5,
+                                                                            top_k_expand=2)
+    runner = build_method(config, {}, seed, engine.num_experts)
+    unions: list[int] = []
+    end_forward = engine._end_forward
+
+    def record() -> None:  # one entry per target forward: the prefill, then one verification per cycle
+        end_forward()
+        unions.append(engine.last_forward["demand"])
+
+    engine._end_forward = record
+    requests, cycles, verify_unions = [], [], []
+    try:
+        for i, p in enumerate([prompts[0]] + prompts):  # the first one again as warm-up, discarded
+            unions.clear()
+            r = decode_request(model, drafter, runner, p["prompt_ids"], request_id=p["request_id"],
+                               question_id=p["question_id"], limits=limits, engine=engine)
+            if i == 0:
+                engine.clear_cache()
+                continue
+            requests.append(r.request | {"prompt_ids": p["prompt_ids"]})
+            cycles += r.cycles
+            verify_unions += unions[1:]
+    finally:
+        engine._end_forward = end_forward
+    return {"requests": requests, "cycles": cycles, "unions": np.asarray(verify_unions)}
+
+
+def summary(run: dict) -> dict:
+    c = run["cycles"]
+    levels = np.asarray([x["drafted_levels"] for x in c])
+    draft = np.asarray([x["t_draft_s"] for x in c])
+    split = fresh_split(run["requests"], c)
+    return {
+        "committed": float(np.mean([x["committed"] for x in c])),
+        "committed_fresh": split["committed_per_cycle_fresh"],
+        "fresh_share": split["cycles_fresh"] / max(1, len(c)),
+        "verify_ms": 1e3 * float(np.mean([x["t_verify_s"] for x in c])),
+        "cycle_ms": 1e3 * float(np.mean([x["t_draft_s"] + x["t_select_s"] + x["t_verify_s"] + x["t_commit_s"]
+                                        for x in c])),
+        "level_ms": 1e3 * float(draft.sum() / levels.sum()) if levels.sum() else None,
+        "selected": np.asarray([len(x["selected"]) for x in c]),
+    }
+
+
+def paper_proportions(paper: dict) -> dict:
+    """The paper's figures for the same quantities (A100, Tables 2-3, Appendix B)."""
+    counters = paper["counters"]["a100"]
+    b = paper["coefficients_ms"]["a100"]["cache"]["b"]
+    union = {}
+    for w in ("summarization", "gsm8k"):
+        e, ar = counters[w]["eagle3"]["no_cache"], counters[w]["ar"]["no_cache"]
+        union[w] = e["h2d_per_token"] * e["committed"] / ar["h2d_per_token"]
+    return {
+        "committed": {w: counters[w]["eagle3"]["cache"]["committed"] for w in ("summarization", "gsm8k")},
+        "union": union,
+        "verify7_over_ar": b[7] / b[0],
+        "level_share_pct": 7.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specfit.bench proportions", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="config.yaml")
+    parser.add_argument("--model", default="toy")
+    parser.add_argument("--device", default="cpu-a100link")
+    parser.add_argument("--requests", type=int, default=4, help="prompts per workload")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    config = yaml.safe_load(Path(args.config).read_text())
+    model_cfg, device = config["models"][args.model], config["devices"][args.device]
+    slots = model_cfg["main_slots"][args.device]
+    target_dir, drafter_dir = Path(model_cfg["target"]), Path(model_cfg["drafter"])
+    model, _ = load_target(target_dir, model_cfg.get("dtype", "float32"), "cpu")
+    engine = make_engine(model, slots, device.get("max_inflight", 2), device.get("link"), device["torch_device"])
+    drafter = load_drafter(drafter_dir, model, device=device["torch_device"])
+    L, k = engine.num_layers, model.config.num_experts_per_tok
+    paper = paper_proportions(paper_results())
+    label = f" [{engine.timing_label}]" if engine.link_emulated else ""
+
+    rows = []
+    for workload in ("summarization", "gsm8k"):
+        path = Path("data/prompts") / args.model / f"{workload}.parquet"
+        if not path.is_file():
+            raise SystemExit(f"no prompts at {path}: run `snakemake --cores 1 {path}` first")
+        prompts = sorted(pq.read_table(path).to_pylist(), key=lambda r: r["request_id"])[: args.requests]
+        limits = Limits(config["workloads"][workload]["limit_tokens"], args.max_new_tokens, eos_ids(model))
+        ar = summary(decode(model, None, engine, "ar", prompts, limits, config.get("seed", 0)))
+        e3_run = decode(model, drafter, engine, "eagle3", prompts, limits, config.get("seed", 0))
+        e3 = summary(e3_run)
+        full = e3["selected"] == 7
+        rows.append((workload, ar, e3, float(e3_run["unions"][full].mean() / (L * k)) if full.any() else None))
+
+    training = read_json(target_dir / "training.json")
+    acceptance = read_json(drafter_dir / "acceptance.json")
+    print(f"{args.model} on {args.device}, {slots} slots per layer, {args.requests} requests per workload, "
+          f"at most {args.max_new_tokens} new tokens, {args.threads} thread(s){label}")
+    print(f"{'quantity':58s} {'toy':>10s} {'paper':>10s}")
+
+    def line(name: str, toy, paper_value, fmt: str = "{:.2f}") -> None:
+        show = lambda v: "-" if v is None else fmt.format(v)  # noqa: E731
+        print(f"{name:58s} {show(toy):>10s} {show(paper_value):>10s}")
+
+    for workload, ar, e3, union in rows:
+        line(f"EAGLE-3 committed per cycle, {workload}", e3["committed"], paper["committed"][workload])
+        line(f"  on cycles with a fresh 4-gram ({100 * e3['fresh_share']:.0f}% of cycles)", e3["committed_fresh"], None)
+        line(f"F(8-token tree) / F(root), {workload}", union, paper["union"][workload])
+    for workload, ar, e3, _ in rows:
+        line(f"one drafted level / cached AR step, {workload} (%){label}", 100 * e3["level_ms"] / ar["cycle_ms"],
+             paper["level_share_pct"], "{:.1f}")
+        line(f"7-node verification / cached AR verification, {workload}{label}", e3["verify_ms"] / ar["verify_ms"],
+             paper["verify7_over_ar"])
+        line(f"  cached AR step, {workload} (ms){label}", ar["cycle_ms"], preset("paper-a100", cache=True)["b"][0],
+             "{:.2f}")
+    line("drafter top-1 agreement, held-out target continuations (%)", 100 * acceptance["top1_agreement"], None, "{:.1f}")
+    line("target held-out loss (nats/token)", training["heldout_loss"], None)
+    print(json.dumps({"target_sha256": training.get("sha256"), "drafter_sha256": acceptance.get("sha256")}))
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Bootstrap intervals of decode throughput and of throughput ratios between runs (torch-free).
+
+A decode run's throughput is a ratio of sums over its requests (Eq. 10, as `specfit.decode.stream_metrics`
+computes it)::
+
+    TPS_dec = (Σ n_output − n_requests) / Σ (t_request_s − t_prefill_s)
+
+(each request's first output token comes from prefill). Its interval is a percentile bootstrap over requests:
+resample the requests with replacement, recompute the ratio of sums, take the (1 − level)/2 and
+(1 + level)/2 quantiles. The ratio of two runs' throughputs on the same prompts resamples request ids, the
+same ids for both runs (a paired bootstrap), so that a prompt that is slow for both runs moves both
+throughputs together instead of widening the interval.
+
+Everything is deterministic for a given ``seed`` (one `numpy.random.Generator`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+N_BOOT = 2000
+LEVEL = 0.95
+CHUNK = 4_000_000  # resampled indices drawn at a time (bounds memory on streams of many requests)
+
+
+def decode_sums(requests: Iterable[Mapping]) -> tuple[np.ndarray, np.ndarray]:
+    """Per request: decode tokens (n_output − 1) and decode seconds (t_request_s − t_prefill_s)."""
+    rows = list(requests)
+    tokens = np.asarray([r["n_output"] - 1 for r in rows], dtype=np.float64)
+    seconds = np.asarray([r["t_request_s"] - r["t_prefill_s"] for r in rows], dtype=np.float64)
+    return tokens, seconds
+
+
+def _check(n_boot: int, level: float) -> None:
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, not {n_boot}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), not {level}")
+
+
+def _resampled_sums(columns: list[np.ndarray], seed: int, n_boot: int) -> list[np.ndarray]:
+    """Σ of each column over ``n_boot`` resamples (with replacement) of its rows, the same rows for every column."""
+    n = len(columns[0])
+    rng = np.random.default_rng(seed)
+    sums = [np.empty(n_boot) for _ in columns]
+    step = max(1, CHUNK // n)
+    for start in range(0, n_boot, step):
+        stop = min(n_boot, start + step)
+        idx = rng.integers(0, n, size=(stop - start, n))  # [b, n] resampled rows
+        for out, col in zip(sums, columns):
+            out[start:stop] = col[idx].sum(axis=1)
+    return sums
+
+
+def _quantiles(samples: np.ndarray, level: float) -> tuple[float, float]:
+    finite = samples[np.isfinite(samples)]
+    if not len(finite):
+        return float("nan"), float("nan")
+    low, high = np.quantile(finite, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(low), float(high)
+
+
+def _tps(tokens: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(seconds > 0, tokens / np.where(seconds > 0, seconds, 1.0), np.nan)
+
+
+def tps_interval(requests: Iterable[Mapping], seed: int = 0, n_boot: int = N_BOOT, level: float = LEVEL) -> dict:
+    """Decode TPS of a run and its percentile-bootstrap interval over requests.
+
+    requests: rows of requests.parquet (``n_output``, ``t_request_s``, ``t_prefill_s``).
+    Returns {"value", "low", "high", "n"}; with one request the interval is the value.
+    """
+    _check(n_boot, level)
+    tokens, seconds = decode_sums(requests)
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("tps_interval needs at least one request")
+    total = seconds.sum()
+    if not total > 0:
+        raise ValueError(f"the requests' total decode time is {total} s: no decode throughput")
+    value = float(tokens.sum() / total)
+    if n == 1:
+        return {"value": value, "low": value, "high": value, "n": 1}
+    boot_tokens, boot_seconds = _resampled_sums([tokens, seconds], seed, n_boot)
+    low, high = _quantiles(_tps(boot_tokens, boot_seconds), level)
+    return {"value": value, "low": low, "high": high, "n": n}
+
+
+def verdict(low: float, high: float) -> str:
+    """"faster" when the whole interval lies above 1, "slower" when below, else "tie"."""
+    if low > 1.0:
+        return "faster"
+    if high < 1.0:
+        return "slower"
+    return "tie"
+
+
+def _by_id(requests: Iterable[Mapping], which: str) -> dict:
+    out = {}
+    for r in requests:
+        rid = r["request_id"]
+        if rid in out:
+            raise ValueError(f"request_id {rid} appears twice in the {which} run")
+        out[rid] = r
+    return out
+
+
+def ratio_interval(num_requests: Iterable[Mapping], den_requests: Iterable[Mapping], seed: int = 0,
+                   n_boot: int = N_BOOT, level: float = LEVEL) -> dict:
+    """TPS_dec(num) / TPS_dec(den) on the request ids both runs hold, with a paired percentile bootstrap.
+
+    Each resample draws request ids with replacement and recomputes both runs' throughputs on those ids.
+    Returns {"value", "low", "high", "n", "verdict"}: verdict "faster" when low > 1, "slower" when
+    high < 1, else "tie". With one common request the interval is the value.
+    """
+    _check(n_boot, level)
+    num, den = _by_id(num_requests, "numerator"), _by_id(den_requests, "denominator")
+    ids = sorted(set(num) & set(den))
+    if not ids:
+        raise ValueError(f"ratio_interval needs requests present in both runs ({len(num)} and {len(den)} "
+                         "requests, no request_id in common)")
+    tok_a, sec_a = decode_sums(num[i] for i in ids)
+    tok_b, sec_b = decode_sums(den[i] for i in ids)
+    tps_a, tps_b = _tps(tok_a.sum(), sec_a.sum()), _tps(tok_b.sum(), sec_b.sum())
+    if not np.isfinite(tps_a) or not np.isfinite(tps_b) or tps_b == 0:
+        raise ValueError(f"no ratio: decode TPS {float(tps_a)} over {float(tps_b)} on {len(ids)} common requests")
+    value = float(tps_a / tps_b)
+    n = len(ids)
+    if n == 1:
+        low = high = value
+    else:
+        sa, ta, sb, tb = _resampled_sums([tok_a, sec_a, tok_b, sec_b], seed, n_boot)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            low, high = _quantiles(_tps(sa, ta) / _tps(sb, tb), level)
+    return {"value": value, "low": low, "high": high, "n": n, "verdict": verdict(low, high)}

@@ -1,0 +1,85 @@
+"""The toy's training is budgeted in steps and seeded: same seed and config, same weights (sha256 recorded)."""
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from specfit.questions import EVALUATED_IDS, load_questions, training_questions
+from specfit.stage import SpecFitError
+from specfit.toy import drafter as toy_drafter
+from specfit.toy import target as toy_target
+from specfit.toy.tokenizer import train_tokenizer
+from specfit.toy.train import SENTENCE_END, lead, span_conversations, split, state_digest
+
+TINY_TARGET = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_experts": 4, "top_k": 2,
+               "moe_intermediate_size": 16, "seq_len": 128, "batch_size": 1, "lr": 0.004, "steps": 4,
+               "span_conversations": 40, "max_minutes": None, "seed": 0}
+TINY_DRAFTER = {"steps": 3, "max_minutes": None, "seed": 0, "intermediate_size": 32, "draft_vocab_size": 256,
+                "distill_prompts": 4, "distill_new_tokens": 4, "distill_max_prompt": 256, "seq_len": 128,
+                "acceptance_prompts": 1, "acceptance_new_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(questions_path, tmp_path_factory):
+    train, _ = split(questions_path, 12, 0)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer"
+    train_tokenizer([t for q in train for t in q["turns"]], 300).save_pretrained(path)
+    return path
+
+
+def train_target(questions_path, tokenizer_dir, out, **overrides):
+    toy_target.run(TINY_TARGET | overrides, {"questions": questions_path, "tokenizer": tokenizer_dir},
+                   {"target": out})
+    return json.loads((out / "training.json").read_text())
+
+
+def test_same_seed_same_weights_and_digest(questions_path, tokenizer_dir, tmp_path):
+    a = train_target(questions_path, tokenizer_dir, tmp_path / "a")
+    b = train_target(questions_path, tokenizer_dir, tmp_path / "b")
+    c = train_target(questions_path, tokenizer_dir, tmp_path / "c", seed=1)
+    assert a["steps"] == b["steps"] == 4 and a["tokens"] == 4 * 128
+    assert a["sha256"] == b["sha256"] != c["sha256"]
+    assert a["loss"] == b["loss"] and a["heldout_loss"] == b["heldout_loss"]
+    assert {"seconds", "threads", "heldout_reply_loss"} <= set(a)
+    # the digest is of the saved weights, not of something else
+    from transformers import AutoModelForCausalLM
+
+    assert state_digest(AutoModelForCausalLM.from_pretrained(tmp_path / "a")) == a["sha256"]
+    wa, wb = load_file(tmp_path / "a/model.safetensors"), load_file(tmp_path / "b/model.safetensors")
+    assert all((wa[k] == wb[k]).all() for k in wa)
+
+
+def test_drafter_same_seed_same_weights(questions_path, tokenizer_dir, tmp_path):
+    train_target(questions_path, tokenizer_dir, tmp_path / "target")
+    digests = []
+    for name in ("a", "b"):
+        toy_drafter.run(TINY_DRAFTER, {"questions": questions_path, "target": tmp_path / "target"},
+                        {"drafter": tmp_path / name})
+        stats = json.loads((tmp_path / name / "acceptance.json").read_text())
+        assert stats["steps"] == 3 and stats["tokens"] > 0 and 0 <= stats["top1_agreement"] <= 1
+        digests.append(stats["sha256"])
+    assert digests[0] == digests[1]
+
+
+def test_a_budget_that_cannot_fit_stops_before_training(questions_path, tokenizer_dir, tmp_path):
+    with pytest.raises(SpecFitError, match=r"toy\.target\.max_minutes.*toy\.target\.steps"):
+        train_target(questions_path, tokenizer_dir, tmp_path / "t", steps=10**7, max_minutes=1)
+    assert not (tmp_path / "t").exists()
+
+
+def test_span_conversations_copy_the_lead_of_training_text_only(questions_path):
+    train = training_questions(load_questions(questions_path))
+    chats = span_conversations(train, 200, seed=3)
+    assert chats == span_conversations(train, 200, seed=3)
+    assert chats != span_conversations(train, 200, seed=4)
+    corpus = " ".join(" ".join(t.split()) for q in train for t in q["turns"])
+    evaluated = [q for q in load_questions(questions_path) if q["question_id"] in EVALUATED_IDS]
+    for user, assistant in chats:
+        text = user["content"].removeprefix("Summarize: ")
+        assert assistant["content"] == lead(text)
+        assert len(SENTENCE_END.split(assistant["content"])) <= 3
+        assert text[:200] in corpus  # a span of the training text
+    # none of the spans comes from an evaluated question's text alone
+    probes = [" ".join(q["turns"][0].split()[:30]) for q in evaluated]
+    assert not any(p in " ".join(u["content"] for u, _ in chats) for p in probes if len(p) > 100)
