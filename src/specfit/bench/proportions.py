@@ -6,7 +6,7 @@ and prints, beside the paper's A100 figures:
 
 - EAGLE-3's committed tokens per cycle, on all cycles and on cycles whose 4-gram is fresh in the output;
 - the cost of one drafted level as a share of a cached AR step (paper: about 7%);
-- a 7-node verification's cost in cached AR steps (the paper's flat b_k: b_7 / b_0 with the cache);
+- an EAGLE-3 cycle (draft, select, verify 7 nodes, commit) in cached AR cycles (Tables 2-3 with the cache);
 - the expert union of the 8-token tree over the root's, F(tree) / F(root), summed over layers;
 - from the toy's training records: the target's held-out loss and the drafter's top-1 agreement.
 
@@ -28,7 +28,7 @@ import yaml
 from specfit.decode import eos_ids, make_engine
 from specfit.io import read_json
 from specfit.models import load_drafter, load_target
-from specfit.ngrams import fresh_split
+from specfit.ngrams import stream_split
 from specfit.coefficients import paper_results, preset
 from specfit.spec import Limits, MethodConfig, build_method, decode_request
 
@@ -55,7 +55,7 @@ def decode(model, drafter, engine, method: str, prompts: list[dict], limits: Lim
             if i == 0:
                 engine.clear_cache()
                 continue
-            requests.append(r.request | {"prompt_ids": p["prompt_ids"]})
+            requests.append(r.request | {"prompt_ids": p["prompt_ids"]})  # prompt and request rows in one
             cycles += r.cycles
             verify_unions += unions[1:]
     finally:
@@ -67,7 +67,7 @@ def summary(run: dict) -> dict:
     c = run["cycles"]
     levels = np.asarray([x["drafted_levels"] for x in c])
     draft = np.asarray([x["t_draft_s"] for x in c])
-    split = fresh_split(run["requests"], c)
+    split = stream_split(run["requests"], run["requests"], c)
     return {
         "committed": float(np.mean([x["committed"] for x in c])),
         "committed_fresh": split["committed_per_cycle_fresh"],
@@ -83,7 +83,6 @@ def summary(run: dict) -> dict:
 def paper_proportions(paper: dict) -> dict:
     """The paper's figures for the same quantities (A100, Tables 2-3, Appendix B)."""
     counters = paper["counters"]["a100"]
-    b = paper["coefficients_ms"]["a100"]["cache"]["b"]
     union = {}
     for w in ("summarization", "gsm8k"):
         e, ar = counters[w]["eagle3"]["no_cache"], counters[w]["ar"]["no_cache"]
@@ -91,7 +90,8 @@ def paper_proportions(paper: dict) -> dict:
     return {
         "committed": {w: counters[w]["eagle3"]["cache"]["committed"] for w in ("summarization", "gsm8k")},
         "union": union,
-        "verify7_over_ar": b[7] / b[0],
+        "cycle_over_ar": {w: counters[w]["eagle3"]["cache"]["ms_per_cycle"] / counters[w]["ar"]["cache"]["ms_per_cycle"]
+                          for w in ("summarization", "gsm8k")},
         "level_share_pct": 7.0,
     }
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     drafter = load_drafter(drafter_dir, model, device=device["torch_device"])
     L, k = engine.num_layers, model.config.num_experts_per_tok
     paper = paper_proportions(paper_results())
-    label = f" [{engine.timing_label}]" if engine.link_emulated else ""
+    label = " [emulated link]" if engine.link_emulated else ""
 
     rows = []
     for workload in ("summarization", "gsm8k"):
@@ -134,24 +134,28 @@ def main(argv: list[str] | None = None) -> None:
     training = read_json(target_dir / "training.json")
     acceptance = read_json(drafter_dir / "acceptance.json")
     print(f"{args.model} on {args.device}, {slots} slots per layer, {args.requests} requests per workload, "
-          f"at most {args.max_new_tokens} new tokens, {args.threads} thread(s){label}")
-    print(f"{'quantity':58s} {'toy':>10s} {'paper':>10s}")
+          f"at most {args.max_new_tokens} new tokens, {args.threads} thread(s)")
+    if engine.link_emulated:
+        print(f"timings marked [emulated link]: {engine.timing_label}")
+    print(f"{'quantity':72s} {'toy':>8s} {'paper':>8s}")
 
     def line(name: str, toy, paper_value, fmt: str = "{:.2f}") -> None:
         show = lambda v: "-" if v is None else fmt.format(v)  # noqa: E731
-        print(f"{name:58s} {show(toy):>10s} {show(paper_value):>10s}")
+        print(f"{name:72s} {show(toy):>8s} {show(paper_value):>8s}")
 
     for workload, ar, e3, union in rows:
         line(f"EAGLE-3 committed per cycle, {workload}", e3["committed"], paper["committed"][workload])
-        line(f"  on cycles with a fresh 4-gram ({100 * e3['fresh_share']:.0f}% of cycles)", e3["committed_fresh"], None)
+        line(f"  on cycles starting on a fresh output 4-gram ({100 * e3['fresh_share']:.0f}% of cycles)",
+             e3["committed_fresh"], None)
         line(f"F(8-token tree) / F(root), {workload}", union, paper["union"][workload])
     for workload, ar, e3, _ in rows:
         line(f"one drafted level / cached AR step, {workload} (%){label}", 100 * e3["level_ms"] / ar["cycle_ms"],
              paper["level_share_pct"], "{:.1f}")
-        line(f"7-node verification / cached AR verification, {workload}{label}", e3["verify_ms"] / ar["verify_ms"],
-             paper["verify7_over_ar"])
+        line(f"EAGLE-3 cycle / cached AR cycle, {workload}{label}", e3["cycle_ms"] / ar["cycle_ms"],
+             paper["cycle_over_ar"][workload])
         line(f"  cached AR step, {workload} (ms){label}", ar["cycle_ms"], preset("paper-a100", cache=True)["b"][0],
              "{:.2f}")
+        line(f"  EAGLE-3 draft nodes verified per cycle, {workload}", float(e3["selected"].mean()), 7.0)
     line("drafter top-1 agreement, held-out target continuations (%)", 100 * acceptance["top1_agreement"], None, "{:.1f}")
     line("target held-out loss (nats/token)", training["heldout_loss"], None)
     print(json.dumps({"target_sha256": training.get("sha256"), "drafter_sha256": acceptance.get("sha256")}))

@@ -4,9 +4,9 @@ spec (config ``toy.drafter``)::
 
     intermediate_size: 512      num_heads: 4            num_kv_heads: 2     (one Llama layer, the target's H)
     draft_vocab_size: 2048      (the most frequent training tokens, mapped by d2t / t2d as in EAGLE-3)
-    ttt_steps: 3                (EAGLE-3's training-time test: each step feeds back the drafter's own states)
+    ttt_steps: 5                (EAGLE-3's training-time test: each step feeds back the drafter's own states)
     seq_len: 2048 (one piece per step: a prompt's end and the target's continuation)    lr: 2.0e-3
-    steps: 600                  max_minutes: 6          (config ``toy.drafter``; the rest are stage options)
+    steps: 1200                 max_minutes: 6          (config ``toy.drafter``, with ttt_steps and distill_prompts)
     acceptance_prompts: 12      acceptance_new_tokens: 128  (held-out prompts whose greedy continuations measure it)
     distill_prompts: 256        distill_new_tokens: 128     distill_max_prompt: 1536
                                 (EAGLE's recipe: train along the target's own output)
@@ -14,7 +14,7 @@ spec (config ``toy.drafter``)::
 
 inputs: {questions: question.jsonl, target: folder}; outputs: {drafter: folder} in speculators format, without
 embed_tokens (the target's, frozen, as EAGLE-3 trains it), and ``acceptance.json``: top-1 agreement with the
-target and the mean accepted draft tokens per 3-token chain, both along the target's own greedy continuations of
+target and the mean accepted draft tokens per ``ttt_steps``-token chain, both along the target's own greedy continuations of
 held-out prompts, with the steps, tokens, wall time and sha256 of the weights.
 """
 
@@ -39,6 +39,14 @@ from specfit.toy.train import (
 log = logging.getLogger(__name__)
 
 
+def toy_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3 taps a low, a middle and a high layer. Its default (2, L/2, L-3), made for 32-64 layer targets,
+    gives (2, 2, 1) on a 4-layer toy: no high layer at all. The toy taps the inputs of layers 1, L/2 and L-1."""
+    if num_layers >= 8:
+        return default_aux_layer_ids(num_layers)
+    return (1, num_layers // 2, num_layers - 1)
+
+
 def new_drafter(spec: dict, target, draft_tokens: torch.Tensor, verifier: str) -> Eagle3Drafter:
     """A fresh drafter over ``draft_tokens`` ([Vd] sorted target ids) with the target's frozen embedding."""
     tc = target.config
@@ -55,8 +63,8 @@ def new_drafter(spec: dict, target, draft_tokens: torch.Tensor, verifier: str) -
         max_position_embeddings=tc.max_position_embeddings,
         rope_parameters=tc.rope_parameters,
     )
-    aux = default_aux_layer_ids(tc.num_hidden_layers)
-    steps = spec.get("ttt_steps", 3)
+    aux = toy_aux_layer_ids(tc.num_hidden_layers)
+    steps = spec.get("ttt_steps", 5)
     config = eagle3_config(layer_config, len(draft_tokens), aux, verifier=verifier, speculative_tokens=steps)
     drafter = Eagle3Drafter(config)
     with torch.no_grad():
@@ -143,7 +151,7 @@ def piece_windows(pieces: list[torch.Tensor], seq_len: int, generator: torch.Gen
 def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> dict:
     """Top-1 agreement per draft step, and accepted tokens per chain, along the target's own greedy continuations
     of held-out prompts (what the drafter meets at decode time), up to the end-of-turn token."""
-    steps = spec.get("ttt_steps", 3)
+    steps = spec.get("ttt_steps", 5)
     agree, n = torch.zeros(steps), torch.zeros(steps)
     accepted = []
     for q in heldout[: spec.get("acceptance_prompts", 12)]:
@@ -191,7 +199,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     log.info("self-distillation: %d training prompts with the target's greedy continuations, %d tokens",
              len(pieces), sum(len(p) for p in pieces))
 
-    steps, lr = spec.get("ttt_steps", 3), spec.get("lr", 2e-3)
+    steps, lr = spec.get("ttt_steps", 5), spec.get("lr", 2e-3)
     seq_len = spec.get("seq_len", 2048)
     seen = [0]  # tokens trained on
     params = [p for p in drafter.parameters() if p.requires_grad]
