@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from specfit.intervals import ratio_interval, tps_interval, verdict
-from specfit.ngrams import cycle_kinds, repeat_split, seen_before, stream_split
+from specfit.ngrams import cycle_kinds, seen_before, split, stream_split
 
 
 def request(rid, n_output, t_decode, t_prefill=0.5):
@@ -149,6 +149,10 @@ def test_seen_before_marks_4grams_that_already_ended_earlier():
     assert seen_before([5] * 6) == [False, False, False, False, True, True]  # overlapping repeats count
 
 
+def repeat_split(prompt_ids, output_ids, cycles):
+    return split(cycle_kinds(prompt_ids, output_ids, cycles), [c["committed"] for c in cycles])
+
+
 def test_cycle_kinds_on_a_hand_built_request():
     assert sum(c["committed"] for c in CYCLES) == len(OUTPUT) - 1
     # position 1: too few tokens before it; 3: (10, 11, 12, 13) is in the prompt but first in the output;
@@ -186,9 +190,9 @@ def test_stream_split_and_the_decode_metrics():
     ]
     cycles = [{"request_id": 0, **c} for c in CYCLES] + [{"request_id": 1, "prefix_len": 3 + j, "committed": 1}
                                                           for j in range(5)]
-    split = stream_split(prompts, requests, cycles)
-    assert split == {"committed_per_cycle_fresh": (2 + 1 + 3 + 1 + 1 + 1 + 1) / 7,
-                     "committed_per_cycle_repeated": (3 + 1 + 1) / 3, "cycles_fresh": 7, "cycles_repeated": 3}
+    expected = {"committed_per_cycle_fresh": (2 + 1 + 3 + 1 + 1 + 1 + 1) / 7,
+                "committed_per_cycle_repeated": (3 + 1 + 1) / 3, "cycles_fresh": 7, "cycles_repeated": 3}
+    assert stream_split(prompts, requests, cycles) == expected
     with pytest.raises(ValueError, match="does not hold"):
         stream_split(prompts, requests[:1], cycles)
 
@@ -198,7 +202,7 @@ def test_stream_split_and_the_decode_metrics():
             for i, c in enumerate(cycles)]
     table = pa.Table.from_pylist(full, schema=CYCLE_SCHEMA)
     m = stream_metrics(requests, table, prompts, seed=0)
-    assert {k: m[k] for k in split} == split
+    assert {k: m[k] for k in expected} == expected
     assert m["tps_dec"] == pytest.approx((17 - 2) / (1.0 + 2.0))
     ci = tps_interval(requests, seed=0)
     assert (m["tps_dec_low"], m["tps_dec_high"]) == (ci["low"], ci["high"])

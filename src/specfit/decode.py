@@ -34,8 +34,10 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
+from specfit.intervals import tps_interval
 from specfit.io import read_json, write_json, write_parquet
 from specfit.models import load_drafter, load_target
+from specfit.ngrams import stream_split
 from specfit.spec import (
     ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, Limits, MethodConfig, build_method, decode_request,
 )
@@ -182,7 +184,9 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         timing_label=engine.timing_label, resumed=resumes,
     )
     if atlas is not None:  # pool nodes (roots included) of this process's requests; missed: a fallback's routes
-        metrics.update(atlas_nodes=atlas.nodes_looked_up, atlas_nodes_missed=atlas.nodes_missed)
+        metrics.update(atlas_nodes=atlas.nodes_looked_up, atlas_nodes_missed=atlas.nodes_missed,
+                       atlas_nodes_from_earlier_rows=atlas.nodes_from_earlier_rows,
+                       atlas_prob_mismatches=atlas.prob_mismatches)
     metrics["lossless"] = None  # this run is the reference, or no AR run is configured beside it
     if "reference" in inputs:
         metrics["lossless"] = lossless_check(model, prompts, requests.to_pylist(), inputs["reference"])
@@ -203,9 +207,6 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
     (`specfit.ngrams`): ``committed_per_cycle_fresh`` / ``_repeated`` and ``cycles_fresh`` / ``_repeated``
     (None without prompts).
     """
-    from specfit.intervals import tps_interval  # torch-free, shared with the report
-    from specfit.ngrams import stream_split
-
     n = sum(r["n_output"] for r in requests)
     t_req = sum(r["t_request_s"] for r in requests)
     t_dec = t_req - sum(r["t_prefill_s"] for r in requests)

@@ -57,25 +57,16 @@ def _mean(values: list[int]) -> float | None:
 
 
 def split(kinds: Sequence[str], committed: Sequence[int]) -> dict:
+    """Mean committed tokens of the fresh and the repeated cycles (None where there are none), and their counts."""
     fresh = [c for k, c in zip(kinds, committed) if k == FRESH]
     repeated = [c for k, c in zip(kinds, committed) if k == REPEATED]
     return {"committed_per_cycle_fresh": _mean(fresh), "committed_per_cycle_repeated": _mean(repeated),
             "cycles_fresh": len(fresh), "cycles_repeated": len(repeated)}
 
 
-def repeat_split(prompt_ids: Sequence[int], output_ids: Sequence[int], cycles: Iterable[Mapping],
-                 n: int = N) -> dict:
-    """One request: mean committed tokens of its fresh and repeated cycles (None when there are none), the counts.
-
-    Keys: committed_per_cycle_fresh, committed_per_cycle_repeated, cycles_fresh, cycles_repeated.
-    """
-    cycles = list(cycles)
-    return split(cycle_kinds(prompt_ids, output_ids, cycles, n), [c["committed"] for c in cycles])
-
-
 def stream_split(prompts: Iterable[Mapping], requests: Iterable[Mapping], cycles: Iterable[Mapping],
                  n: int = N) -> dict:
-    """`repeat_split` over a request stream: means over all its cycles (as committed_per_cycle), summed counts.
+    """Fresh vs repeated cycles of a request stream: means over all its cycles (as committed_per_cycle), summed counts.
 
     prompts: rows with ``request_id`` and ``prompt_ids``; requests: rows with ``request_id`` and ``output_ids``;
     cycles: rows with ``request_id``, ``prefix_len`` and ``committed``.

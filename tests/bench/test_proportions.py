@@ -33,3 +33,13 @@ def test_summary_of_a_run():
     assert s["fresh_share"] == 0.5  # the second cycle starts on output 5, inside the loop
     assert s["committed_fresh"] == 4.0
     assert np.array_equal(s["selected"], [3, 1])
+
+
+def test_expert_union_counts_each_expert_once_per_layer():
+    import torch
+
+    from specfit.bench.proportions import expert_union
+
+    routes = torch.tensor([[[0, 1], [2, 3]], [[1, 4], [2, 3]], [[0, 1], [5, 6]]])  # [T=3, L=2, k=2]
+    assert expert_union(routes) == 3 + 4  # layer 0: {0, 1, 4}; layer 1: {2, 3, 5, 6}
+    assert expert_union(routes[:1]) == 4  # one token: L * k

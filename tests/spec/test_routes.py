@@ -84,8 +84,14 @@ def random_routes(n, seed):
     return np.stack([[rng.permutation(N)[:K] for _ in range(L)] for _ in range(n + 1)])  # [n+1, L, K]
 
 
-def cycle_at(index, prefix_len, request_id=0):
-    return Cycle(request_id=request_id, index=index, prefix_len=prefix_len, target=None, clock=Stopwatch())
+SEQ = [100, 11, 12, 13, 14, 15]  # x[10..]: the output both runs commit
+
+
+def cycle_at(index, prefix_len, request_id=0, output=None):
+    """The cycle at ``prefix_len``, carrying the output so far (x[10..prefix_len], the root last)."""
+    output = SEQ[: prefix_len - 9] if output is None else output
+    return Cycle(request_id=request_id, index=index, prefix_len=prefix_len, target=None, clock=Stopwatch(),
+                 output=output)
 
 
 @pytest.fixture
@@ -163,19 +169,27 @@ def test_a_shifted_cycle_boundary_resolves_from_the_earlier_row(atlas):
     assert source.nodes_missed == 1
 
 
-def test_an_ambiguous_earlier_row_is_not_guessed_and_known_roots_disambiguate(tmp_path):
-    """Row 10 holds token 12 at level 2 under both 11 and 21: with x[11] unknown, neither is taken."""
+def test_an_earlier_row_is_matched_on_the_committed_tokens_not_on_the_root_alone(tmp_path):
+    """Row 10 holds token 12 at level 2 under both 11 and 21: the cycle's output says which one x[11] was."""
     pool = make_pool(100, [(0, 11, 0.6), (0, 21, 0.3), (1, 12, 0.7), (2, 12, 0.5)])
     routes = random_routes(pool.n, seed=1)
     path = tmp_path / "atlas.parquet"
     write_parquet(atlas_table([atlas_row(cycle_at(0, 10), pool, routes)]), path)
     source = AtlasRoutes(path)
-    got = source.routes(cycle_at(1, 12), CandidatePool.root_only(12))
-    assert np.array_equal(got[0], routes[0]) and source.nodes_missed == 1  # the nearest earlier row's root
-    source = AtlasRoutes(path)
-    source.routes(cycle_at(1, 11), CandidatePool.root_only(11))  # this run's own cycle at 11: x[11] = 11
-    got = source.routes(cycle_at(2, 12), CandidatePool.root_only(12))
+    got = source.routes(cycle_at(1, 12, output=[100, 11, 12]), CandidatePool.root_only(12))
     assert np.array_equal(got[0], routes[3]) and source.nodes_missed == 0
+    got = source.routes(cycle_at(1, 12, output=[100, 21, 12]), CandidatePool.root_only(12))
+    assert np.array_equal(got[0], routes[4]) and source.nodes_missed == 0
+    got = source.routes(cycle_at(1, 12, output=[100, 31, 12]), CandidatePool.root_only(12))  # in no row
+    assert np.array_equal(got[0], routes[0]) and source.nodes_missed == 1  # the nearest earlier row's root
+
+
+def test_earlier_rows_are_not_searched_while_the_own_row_answers(atlas, monkeypatch):
+    path, held = atlas
+    source = AtlasRoutes(path)
+    monkeypatch.setattr("specfit.spec.routes._anchor", lambda *a: pytest.fail("searched earlier rows"))
+    pool, routes = held[13]
+    assert np.array_equal(source.routes(cycle_at(1, 13), pool), routes)
 
 
 def test_probabilities_off_in_the_last_bits_pass_silently_larger_ones_are_logged(atlas, caplog):

@@ -33,33 +33,27 @@ from specfit.coefficients import paper_results, preset
 from specfit.spec import Limits, MethodConfig, build_method, decode_request
 
 
+def expert_union(routes: torch.Tensor) -> int:
+    """F of one forward: Σ over layers of the distinct experts its tokens route to (``routes`` [T, L, k])."""
+    return sum(len(layer.unique()) for layer in routes.transpose(0, 1))
+
+
 def decode(model, drafter, engine, method: str, prompts: list[dict], limits: Limits, seed: int) -> dict:
     """Requests, cycles and each verification forward's expert union (summed over layers) of one method."""
     config = MethodConfig(name=method) if method == "ar" else MethodConfig(name=method, k_max=7, max_depth=5,
                                                                             top_k_expand=2)
     runner = build_method(config, {}, seed, engine.num_experts)
-    unions: list[int] = []
-    end_forward = engine._end_forward
-
-    def record() -> None:  # one entry per target forward: the prefill, then one verification per cycle
-        end_forward()
-        unions.append(engine.last_forward["demand"])
-
-    engine._end_forward = record
     requests, cycles, verify_unions = [], [], []
-    try:
-        for i, p in enumerate([prompts[0]] + prompts):  # the first one again as warm-up, discarded
-            unions.clear()
+    for i, p in enumerate([prompts[0]] + prompts):  # the first one again as warm-up, discarded
+        with engine.record_routes() as recorded:  # one [T, L, k] per forward: the prefill, then one per cycle
             r = decode_request(model, drafter, runner, p["prompt_ids"], request_id=p["request_id"],
                                question_id=p["question_id"], limits=limits, engine=engine)
-            if i == 0:
-                engine.clear_cache()
-                continue
-            requests.append(r.request | {"prompt_ids": p["prompt_ids"]})  # prompt and request rows in one
-            cycles += r.cycles
-            verify_unions += unions[1:]
-    finally:
-        engine._end_forward = end_forward
+        if i == 0:
+            engine.clear_cache()
+            continue
+        requests.append(r.request | {"prompt_ids": p["prompt_ids"]})  # prompt and request rows in one
+        cycles += r.cycles
+        verify_unions += [expert_union(f) for f in recorded.forwards[1:]]
     return {"requests": requests, "cycles": cycles, "unions": np.asarray(verify_unions)}
 
 

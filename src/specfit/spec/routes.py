@@ -87,8 +87,14 @@ class _Frame:
 
     row: dict
     children: dict[tuple[int, int], int]  # (row node, token) -> child row node
-    exact: bool  # the row of this very prefix (anchor 0), not an earlier row
-    node: list[int] = field(default_factory=list)
+    node: list[int]
+
+    def follow(self, parent: int, token: int) -> int:
+        """Map the next run node (child ``token`` of run node ``parent``) into this row."""
+        up = self.node[parent]
+        node = self.children.get((up, token), -1) if up >= 0 else -1
+        self.node.append(node)
+        return node
 
 
 @dataclass
@@ -96,9 +102,10 @@ class _CycleMatch:
     """What one cycle's pool resolved to so far (the pool grows level by level; nodes resolve once)."""
 
     cycle: Cycle
-    token: list[int]
-    parent: list[int]
-    frames: list[_Frame]
+    own: _Frame | None  # the atlas row of this very prefix, when its root is this cycle's
+    earlier: list[_Frame] | None = None  # rows of earlier prefixes holding the root; None: not searched yet
+    token: list[int] = field(default_factory=list)
+    parent: list[int] = field(default_factory=list)
     answer: list[np.ndarray] = field(default_factory=list)  # [L, k] per node
     found: list[bool] = field(default_factory=list)  # answered from the atlas, not by a fallback
 
@@ -108,8 +115,9 @@ class AtlasRoutes:
 
     A node's routes depend only on the tokens the target sees for it: the committed prefix and the tokens on its
     path from the root. Every method commits AR's output, so the atlas run (every expert resident) and a measured
-    run see the same token sequence ``x``; a cycle at ``prefix_len`` q has root ``x[q]``. Atlas rows are keyed by
-    (request_id, prefix_len) and nodes within a row by their token path from the root. What must match:
+    run see the same token sequence ``x``; a cycle at ``prefix_len`` q has root ``x[q]`` and carries the output so
+    far (`Cycle.output`). Atlas rows are keyed by (request_id, prefix_len), nodes within a row by their token path
+    from the root. What must match:
 
     - exactly: the request must be in the atlas, and its first cycle's prefix_len must be the atlas's first row's
       (the prompt), else `SpecFitError`; a node is found only by its exact token path, and then gets the atlas's
@@ -118,14 +126,13 @@ class AtlasRoutes:
       difference is logged and counted (``prob_mismatches``), never fatal.
     - nothing else: the drafted count, node ids and parents may differ; cycle indices are not compared.
 
-    A node the atlas lacks (a drafting near-tie flipped, which changes that node's token and its subtree, or a cycle
-    boundary the atlas run never had because an earlier selection differed) does not abort the run. First the
-    earlier rows of the request are tried, nearest first: row p < q holds the node if its pool has the path
-    ``x[p+1..q]`` + the node's token path, matched against the cycle's committed ``output`` (a `Cycle` without
-    it falls back to the roots known at those positions, any token where none is known; a row where no path or
-    two paths fit is skipped, not guessed). Else the node gets the routes of its
-    nearest resolved ancestor (the root's if none; a root no row holds gets the root's of the nearest earlier row)
-    and counts in ``nodes_missed``. Each node counts once per cycle, however many levels re-ask.
+    A node its own row lacks (a drafting near-tie flipped, which changes that node's token and its subtree, or a
+    cycle boundary the atlas run never had because an earlier selection differed) does not abort the run. Only
+    then are the earlier rows of the request searched, nearest first: row p < q holds the node if its pool has
+    the path ``x[p+1..q]`` (from the cycle's output) followed by the node's token path. Else the node gets the
+    routes of its nearest resolved ancestor (the root's if none; a root no row holds gets the root's of the
+    nearest earlier row) and counts in ``nodes_missed``. Each node counts once per cycle, however many levels
+    re-ask.
 
     ``rows`` keeps the atlas run's own cycles by (request_id, cycle) for readers of the atlas itself.
     """
@@ -159,8 +166,6 @@ class AtlasRoutes:
             raise SpecFitError(f"atlas {path}: rows of different route shapes {sorted(shapes)}")
         self._prefixes = {r: sorted(rows) for r, rows in self._at.items()}  # request_id -> its prefix_lens
         self._max_level = max((max(r["pool_level"]) for r in self.rows.values()), default=0)
-        # x[position] per request: the atlas rows' roots, then this run's cycles' roots
-        self._known = {r: {q: row["pool_token"][0] for q, row in rows.items()} for r, rows in self._at.items()}
         self._children: dict[tuple[int, int], dict[tuple[int, int], int]] = {}
         self._match: _CycleMatch | None = None
         self._warned: dict[str, int] = {}
@@ -181,85 +186,91 @@ class AtlasRoutes:
             self._resolve(match, pool, v)
         return np.stack(match.answer[: pool.n + 1]).astype(np.int64)  # [n+1, L, k]
 
+    def _where(self, cycle: Cycle) -> str:
+        return f"atlas {self.path}, request {cycle.request_id}, cycle {cycle.index}"
+
     def _start(self, cycle: Cycle, pool: CandidatePool) -> _CycleMatch:
-        """A new cycle: the rows that may hold its nodes, and its root resolved."""
+        """A new cycle: its own row, if any, and its root resolved."""
         rid, q, root = cycle.request_id, cycle.prefix_len, pool.token[0]
-        where = f"atlas {self.path}, request {rid}, cycle {cycle.index}"
         if rid not in self._at:
-            raise SpecFitError(f"{where}: the atlas has no rows for this request (built for other prompts?)")
+            raise SpecFitError(f"{self._where(cycle)}: the atlas has no rows for this request (built for other prompts?)")
         prefixes = self._prefixes[rid]
         if q < prefixes[0] or (cycle.index == 0 and q != prefixes[0]):
-            raise SpecFitError(
-                f"{where}: prefix_len {q} here, the atlas's first row has {prefixes[0]} (built for other prompts?)"
-            )
-        known = self._known[rid]
-        known[q] = root
-        out = cycle.output  # the committed tokens before the root, where the cycle carries them
-        for i in range(max(0, len(out) - 1 - self._max_level), len(out)):
-            known[q - len(out) + 1 + i] = out[i]
-        frames = []
+            raise SpecFitError(f"{self._where(cycle)}: prefix_len {q} here, the atlas's first row has {prefixes[0]} "
+                               "(built for other prompts?)")
         row = self._at[rid].get(q)
-        if row is not None and row["pool_token"][0] == root:
-            frames.append(_Frame(row, self._children_of(row), exact=True, node=[0]))
-        first = bisect.bisect_left(prefixes, q - self._max_level)
-        for p in reversed(prefixes[first : bisect.bisect_left(prefixes, q)]):  # earlier rows, nearest first
-            row = self._at[rid][p]
-            anchor = _anchor(row, p, q, known)
-            if anchor is not None:
-                frames.append(_Frame(row, self._children_of(row), exact=False, node=[anchor]))
-        match = _CycleMatch(cycle, [], [], frames)
+        own = _Frame(row, self._children_of(row), [0]) if row is not None and row["pool_token"][0] == root else None
+        match = _CycleMatch(cycle, own, token=[root], parent=[-1])
         self.nodes_looked_up += 1
-        if frames:
-            frame = frames[0]
-            self.nodes_from_earlier_rows += not frame.exact
-            match.answer.append(frame.row["routes"][frame.node[0]])
+        if own is not None:
+            match.answer.append(row["routes"][0])
+            match.found.append(True)
+        elif earlier := self._earlier(match):
+            self.nodes_from_earlier_rows += 1
+            match.answer.append(earlier[0].row["routes"][earlier[0].node[0]])
             match.found.append(True)
         else:  # a boundary no row holds, or this run's root differs from the atlas's
             floor = self._at[rid][prefixes[bisect.bisect_right(prefixes, q) - 1]]
-            self._miss(f"{where}: root {root} at prefix_len {q} is in no atlas row; using the routes of the root "
-                       f"at prefix_len {floor['prefix_len']}")
+            self._miss(f"{self._where(cycle)}: root {root} at prefix_len {q} is in no atlas row; using the routes "
+                       f"of the root at prefix_len {floor['prefix_len']}")
             match.answer.append(floor["routes"][0])
             match.found.append(False)
-        match.token.append(root)
-        match.parent.append(-1)
         return match
 
+    def _earlier(self, match: _CycleMatch) -> list[_Frame]:
+        """The rows of earlier prefixes that hold this cycle's root, nearest first, with the nodes resolved so far
+        mapped into them; searched once per cycle, and only when a node misses its own row."""
+        if match.earlier is None:
+            cycle, q = match.cycle, match.cycle.prefix_len
+            keep = list(cycle.output[-1 - self._max_level :]) or match.token[:1]  # x[q+1-len(keep) .. q]
+            x = {q + 1 - len(keep) + i: t for i, t in enumerate(keep)}
+            prefixes = self._prefixes[cycle.request_id]
+            first = bisect.bisect_left(prefixes, q - self._max_level)
+            match.earlier = []
+            for p in reversed(prefixes[first : bisect.bisect_left(prefixes, q)]):
+                row = self._at[cycle.request_id][p]
+                anchor = _anchor(row, p, q, x)
+                if anchor is not None:
+                    frame = _Frame(row, self._children_of(row), [anchor])
+                    for v in range(1, len(match.token)):
+                        frame.follow(match.parent[v], match.token[v])
+                    match.earlier.append(frame)
+        return match.earlier
+
     def _resolve(self, match: _CycleMatch, pool: CandidatePool, v: int) -> None:
-        """Answer node v > 0 from the first row that holds it, else from its nearest resolved ancestor."""
+        """Answer node v > 0 from its own row, else from the first earlier row that holds it, else from its
+        nearest resolved ancestor."""
         parent, token = pool.parent[v], pool.token[v]
-        hit = None
-        for frame in match.frames:
-            up = frame.node[parent]
-            node = frame.children.get((up, token), -1) if up >= 0 else -1
-            frame.node.append(node)
-            if node >= 0 and hit is None:
-                hit = frame
-        self.nodes_looked_up += 1
-        if hit is not None:
-            node = hit.node[v]
-            match.answer.append(hit.row["routes"][node])
-            match.found.append(True)
-            if hit.exact:
-                self._check_prob(match.cycle, v, pool.path_prob[v], hit.row["pool_prob"][node])
-            else:
-                self.nodes_from_earlier_rows += 1
-        else:
-            u = parent
-            while u > 0 and not match.found[u]:
-                u = match.parent[u]
-            cycle = match.cycle
-            self._miss(f"atlas {self.path}, request {cycle.request_id}, cycle {cycle.index}: node {v} (token "
-                       f"{token}) is in no atlas row; using the routes of node {u}")
-            match.answer.append(match.answer[u])
-            match.found.append(False)
+        node = match.own.follow(parent, token) if match.own is not None else -1
+        for frame in match.earlier or ():
+            frame.follow(parent, token)
         match.token.append(token)
         match.parent.append(parent)
+        self.nodes_looked_up += 1
+        if node >= 0:
+            match.answer.append(match.own.row["routes"][node])
+            match.found.append(True)
+            self._check_prob(match.cycle, v, pool.path_prob[v], match.own.row["pool_prob"][node])
+            return
+        hit = next((f for f in self._earlier(match) if f.node[v] >= 0), None)
+        if hit is not None:
+            self.nodes_from_earlier_rows += 1
+            match.answer.append(hit.row["routes"][hit.node[v]])
+            match.found.append(True)
+            return
+        u = parent
+        while u > 0 and not match.found[u]:
+            u = match.parent[u]
+        self._miss(f"{self._where(match.cycle)}: node {v} (token {token}) is in no atlas row; using the routes of "
+                   f"node {u}")
+        match.answer.append(match.answer[u])
+        match.found.append(False)
 
     def _check_prob(self, cycle: Cycle, v: int, mine: float, theirs: float) -> None:
         if abs(mine - theirs) > PROB_RTOL * abs(theirs):
             self.prob_mismatches += 1
-            self._warn("prob", f"atlas {self.path}, request {cycle.request_id}, cycle {cycle.index}: path_prob of "
-                               f"node {v} is {mine!r} here, {theirs!r} in the atlas (counted in prob_mismatches)")
+            self._warn("prob", f"{self._where(cycle)}: path_prob of node {v} is {mine!r} here, {theirs!r} in the "
+                               "atlas (counted in prob_mismatches)")
 
     def _miss(self, message: str) -> None:
         self.nodes_missed += 1
@@ -284,26 +295,24 @@ def _extends(match: _CycleMatch, pool: CandidatePool) -> bool:
     return match.token[:m] == pool.token[:m] and match.parent[:m] == pool.parent[:m]
 
 
-def _anchor(row: dict, p: int, q: int, known: dict[int, int]) -> int | None:
-    """The node of ``row`` (at prefix_len p < q) that holds position q of the sequence, or None.
+def _anchor(row: dict, p: int, q: int, x: dict[int, int]) -> int | None:
+    """The node of ``row`` (at prefix_len p < q) that holds position q of the sequence ``x``, or None.
 
-    That node sits at level q - p with token ``x[q]``, and its ancestors carry the known tokens ``x[p+1..q-1]``.
-    None when no node fits or two do (unknown positions left the path ambiguous).
+    That node sits at level q - p with token ``x[q]``, and its ancestors carry ``x[p+1..q-1]``; children of one
+    node carry distinct tokens, so at most one node fits.
     """
-    if known.get(p) != row["pool_token"][0]:  # this run's sequence left the atlas's at p
+    tokens, parents, levels = row["pool_token"], row["pool_parent"], row["pool_level"]
+    if x.get(p) != tokens[0]:  # the sequence left the atlas's at p (or the cycle does not reach back to p)
         return None
-    depth, tokens, parents, levels = q - p, row["pool_token"], row["pool_parent"], row["pool_level"]
-    fits = []
     for u in range(1, len(tokens)):
-        if levels[u] != depth or tokens[u] != known[q]:
+        if levels[u] != q - p or tokens[u] != x.get(q):
             continue
-        a, ok = parents[u], True
-        while a > 0 and ok:
-            ok = known.get(p + levels[a], tokens[a]) == tokens[a]
+        a = parents[u]
+        while a > 0 and x.get(p + levels[a]) == tokens[a]:
             a = parents[a]
-        if ok:
-            fits.append(u)
-    return fits[0] if len(fits) == 1 else None
+        if a == 0:
+            return u
+    return None
 
 
 def atlas_source(source) -> AtlasRoutes | None:

@@ -201,16 +201,17 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
 
     steps, lr = spec.get("ttt_steps", 5), spec.get("lr", 2e-3)
     seq_len = spec.get("seq_len", 2048)
-    seen = [0]  # tokens trained on
+    seen = 0  # tokens trained on
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
 
     def step(i: int, progress: float) -> dict:
+        nonlocal seen
         for group in opt.param_groups:
             group["lr"] = cosine_lr(lr, progress)
         ids = piece_windows(pieces, seq_len, gen)  # [1, T]
-        seen[0] += ids.shape[1]
+        seen += ids.shape[1]
         aux, teacher_logits, top = teacher(target, drafter, ids)
         loss, stats = 0.0, {}
         for k, logits in enumerate(ttt_forward(drafter, ids, drafter.fuse(aux), steps)):
@@ -228,7 +229,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         return stats
 
     stats = train_loop(step, spec["steps"], "toy drafter", spec.get("max_minutes"), key="toy.drafter")
-    stats["tokens"] = seen[0]
+    stats["tokens"] = seen
     drafter.eval()
     stats |= acceptance(target, tokenizer, drafter, heldout, spec)
     log.info("acceptance: %s", stats)
