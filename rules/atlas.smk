@@ -6,12 +6,18 @@ rule atlas:
     input:
         unpack(atlas_inputs),
     output:
-        atlas="data/atlas/{model}/{device}/{workload}/{method}-{cache}/atlas.parquet",
-        requests="data/atlas/{model}/{device}/{workload}/{method}-{cache}/requests.parquet",
-        cycles="data/atlas/{model}/{device}/{workload}/{method}-{cache}/cycles.parquet",
-        metrics="data/atlas/{model}/{device}/{workload}/{method}-{cache}/metrics.json",
+        atlas=paths.atlas("{model}", "{device}", "{workload}", "{method}-{cache}"),
+        requests=paths.atlas(
+            "{model}", "{device}", "{workload}", "{method}-{cache}", "requests.parquet"
+        ),
+        cycles=paths.atlas(
+            "{model}", "{device}", "{workload}", "{method}-{cache}", "cycles.parquet"
+        ),
+        metrics=paths.atlas(
+            "{model}", "{device}", "{workload}", "{method}-{cache}", "metrics.json"
+        ),
     log:
-        "data/logs/atlas/{model}/{device}/{workload}/{method}-{cache}.log",
+        paths.log("atlas", "{model}", "{device}", "{workload}", "{method}-{cache}"),
     conda:
         CONDA_ENV
     resources:
@@ -19,10 +25,9 @@ rule atlas:
         gpu_model=device_gpu_model,
     params:
         spec=atlas_spec,
+        inputs=in_flags,
         code=code_hash("specfit.atlas"),
     shell:
-        "python -m specfit.atlas --spec {params.spec:q} --in prompts={input.prompts:q} "
-        "--in target={input.target:q} --in drafter={input.drafter:q} "
-        "--in coefficients={input.coefficients:q} --out atlas={output.atlas:q} "
+        "python -m specfit.atlas --spec {params.spec:q} {params.inputs} --out atlas={output.atlas:q} "
         "--out requests={output.requests:q} --out cycles={output.cycles:q} "
         "--out metrics={output.metrics:q} > {log:q} 2>&1"

@@ -3,14 +3,14 @@
 
 rule calibrate:
     input:
-        prompts="data/prompts/{model}/calibration.parquet",
+        prompts=paths.prompts("{model}", "calibration"),
         target=target_dir,
         drafter=drafter_dir,
     output:
-        coefficients="data/calibration/{model}/{device}/{cache}.json",
-        points="data/calibration/{model}/{device}/{cache}.points.parquet",
+        coefficients=paths.calibration("{model}", "{device}", "{cache}"),
+        points=paths.calibration_points("{model}", "{device}", "{cache}"),
     log:
-        "data/logs/calibrate/{model}/{device}/{cache}.log",
+        paths.log("calibrate", "{model}", "{device}", "{cache}"),
     conda:
         CONDA_ENV
     resources:

@@ -1,16 +1,19 @@
-# Target lists, config slices and wildcard constraints. The logic lives in specfit.workflow (tested there).
+# Target lists, config slices and wildcard constraints. File names come from specfit.paths, the logic from
+# specfit.workflow (both tested there).
 import shlex
 
+from specfit import paths
 from specfit.workflow import (
-    atlas_variant,
-    cache_mode,
+    DecodeRun,
     code_hash,
     decode_runs,
+    evaluated_question_ids,
+    method_config,
     method_rule,
     reference_run,
     spec_json,
     theory_runs,
-    DecodeRun,
+    workload_ids,
 )
 
 CONDA_ENV = "../envs/specfit.yaml"
@@ -23,7 +26,7 @@ wildcard_constraints:
     workload="|".join(config["workloads"]),
     method="|".join(config["methods"]),
     slots=r"\d+",
-    cache="cache|nocache",
+    cache="|".join(paths.CACHE_MODES),
 
 
 def run_of(w):
@@ -40,7 +43,7 @@ def drafter_dir(w):
 
 def tokenizer_dir(w):
     model = config["models"][w.model]
-    return f"data/models/{w.model}/tokenizer" if model["toy"] else model["target"]
+    return paths.toy_model(w.model, "tokenizer") if model["toy"] else model["target"]
 
 
 def device_gpus(w):
@@ -51,27 +54,26 @@ def device_gpu_model(w):
     return config["devices"][w.device]["gpu"]
 
 
-def workload_ids(workload):
-    q = config["workloads"][workload]["question_ids"]
-    return list(range(q["start"], q["stop"] + 1, q.get("step", 1)))
-
-
-def calibration_limit():
-    """The calibration states come from GSM8K questions, under the GSM8K limit (Appendix B)."""
-    return config["workloads"].get("gsm8k", {}).get("limit_tokens", 512)
+def in_flags(w, input):
+    """--in flags for a rule's inputs: one per path, a list input's name repeated (specfit.stage)."""
+    flags = []
+    for name, value in input.items():
+        for path in [value] if isinstance(value, str) else value:
+            flags.append(f"--in {name}={shlex.quote(str(path))}")
+    return " ".join(flags)
 
 
 def extract_spec(w):
     if w.workload == "calibration":
         ids, limit, requests = (
             config["calibration"]["question_ids"],
-            calibration_limit(),
+            config["calibration"]["limit_tokens"],
             None,
         )
     else:
         wl = config["workloads"][w.workload]
         ids, limit, requests = (
-            workload_ids(w.workload),
+            workload_ids(config, w.workload),
             wl["limit_tokens"],
             wl["max_requests"],
         )
@@ -82,7 +84,13 @@ def extract_spec(w):
 
 def toy_spec(part):
     def spec(w):
-        return spec_json({**config["toy"][part], "seed": config["seed"]})
+        return spec_json(
+            {
+                **config["toy"][part],
+                "seed": config["seed"],
+                "exclude_question_ids": evaluated_question_ids(config),
+            }
+        )
 
     return spec
 
@@ -101,7 +109,6 @@ def calibrate_spec(w):
                 if w.cache == "cache"
                 else 0
             ),
-            "limit_tokens": calibration_limit(),
             # the question ids reach the stage as its prompts input
             "protocol": {
                 k: v for k, v in config["calibration"].items() if k != "question_ids"
@@ -112,7 +119,7 @@ def calibrate_spec(w):
 
 
 def method_spec(method):
-    """The method's config entry as specfit.spec.methods.MethodConfig: `rule` is the registered name."""
+    """The method's config entry as specfit.speculative.config.MethodConfig: `rule` is the registered name."""
     m = dict(config["methods"][method])
     return {"name": m.pop("rule"), **m}
 
@@ -143,39 +150,29 @@ def decode_spec(w):
     return spec_json(stream_spec(w, int(w.slots), config["devices"][w.device]["link"]))
 
 
-def coefficients_file(w):
-    return f"data/calibration/{w.model}/{w.device}/{cache_mode(w.slots)}.json"
-
-
 def decode_inputs(w):
     run = run_of(w)
-    inputs = {
-        "prompts": f"data/prompts/{w.model}/{w.workload}.parquet",
-        "target": target_dir(w),
-    }
+    inputs = {"prompts": paths.prompts(w.model, w.workload), "target": target_dir(w)}
     kind = method_rule(config, w.method)
     if kind != "ar":
         inputs["drafter"] = drafter_dir(w)
     if kind == "specfit":
-        inputs["coefficients"] = coefficients_file(w)
-        variant = atlas_variant(w.method, w.slots)
-        inputs["atlas"] = (
-            f"data/atlas/{w.model}/{w.device}/{w.workload}/{variant}/atlas.parquet"
-        )
+        inputs["coefficients"] = paths.calibration(w.model, w.device, run.cache)
+        variant = paths.atlas_variant(w.method, w.slots)
+        inputs["atlas"] = paths.atlas(w.model, w.device, w.workload, variant)
     reference = reference_run(config, run)
     if reference is not None:
-        inputs["reference"] = f"{reference.path}/requests.parquet"
+        inputs["reference"] = reference.file("requests.parquet")
     return inputs
 
 
 def atlas_inputs(w):
-    inputs = {
-        "prompts": f"data/prompts/{w.model}/{w.workload}.parquet",
+    return {
+        "prompts": paths.prompts(w.model, w.workload),
         "target": target_dir(w),
         "drafter": drafter_dir(w),
-        "coefficients": f"data/calibration/{w.model}/{w.device}/{w.cache}.json",
+        "coefficients": paths.calibration(w.model, w.device, w.cache),
     }
-    return inputs
 
 
 def theory_run(w):
@@ -189,62 +186,46 @@ def theory_run(w):
 
 def theory_inputs(w):
     run = theory_run(w)
-    variant = atlas_variant(run.method, run.slots)
+    variant = paths.atlas_variant(run.method, run.slots)
     return {
-        "cycles": f"{run.path}/cycles.parquet",
-        "requests": f"{run.path}/requests.parquet",
-        "atlas": f"data/atlas/{w.model}/{w.device}/{w.workload}/{variant}/atlas.parquet",
-        "coefficients": f"data/calibration/{w.model}/{w.device}/cache.json",
+        "cycles": run.file("cycles.parquet"),
+        "requests": run.file("requests.parquet"),
+        "atlas": paths.atlas(w.model, w.device, w.workload, variant),
+        "coefficients": paths.calibration(w.model, w.device, "cache"),
     }
 
 
 def theory_spec(w):
-    method = config["methods"][theory_run(w).method]
-    pool = {k: method[k] for k in ("k_max", "max_depth") if k in method}
-    return spec_json({**config["theory"], **pool})
-
-
-def all_decode_metrics():
-    return [f"{r.path}/metrics.json" for r in RUNS]
-
-
-def all_decode_requests():
-    """The per-request rows beside each metrics.json: the report's bootstrap intervals resample them."""
-    return [f"{r.path}/requests.parquet" for r in RUNS]
-
-
-def all_theory():
-    return sorted(
+    method = method_config(config, theory_run(w).method)
+    return spec_json(
         {
-            f"data/theory/{r.model}/{r.device}/{r.workload}.json"
-            for r in theory_runs(config)
+            **config["theory"],
+            "k_max": method.k_max,
+            "max_depth": method.max_depth,
         }
     )
 
 
-def all_calibration():
+def report_inputs(w):
+    """Every file the report reads: each run's metrics and requests, the fits and their points, the theory."""
     pairs = sorted({(r.model, r.device) for r in RUNS})
-    return [
-        f"data/calibration/{m}/{d}/{c}.json"
-        for m, d in pairs
-        for c in ("cache", "nocache")
-    ]
+    return {
+        "metrics": [r.file("metrics.json") for r in RUNS],
+        "requests": [r.file("requests.parquet") for r in RUNS],
+        "calibration": [
+            paths.calibration(m, d, c) for m, d in pairs for c in paths.CACHE_MODES
+        ],
+        "points": [
+            paths.calibration_points(m, d, c)
+            for m, d in pairs
+            for c in paths.CACHE_MODES
+        ],
+        "theory": sorted(
+            {paths.theory(r.model, r.device, r.workload) for r in theory_runs(config)}
+        ),
+    }
 
 
 def report_spec(w):
-    keep = (
-        "workloads",
-        "models",
-        "devices",
-        "methods",
-        "runs",
-        "seed",
-    )
+    keep = ("workloads", "models", "devices", "methods", "runs", "seed")
     return spec_json({k: config[k] for k in keep})
-
-
-def decode_in_flags(w, input):
-    """--in flags for the decode inputs, which vary by method (AR has no drafter, SpecFit has an atlas)."""
-    return " ".join(
-        f"--in {name}={shlex.quote(str(path))}" for name, path in input.items()
-    )

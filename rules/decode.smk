@@ -5,11 +5,29 @@ rule decode:
     input:
         unpack(decode_inputs),
     output:
-        requests="data/decode/{model}/{device}/{workload}/{method}/slots{slots}/requests.parquet",
-        cycles="data/decode/{model}/{device}/{workload}/{method}/slots{slots}/cycles.parquet",
-        metrics="data/decode/{model}/{device}/{workload}/{method}/slots{slots}/metrics.json",
+        requests=paths.decode(
+            "{model}",
+            "{device}",
+            "{workload}",
+            "{method}",
+            "{slots}",
+            "requests.parquet",
+        ),
+        cycles=paths.decode(
+            "{model}",
+            "{device}",
+            "{workload}",
+            "{method}",
+            "{slots}",
+            "cycles.parquet",
+        ),
+        metrics=paths.decode(
+            "{model}", "{device}", "{workload}", "{method}", "{slots}", "metrics.json"
+        ),
     log:
-        "data/logs/decode/{model}/{device}/{workload}/{method}/slots{slots}.log",
+        paths.log(
+            "decode", "{model}", "{device}", "{workload}", "{method}", "slots{slots}"
+        ),
     conda:
         CONDA_ENV
     resources:
@@ -17,7 +35,7 @@ rule decode:
         gpu_model=device_gpu_model,
     params:
         spec=decode_spec,
-        inputs=decode_in_flags,
+        inputs=in_flags,
         code=code_hash("specfit.decode"),
     shell:
         "python -m specfit.decode --spec {params.spec:q} {params.inputs} "

@@ -5,7 +5,7 @@ rule spec_bench:
     output:
         questions=config["spec_bench"]["path"],
     log:
-        "data/logs/spec_bench.log",
+        paths.log("spec_bench"),
     conda:
         CONDA_ENV
     params:
@@ -20,9 +20,9 @@ rule extract:
         questions=config["spec_bench"]["path"],
         tokenizer=tokenizer_dir,
     output:
-        prompts="data/prompts/{model}/{workload}.parquet",
+        prompts=paths.prompts("{model}", "{workload}"),
     log:
-        "data/logs/extract/{model}/{workload}.log",
+        paths.log("extract", "{model}", "{workload}"),
     wildcard_constraints:
         workload="|".join([*config["workloads"], "calibration"]),
     conda:

@@ -1,20 +1,20 @@
-# reports/all: HTML (Jinja2 + matplotlib) and a Markdown twin, per model and device.
+# reports/all: HTML (Jinja2 + matplotlib) and a Markdown twin, per model and device. The report reads exactly
+# the files declared here, each list input passed as a repeated --in flag.
 
 
 rule report:
     input:
-        metrics=all_decode_metrics(),
-        requests=all_decode_requests(),
-        calibration=all_calibration(),
-        theory=all_theory(),
+        unpack(report_inputs),
     output:
-        report=directory("reports/all"),
+        report=directory(paths.REPORT),
     log:
-        "data/logs/report.log",
+        paths.log("report"),
     conda:
         CONDA_ENV
     params:
         spec=report_spec,
+        inputs=in_flags,
         code=code_hash("specfit.report"),
     shell:
-        "python -m specfit.report --spec {params.spec:q} --in root=. --out report={output.report:q} > {log:q} 2>&1"
+        "python -m specfit.report --spec {params.spec:q} {params.inputs} "
+        "--out report={output.report:q} > {log:q} 2>&1"

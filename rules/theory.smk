@@ -5,16 +5,15 @@ rule theory:
     input:
         unpack(theory_inputs),
     output:
-        theory="data/theory/{model}/{device}/{workload}.json",
+        theory=paths.theory("{model}", "{device}", "{workload}"),
     log:
-        "data/logs/theory/{model}/{device}/{workload}.log",
+        paths.log("theory", "{model}", "{device}", "{workload}"),
     conda:
         CONDA_ENV
     params:
         spec=theory_spec,
+        inputs=in_flags,
         code=code_hash("specfit.theory"),
     shell:
-        "python -m specfit.theory --spec {params.spec:q} --in cycles={input.cycles:q} "
-        "--in requests={input.requests:q} "
-        "--in atlas={input.atlas:q} --in coefficients={input.coefficients:q} "
+        "python -m specfit.theory --spec {params.spec:q} {params.inputs} "
         "--out theory={output.theory:q} > {log:q} 2>&1"

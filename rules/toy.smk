@@ -6,9 +6,9 @@ rule toy_tokenizer:
     input:
         questions=config["spec_bench"]["path"],
     output:
-        tokenizer=directory("data/models/{model}/tokenizer"),
+        tokenizer=directory(paths.toy_model("{model}", "tokenizer")),
     log:
-        "data/logs/toy/{model}/tokenizer.log",
+        paths.log("toy", "{model}", "tokenizer"),
     conda:
         CONDA_ENV
     params:
@@ -22,11 +22,11 @@ rule toy_tokenizer:
 rule toy_target:
     input:
         questions=config["spec_bench"]["path"],
-        tokenizer="data/models/{model}/tokenizer",
+        tokenizer=paths.toy_model("{model}", "tokenizer"),
     output:
-        target=directory("data/models/{model}/target"),
+        target=directory(paths.toy_model("{model}", "target")),
     log:
-        "data/logs/toy/{model}/target.log",
+        paths.log("toy", "{model}", "target"),
     conda:
         CONDA_ENV
     params:
@@ -40,11 +40,11 @@ rule toy_target:
 rule toy_drafter:
     input:
         questions=config["spec_bench"]["path"],
-        target="data/models/{model}/target",
+        target=paths.toy_model("{model}", "target"),
     output:
-        drafter=directory("data/models/{model}/drafter"),
+        drafter=directory(paths.toy_model("{model}", "drafter")),
     log:
-        "data/logs/toy/{model}/drafter.log",
+        paths.log("toy", "{model}", "drafter"),
     conda:
         CONDA_ENV
     params:

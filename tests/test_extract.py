@@ -9,10 +9,17 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from specfit import workflow
+from specfit.errors import SpecFitError
 from specfit.extract import build_prompts
 from specfit.questions import load_questions, training_questions
-from specfit.stage import SpecFitError
 from specfit.toy.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def config(root):
+    return workflow.validate_config(yaml.safe_load((root / "config.yaml").read_text()),
+                                    root / "workflow/schemas/config.schema.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -21,20 +28,15 @@ def questions(questions_path):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(questions):
-    texts = [t for q in training_questions(questions) for t in q["turns"]]
+def tokenizer(questions, config):
+    texts = [t for q in training_questions(questions, workflow.evaluated_question_ids(config)) for t in q["turns"]]
     return train_tokenizer(texts, vocab_size=1024)
 
 
 @pytest.fixture(scope="module")
-def workload_ids(root):
-    config = yaml.safe_load((root / "config.yaml").read_text())
-
-    def ids(name):
-        q = config["workloads"][name]["question_ids"]
-        return list(range(q["start"], q["stop"] + 1, q.get("step", 1)))
-
-    return ids
+def workload_ids(config):
+    """The ids config.yaml's workload ``name`` evaluates."""
+    return lambda name: workflow.workload_ids(config, name)
 
 
 def test_summarization_is_the_40_even_articles(questions, workload_ids):

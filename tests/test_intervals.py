@@ -178,8 +178,8 @@ def test_cycles_that_do_not_fit_the_request_are_an_error():
 
 
 def test_stream_split_and_the_decode_metrics():
-    from specfit.decode import stream_metrics
-    from specfit.spec import CYCLE_SCHEMA
+    from specfit.metrics import stream_metrics
+    from specfit.records import CYCLE_SCHEMA
 
     prompts = [{"request_id": 0, "prompt_ids": PROMPT}, {"request_id": 1, "prompt_ids": [1, 2, 3]}]
     requests = [

@@ -19,13 +19,13 @@ def cycles(draw, beta):
     for pool in draw(st.lists(pools(max_nodes=7), min_size=1, max_size=6)):
         path, node = [], 0
         while draw(st.booleans()):
-            children = [v for v in range(1, pool.n_nodes + 1) if pool.parent[v] == node]
+            children = [v for v in range(1, pool.n + 1) if pool.parent[v] == node]
             if not children:
                 break
             node = draw(st.sampled_from(children))
             path.append(node)
         selected = select_specfit(pool, B, beta).nodes
-        levels = int(pool.levels.max())
+        levels = int(pool.level.max())
         recorded.append(RecordedCycle(pool, selected, committed(selected, path) - 1, tuple(path), levels))
     return recorded
 

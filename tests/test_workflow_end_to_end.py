@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specfit import report
+from specfit.report.inputs import DRAFT_KEYS, METRICS
 from specfit.workflow import decode_runs, method_rule, validate_config
-from test_report import find, key_of, md_tables
+from report.report_md import find, key_of, md_tables
 
 pytestmark = pytest.mark.slow
 
@@ -100,8 +100,8 @@ def test_report_tables_match_the_metrics(workflow):
                                   / "metrics.json").read_text())
             for h, cell in zip(header[2:], row[2:]):
                 key = key_of(h)
-                expected = "–" if metrics[key] is None or (row[0] == "ar" and key in report.DRAFT_KEYS) else \
-                    format(metrics[key], report.METRICS[key].fmt)
+                expected = "–" if metrics[key] is None or (row[0] == "ar" and key in DRAFT_KEYS) else \
+                    format(metrics[key], METRICS[key].fmt)
                 assert cell == expected, (workload, row[0], slots, key)
                 checked += 1
     assert checked > 0

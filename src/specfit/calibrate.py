@@ -11,9 +11,9 @@ are averaged, giving 9 × 8 × 2 = 144 points (k, F, y) with y in ms.
 The routes that give F come from a first, untimed pass over the same trajectory (one tree query per state), so
 that the route queries leave no trace in the expert cache the timed pass measures.
 
-spec: {"dtype", "torch_device", "max_inflight", "link", "slots" (0: the no-cache fit), "limit_tokens",
+spec: {"dtype", "torch_device", "max_inflight", "link", "slots" (0: the no-cache fit),
        "coefficients": "fit" | "paper-a100" | "paper-rtx4090", "seed",
-       "protocol": {"question_ids", "cycle_boundaries", "sizes", "repeats"}}
+       "protocol": {"cycle_boundaries", "sizes", "repeats", "limit_tokens"}}
 inputs: prompts (Parquet of the calibration questions), target, drafter
 outputs: coefficients (JSON: b, beta in ms, fit diagnostics), points (Parquet: one row per probe tree)
 """
@@ -28,42 +28,41 @@ import pyarrow as pa
 import torch
 
 from specfit.coefficients import fit_nnls, predict_ms, preset
-from specfit.decode import eos_ids, make_engine, read_prompts
+from specfit.engine import make_engine
+from specfit.errors import SpecFitError
 from specfit.io import write_json, write_parquet
-from specfit.models import load_drafter, load_target
-from specfit.selection import select_min_union, select_top_prob
-from specfit.spec import CandidatePool, Limits, MethodConfig, build_method
-from specfit.spec.methods import selection_pool
-from specfit.spec.cycle import Cycle, Stopwatch
-from specfit.spec.pool import DraftState, draft_level, sync
-from specfit.spec.request import commit, draft, prefill
-from specfit.spec.tree import crop
-from specfit.spec.verify import Target
-from specfit.stage import SpecFitError, stage_main
+from specfit.models import eos_ids, load_drafter, load_target
+from specfit.records import POINTS_SCHEMA, read_prompts
+from specfit.selection.pool import CandidatePool
+from specfit.selection.selectors import select_min_union, select_top_prob
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.methods import Decision, Method, build_method
+from specfit.speculative.request import Limits, Session
+from specfit.speculative.tree import crop
+from specfit.stage import stage_main
 
 log = logging.getLogger("specfit.calibrate")
 
 TRAJECTORY = MethodConfig(name="eagle3")  # the paper's generator: top-2 expansion, depth 5, K = 7
 PROBE_TREES = ("prob", "union")  # probability-prefix and minimum-expert-union probe trees
 
-POINTS_SCHEMA = pa.schema([
-    ("question_id", pa.int64()),
-    ("state", pa.int64()),  # index of the (question, cycle boundary) state
-    ("cycle", pa.int64()),  # cycles of EAGLE-3's trajectory before the state
-    ("k", pa.int64()),
-    ("tree", pa.string()),
-    ("nodes", pa.list_(pa.int64())),
-    ("levels", pa.int64()),  # pool levels the probe drafted
-    ("F", pa.int64()),
-    ("y_ms", pa.float64()),  # mean of the repeats
-    ("y_repeats_ms", pa.list_(pa.float64())),
-    ("pred_ms", pa.float64()),
-])
+
+class Probe(Method):
+    """A probe cycle as a method: draft ``levels`` levels, then verify ``nodes`` (EAGLE-3's drafting)."""
+
+    name = "probe"
+
+    def __init__(self, nodes: tuple[int, ...], levels: int):
+        super().__init__(TRAJECTORY)
+        self.nodes, self.levels = nodes, levels
+
+    def select(self, cycle, pool, final):
+        return Decision(self.nodes, pool.depth) if final or pool.depth >= self.levels else None
 
 
 @dataclass
 class Snapshot:
-    """What a probe cycle changes and `restore` puts back: both KV caches and the drafter's bookkeeping."""
+    """What a probe cycle changes and `restore` puts back: both KV caches, the drafter's bookkeeping, the output."""
 
     prefix_len: int
     committed: int
@@ -71,17 +70,23 @@ class Snapshot:
     feature: dict
     row: dict
     pending: tuple | None
+    n_output: int
+    cycles: int
 
     @classmethod
-    def take(cls, target: Target, state: DraftState) -> "Snapshot":
-        return cls(target.prefix_len, state.committed, state.logits, dict(state.feature), dict(state.row),
-                   state.pending)
+    def take(cls, session: Session) -> Snapshot:
+        state = session.state
+        return cls(session.target.prefix_len, state.committed, state.logits, dict(state.feature), dict(state.row),
+                   state.pending, len(session.output), session.cycles)
 
-    def restore(self, target: Target, state: DraftState) -> None:
-        crop(target.cache, self.prefix_len)
+    def restore(self, session: Session) -> None:
+        state = session.state
+        crop(session.target.cache, self.prefix_len)
         crop(state.cache, self.committed)
         state.committed, state.logits, state.pending = self.committed, self.logits, self.pending
         state.feature, state.row = dict(self.feature), dict(self.row)
+        del session.output[self.n_output :]
+        session.cycles = self.cycles
 
 
 @dataclass
@@ -98,36 +103,31 @@ class Trajectory:
     """EAGLE-3's greedy trajectory of one calibration question, cycle by cycle."""
 
     def __init__(self, model, drafter, engine, prompt_ids: list[int], question_id: int, limits: Limits):
-        self.drafter, self.limits, self.prompt_ids, self.question_id = drafter, limits, prompt_ids, question_id
+        self.question_id = question_id
         self.method = build_method(TRAJECTORY)
-        self.target = Target(model, engine, drafter.aux_layer_ids)
-        self.clock = Stopwatch(model.device)
-        self.root, self.state = prefill(self.target, drafter, prompt_ids)
-        self.output = [self.root]
-        self.cycle = 0
+        self.session = Session(model, drafter, prompt_ids, limits, request_id=question_id, engine=engine)
+        self.session.prefill()
 
     @property
-    def room(self) -> int:
-        return self.limits.room(len(self.prompt_ids), len(self.output))
+    def cycle(self) -> int:
+        return self.session.cycles
 
     @property
     def done(self) -> bool:
-        return self.output[-1] in self.limits.eos_ids or self.room <= 1
+        """At EOS, or without room for one drafted level."""
+        return self.session.done or self.session.room <= 1
 
-    def draft_full(self) -> CandidatePool:
-        cycle = Cycle(self.question_id, self.cycle, self.target.prefix_len, self.target, self.clock)
-        depth = min(TRAJECTORY.max_depth, self.room - 1)
-        pool, _ = draft(self.drafter, self.state, self.method, cycle, self.output[-1], depth, {})
-        return pool
+    def draft(self) -> tuple[CandidatePool, Decision]:
+        """The full pool EAGLE-3 drafts, and its selection."""
+        _, pool, decision = self.session.draft(self.method, {})
+        return pool, decision
 
-    def step(self, pool: CandidatePool | None = None) -> None:
-        """One EAGLE-3 cycle (drafting the pool unless given): verify its top-7, commit."""
-        pool = pool if pool is not None else self.draft_full()
-        nodes = select_top_prob(selection_pool(pool), TRAJECTORY.k_max).nodes
-        verdict = self.target.verify(pool, nodes)
-        self.target.commit(verdict)
-        commit(self.output, pool, verdict, self.room, self.limits, self.state)
-        self.cycle += 1
+    def finish(self, pool: CandidatePool, decision: Decision) -> None:
+        """Verify and commit a drafted cycle."""
+        self.session.commit(pool, self.session.verify(pool, decision.nodes, {}), {})
+
+    def step(self) -> None:
+        self.finish(*self.draft())
 
 
 def collect_states(model, drafter, engine, prompts: list[dict], boundaries: list[int], limits: Limits):
@@ -136,11 +136,11 @@ def collect_states(model, drafter, engine, prompts: list[dict], boundaries: list
     for prompt in prompts:
         traj = Trajectory(model, drafter, engine, prompt["prompt_ids"], prompt["question_id"], limits)
         while traj.cycle <= max(boundaries) and not traj.done:
-            pool = traj.draft_full()
+            pool, decision = traj.draft()
             if traj.cycle in boundaries:
-                routes = traj.target.routes(pool).numpy().astype(np.int64)  # [n+1, L, k]
+                routes = traj.session.target.routes(pool).numpy().astype(np.int64)  # [n+1, L, k]
                 states.append(ProbeState(prompt["question_id"], traj.cycle, pool, routes))
-            traj.step(pool)
+            traj.finish(pool, decision)
         missed = sorted(set(boundaries) - {s.cycle for s in states if s.question_id == prompt["question_id"]})
         if missed:
             log.warning("question %d ended before cycles %s: fewer states", prompt["question_id"], missed)
@@ -149,8 +149,8 @@ def collect_states(model, drafter, engine, prompts: list[dict], boundaries: list
 
 def probe_trees(state: ProbeState, num_experts: int, sizes: int):
     """(k, tree, nodes, F) of both probe trees of every size k < sizes that the pool can hold."""
-    pool = selection_pool(state.pool, state.routes, num_experts)
-    for k in range(min(sizes, pool.n_nodes + 1)):
+    pool = state.pool.view(state.routes, num_experts)
+    for k in range(min(sizes, pool.n + 1)):
         for tree in PROBE_TREES:
             sel = select_top_prob(pool, k) if tree == "prob" else select_min_union(pool, k)
             yield k, tree, sel.nodes, pool.expert_union(sel.nodes)
@@ -159,21 +159,15 @@ def probe_trees(state: ProbeState, num_experts: int, sizes: int):
 def probe_cycle(traj: Trajectory, expected: CandidatePool, nodes: tuple[int, ...]) -> tuple[float, int]:
     """Seconds of one cycle that drafts min(depth(S) + 1, 5) levels, verifies S ∪ {s} and commits; then undo it."""
     levels = min(max((expected.level[v] for v in nodes), default=0) + 1, expected.depth)
-    snap = Snapshot.take(traj.target, traj.state)
+    session = traj.session
+    snap = Snapshot.take(session)
     times: dict[str, float] = {}
-    scratch = list(traj.output)
-    with traj.clock.section(times, "cycle"):
-        if traj.state.pending is not None:
-            sync(traj.drafter, traj.state)
-        pool = CandidatePool.root_only(expected.token[0])
-        for _ in range(levels):
-            draft_level(traj.drafter, traj.state, pool, TRAJECTORY.top_k_expand)
-        verdict = traj.target.verify(pool, nodes)
-        traj.target.commit(verdict)
-        commit(scratch, pool, verdict, traj.room, traj.limits, traj.state)
+    with session.clock.section(times, "cycle"):
+        _, pool, decision = session.draft(Probe(nodes, levels), {})
+        session.commit(pool, session.verify(pool, decision.nodes, {}), {})
     if pool.token != expected.token[: len(pool.token)]:
         raise SpecFitError(f"question {traj.question_id}, cycle {traj.cycle}: the probe drafted another pool")
-    snap.restore(traj.target, traj.state)
+    snap.restore(session)
     return times["cycle"], levels
 
 
@@ -218,8 +212,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     model, _ = load_target(inputs["target"], spec["dtype"], "cpu")
     engine = make_engine(model, spec["slots"], spec["max_inflight"], spec["link"], spec["torch_device"])
     drafter = load_drafter(inputs["drafter"], model, device=spec["torch_device"])
-    prompts = read_prompts(inputs["prompts"], None)
-    limits = Limits(spec["limit_tokens"], spec["limit_tokens"], eos_ids(model))
+    prompts = read_prompts(inputs["prompts"])
+    limits = Limits(protocol["limit_tokens"], protocol["limit_tokens"], eos_ids(model))
     with torch.inference_mode():
         states = collect_states(model, drafter, engine, prompts, protocol["cycle_boundaries"], limits)
         if not states:

@@ -22,22 +22,12 @@ import urllib.request
 import pyarrow as pa
 
 from specfit.io import atomic_path, write_parquet
+from specfit.records import PROMPTS_SCHEMA
+from specfit.errors import SpecFitError
 from specfit.questions import load_questions
-from specfit.stage import SpecFitError, stage_main
+from specfit.stage import stage_main
 
 log = logging.getLogger("specfit.extract")
-
-PROMPTS_SCHEMA = pa.schema(
-    [
-        ("request_id", pa.int64()),
-        ("question_id", pa.int64()),
-        ("category", pa.string()),
-        ("prompt", pa.string()),
-        ("prompt_ids", pa.list_(pa.int64())),
-        ("n_prompt", pa.int64()),
-    ]
-)
-
 
 def render_prompt(tokenizer, question: dict) -> tuple[str, list[int]]:
     """The first turn in the model's chat template, as text and token ids."""
@@ -57,7 +47,7 @@ def build_prompts(questions: list[dict], tokenizer, spec: dict) -> tuple[dict, l
             f"question ids {missing[:5]}{'...' if len(missing) > 5 else ''} are not in question.jsonl; "
             "check the workload's question_ids in config.yaml"
         )
-    if spec.get("max_requests"):
+    if spec["max_requests"]:
         ids = ids[: spec["max_requests"]]
     rows = {name: [] for name in PROMPTS_SCHEMA.names}
     skipped = []

@@ -3,7 +3,7 @@
 Speculative decoding commits long runs on text that repeats itself (a loop); this splits the cycles of a request
 stream into "repeated" and "fresh" ones, so that committed tokens per cycle can be read apart from loops.
 
-Offsets follow `specfit.spec.request`: prefill produces output token 0 (the first root) and leaves the prompt's
+Offsets follow `specfit.speculative.request`: prefill produces output token 0 (the first root) and leaves the prompt's
 P tokens in the target's KV cache; a cycle starts with ``prefix_len`` committed tokens in the KV cache (the
 prompt and the output before the root; the root itself is not counted), verifies the root, and appends its
 ``committed`` tokens (the accepted draft tokens and the next root) at output positions

@@ -1,7 +1,9 @@
-"""Spec-Bench questions, and the split between the evaluated workloads and the text the toy models train on.
+"""Spec-Bench questions, and the split between the evaluated questions and the text the toy models train on.
 
-The paper evaluates the 40 even-numbered CNN/DailyMail articles (summarization, ids 242..320) and the 80 GSM8K
-questions (ids 401..480). Everything else in Spec-Bench may train the toy tokenizer, target and drafter.
+Which ids are evaluated is the config's business: every workload's ids and the calibration ids
+(``specfit.workflow.evaluated_question_ids``; with config.yaml, the paper's 40 even-numbered CNN/DailyMail
+articles 242..320 and the 80 GSM8K questions 401..480). The toy rules pass them to their stages as
+``exclude_question_ids``; everything else in Spec-Bench may train the toy tokenizer, target and drafter.
 """
 
 from __future__ import annotations
@@ -9,12 +11,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Iterable
 
-from specfit.stage import SpecFitError
-
-SUMMARIZATION_IDS = frozenset(range(242, 321, 2))
-GSM8K_IDS = frozenset(range(401, 481))
-EVALUATED_IDS = SUMMARIZATION_IDS | GSM8K_IDS
+from specfit.errors import SpecFitError
 
 
 def load_questions(path: str | os.PathLike) -> list[dict]:
@@ -38,6 +37,8 @@ def load_questions(path: str | os.PathLike) -> list[dict]:
     return questions
 
 
-def training_questions(questions: list[dict]) -> list[dict]:
-    """The questions no workload evaluates: the toy models train on these and only these."""
-    return [q for q in questions if q["question_id"] not in EVALUATED_IDS]
+def training_questions(questions: list[dict], exclude_ids: Iterable[int]) -> list[dict]:
+    """The questions whose ids are not in ``exclude_ids`` (the evaluated ones), in file order: the toy models
+    train on these and only these."""
+    exclude = set(exclude_ids)
+    return [q for q in questions if q["question_id"] not in exclude]

@@ -1,7 +1,8 @@
 """The command line every workflow rule calls: ``python -m specfit.<stage> --spec JSON --in k=path --out k=path``.
 
 Each stage module has ``run(spec, inputs, outputs)`` and ``main = stage_main(run)``. ``spec`` is the rule's
-slice of the config (a dict), ``inputs`` and ``outputs`` map the rule's named files to paths.
+slice of the config (a dict), ``inputs`` and ``outputs`` map the rule's named files to paths; a name given more
+than once (a rule's list input) maps to a list of paths (`paths_of`).
 """
 
 from __future__ import annotations
@@ -12,21 +13,29 @@ import logging
 import sys
 from typing import Callable
 
+from specfit.errors import SpecFitError
+
 Run = Callable[[dict, dict, dict], None]
 
 
-class SpecFitError(Exception):
-    """A user-facing error: bad input, a missing file, a model that does not fit. Printed without a traceback."""
-
-
-def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
-    out = {}
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str | list[str]]:
+    """name=path pairs; a name given more than once maps to the list of its paths, in order."""
+    out: dict[str, str | list[str]] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"{flag} expects name=path, got {item!r}")
-        out[key] = value
+        if key in out:
+            out[key] = [*([out[key]] if isinstance(out[key], str) else out[key]), value]
+        else:
+            out[key] = value
     return out
+
+
+def paths_of(files: dict, name: str) -> list[str]:
+    """The paths given for ``name`` as a list: none, one or many (a rule's list input)."""
+    value = files.get(name, [])
+    return [value] if isinstance(value, str) else list(value)
 
 
 def stage_main(run: Run) -> Callable[[list[str] | None], None]:

@@ -15,11 +15,15 @@ outputs: theory (JSON: the quantities of Table 5)
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow.parquet as pq
 
+from specfit.errors import SpecFitError
 from specfit.io import read_json, write_json
-from specfit.selection import Pool, Selection, select_parametric, select_specfit
-from specfit.stage import SpecFitError, stage_main
+from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, read_table
+from specfit.selection.pool import CandidatePool, Pool
+from specfit.selection.selectors import Selection, select_parametric, select_specfit
+from specfit.speculative.cycle import Cycle
+from specfit.speculative.routes import AtlasRoutes
+from specfit.stage import stage_main
 
 
 @dataclass(frozen=True)
@@ -149,12 +153,9 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas) -> list[Rec
     request the output is cut at EOS or the limit: there the recorded path is the longer one. Cycles at the
     length limit that drafted nothing offer no choice and are left out.
 
-    ``atlas`` is a `specfit.spec.routes.AtlasRoutes`: each pool's routes are looked up by content, as the run
+    ``atlas`` is a `specfit.speculative.routes.AtlasRoutes`: each pool's routes are looked up by content, as the run
     looked them up (a node the atlas lacks gets the same fallback, counted in ``atlas.nodes_missed``).
     """
-    from specfit.spec.cycle import Cycle, Stopwatch
-    from specfit.spec.pool import CandidatePool
-
     outputs = {r["request_id"]: r["output_ids"] for r in requests}
     num_experts = 1 + max(int(row["routes"].max()) for row in atlas.rows.values())
     recorded, position = [], {}
@@ -171,22 +172,20 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas) -> list[Rec
         if len(path) < len(c["accepted_path"]):
             path = tuple(c["accepted_path"])
         candidates = CandidatePool(c["pool_token"], c["pool_parent"], c["pool_prob"], c["pool_level"])
-        cycle = Cycle(key[0], key[1], c["prefix_len"], None, Stopwatch(), output[: start + 1])
-        pool = Pool(c["pool_parent"], c["pool_prob"], atlas.routes(cycle, candidates), num_experts)
+        cycle = Cycle(key[0], key[1], c["prefix_len"], output[: start + 1])
+        pool = candidates.view(atlas.routes(cycle, candidates), num_experts)
         recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], path, c["drafted_levels"]))
     return recorded
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
-    from specfit.spec.routes import AtlasRoutes
-
-    cycles = pq.read_table(inputs["cycles"]).to_pylist()
-    requests = pq.read_table(inputs["requests"]).to_pylist()
+    cycles = read_table(inputs["cycles"], CYCLE_SCHEMA, "cycles").to_pylist()
+    requests = read_table(inputs["requests"], REQUEST_SCHEMA, "requests").to_pylist()
     coefficients = read_json(inputs["coefficients"])
     atlas = AtlasRoutes(inputs["atlas"])
     recorded = recorded_cycles(cycles, requests, atlas)
-    table = selection_theory(recorded, coefficients["b"], coefficients["beta"], spec.get("k_max", 7),
-                             spec.get("max_depth", 5), spec.get("beta_multiplier", 2.0))
+    table = selection_theory(recorded, coefficients["b"], coefficients["beta"], spec["k_max"], spec["max_depth"],
+                             spec["beta_multiplier"])
     write_json({**table, "b": coefficients["b"], "beta": coefficients["beta"],
                 "atlas_nodes": atlas.nodes_looked_up, "atlas_nodes_missed": atlas.nodes_missed}, outputs["theory"])
 

@@ -16,6 +16,9 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
+from specfit import paths
+from specfit.speculative.config import MethodConfig
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -65,6 +68,15 @@ def validate_config(config: dict, schema_path: str | Path) -> dict:
     return config
 
 
+SCHEMA = "workflow/schemas/config.schema.yaml"  # relative to the workflow root, as the Snakefile finds it
+
+
+def load_config(path: str | Path = "config.yaml", schema: str | Path = SCHEMA) -> dict:
+    """A config file, validated and with its defaults filled, as the workflow sees it (for benchmarks and tools
+    run from the workflow root)."""
+    return validate_config(yaml.safe_load(Path(path).read_text()), schema)
+
+
 def _check_references(config: dict) -> None:
     problems = []
     for i, run in enumerate(config["runs"]):
@@ -103,7 +115,16 @@ class DecodeRun:
 
     @property
     def path(self) -> str:
-        return f"data/decode/{self.model}/{self.device}/{self.workload}/{self.method}/slots{self.slots}"
+        """The run's folder (`specfit.paths.decode_dir`)."""
+        return paths.decode_dir(self.model, self.device, self.workload, self.method, self.slots)
+
+    def file(self, name: str) -> str:
+        """One of the run's files: requests.parquet, cycles.parquet or metrics.json."""
+        return paths.decode(self.model, self.device, self.workload, self.method, self.slots, name)
+
+    @property
+    def cache(self) -> str:
+        return paths.cache_mode(self.slots)
 
 
 def decode_runs(config: dict) -> list[DecodeRun]:
@@ -118,17 +139,23 @@ def method_rule(config: dict, method: str) -> str:
     return config["methods"][method]["rule"]
 
 
-def cache_mode(slots: int) -> str:
-    """Which calibration fit a run uses: with the cache for every slots > 0 (as the paper does), else without."""
-    return "cache" if int(slots) > 0 else "nocache"
+def method_config(config: dict, method: str) -> MethodConfig:
+    """A method entry with its defaults filled (`specfit.speculative.config.MethodConfig`)."""
+    return MethodConfig.of_entry(config["methods"][method])
 
 
-def atlas_variant(method: str, slots: int) -> str:
-    """One atlas per SpecFit variant: the method (its route source) and the coefficient set (cache mode).
+def workload_ids(config: dict, workload: str) -> list[int]:
+    """The question ids a workload evaluates, in order."""
+    q = config["workloads"][workload]["question_ids"]
+    return list(range(q["start"], q["stop"] + 1, q["step"]))
 
-    Variants select different trees and so follow different cycles; the seed is the config's, shared by all.
-    """
-    return f"{method}-{cache_mode(slots)}"
+
+def evaluated_question_ids(config: dict) -> list[int]:
+    """Every question id some workload evaluates or calibration probes: the toy models never train on these."""
+    ids = set(config["calibration"]["question_ids"])
+    for workload in config["workloads"]:
+        ids.update(workload_ids(config, workload))
+    return sorted(ids)
 
 
 def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:
@@ -142,7 +169,7 @@ def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:
 def theory_runs(config: dict) -> list[DecodeRun]:
     """SpecFit with the cache at the model's main slot count, exact routes: the pools of Table 5."""
     return [r for r in decode_runs(config) if method_rule(config, r.method) == "specfit"
-            and config["methods"][r.method].get("routes", "atlas") == "atlas"
+            and method_config(config, r.method).route_source.name == "atlas"
             and r.slots == config["models"][r.model]["main_slots"][r.device]]
 
 
@@ -162,10 +189,17 @@ def _module_file(module: str) -> Path | None:
 
 
 def _specfit_imports(path: Path, module: str) -> set[str]:
+    """The ``specfit`` modules ``module`` imports when it runs: its imports outside ``if TYPE_CHECKING:`` blocks,
+    and the packages above each of them (Python runs a package's ``__init__`` before its submodules)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(tree):
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)  # type-only imports change no behaviour
+            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -175,24 +209,21 @@ def _specfit_imports(path: Path, module: str) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)
-    return {m for m in found if m == "specfit" or m.startswith("specfit.")}
+        todo.extend(ast.iter_child_nodes(node))
+    parents = {".".join(m.split(".")[:i]) for m in found for i in range(1, m.count(".") + 1)}
+    return {m for m in found | parents | {package} if m == "specfit" or m.startswith("specfit.")}
 
 
 # Package data a module reads at run time: an edit to it reruns the rules that run the module.
 MODULE_DATA = {
-    "specfit.report": ("templates/report.html.j2", "templates/report.md.j2"),
+    "specfit.report.render": ("templates/report.html.j2", "templates/report.md.j2"),
     "specfit.coefficients": ("data/paper_results.yaml",),
 }
 
 
-def code_hash(module: str) -> str:
-    """Hash of a stage module's source and of every ``specfit`` module it imports, transitively, with the
-    package data those modules read (`MODULE_DATA`).
-
-    Snakemake does not see edits to modules run with ``python -m``; a rule that carries this as a param
-    reruns when its own code changes, and only then (not on every edit to the package). Methods imported
-    from outside the package (``rule: "module:name"``) are not followed.
-    """
+def code_closure(module: str) -> dict[str, Path]:
+    """Every ``specfit`` module that runs when ``module`` runs, by name: its imports, transitively, outside
+    ``if TYPE_CHECKING:`` blocks, with the packages above them."""
     seen: dict[str, Path] = {}
     todo = [module]
     while todo:
@@ -204,6 +235,17 @@ def code_hash(module: str) -> str:
             continue
         seen[name] = path
         todo.extend(_specfit_imports(path, name))
+    return seen
+
+
+def code_hash(module: str) -> str:
+    """Hash of a stage module's `code_closure` with the package data those modules read (`MODULE_DATA`).
+
+    Snakemake does not see edits to modules run with ``python -m``; a rule that carries this as a param
+    reruns when its own code changes, and only then (not on every edit to the package). Methods imported
+    from outside the package (``rule: "module:name"``) are not followed.
+    """
+    seen = code_closure(module)
     digest = hashlib.sha256()
     for name in sorted(seen):
         digest.update(name.encode() + b"\0" + seen[name].read_bytes() + b"\0")

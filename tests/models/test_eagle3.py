@@ -7,8 +7,8 @@ from specfit.models.eagle3 import (
     aux_hidden_states,
     default_aux_layer_ids,
 )
-from specfit.spec.tree import tree_mask, tree_positions
-from specfit.stage import SpecFitError
+from specfit.speculative.tree import tree_mask, tree_positions
+from specfit.errors import SpecFitError
 
 
 def _inputs(drafter, B=2, T=9, seed=3):

@@ -6,7 +6,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models
 
 from specfit.models import Eagle3Drafter, load_drafter, load_target
-from specfit.stage import SpecFitError
+from specfit.errors import SpecFitError
 
 
 def _save_tokenizer(path, vocab_size):

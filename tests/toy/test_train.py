@@ -5,14 +5,16 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from specfit.questions import EVALUATED_IDS, load_questions, training_questions
-from specfit.stage import SpecFitError
+from specfit.errors import SpecFitError
+from specfit.questions import load_questions, training_questions
 from specfit.toy import drafter as toy_drafter
 from specfit.toy import target as toy_target
+from specfit.toy.spec import toy_spec
 from specfit.toy.tokenizer import train_tokenizer
 from specfit.toy.train import SENTENCE_END, lead, span_conversations, split, state_digest
 
-TINY_TARGET = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_experts": 4, "top_k": 2,
+# overrides of the schema's defaults (specfit.toy.toy_spec fills the rest)
+TINY_TARGET = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "num_experts": 4, "top_k": 2,
                "moe_intermediate_size": 16, "seq_len": 128, "batch_size": 1, "lr": 0.004, "steps": 4,
                "span_conversations": 40, "max_minutes": None, "seed": 0}
 TINY_DRAFTER = {"steps": 3, "max_minutes": None, "seed": 0, "intermediate_size": 32, "draft_vocab_size": 256,
@@ -22,15 +24,15 @@ TINY_DRAFTER = {"steps": 3, "max_minutes": None, "seed": 0, "intermediate_size":
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(questions_path, tmp_path_factory):
-    train, _ = split(questions_path, 12, 0)
+    train, _ = split(questions_path, toy_spec("tokenizer"))
     path = tmp_path_factory.mktemp("tok") / "tokenizer"
     train_tokenizer([t for q in train for t in q["turns"]], 300).save_pretrained(path)
     return path
 
 
 def train_target(questions_path, tokenizer_dir, out, **overrides):
-    toy_target.run(TINY_TARGET | overrides, {"questions": questions_path, "tokenizer": tokenizer_dir},
-                   {"target": out})
+    toy_target.run(toy_spec("target", **TINY_TARGET | overrides),
+                   {"questions": questions_path, "tokenizer": tokenizer_dir}, {"target": out})
     return json.loads((out / "training.json").read_text())
 
 
@@ -54,7 +56,7 @@ def test_drafter_same_seed_same_weights(questions_path, tokenizer_dir, tmp_path)
     train_target(questions_path, tokenizer_dir, tmp_path / "target")
     digests = []
     for name in ("a", "b"):
-        toy_drafter.run(TINY_DRAFTER, {"questions": questions_path, "target": tmp_path / "target"},
+        toy_drafter.run(toy_spec("drafter", **TINY_DRAFTER), {"questions": questions_path, "target": tmp_path / "target"},
                         {"drafter": tmp_path / name})
         stats = json.loads((tmp_path / name / "acceptance.json").read_text())
         assert stats["steps"] == 3 and stats["tokens"] > 0 and 0 <= stats["top1_agreement"] <= 1
@@ -69,12 +71,15 @@ def test_a_budget_that_cannot_fit_stops_before_training(questions_path, tokenize
 
 
 def test_span_conversations_copy_the_lead_of_training_text_only(questions_path):
-    train = training_questions(load_questions(questions_path))
-    chats = span_conversations(train, 200, seed=3)
-    assert chats == span_conversations(train, 200, seed=3)
-    assert chats != span_conversations(train, 200, seed=4)
+    spec = toy_spec("target")
+    exclude = set(spec["exclude_question_ids"])
+    train = training_questions(load_questions(questions_path), exclude)
+    chats = span_conversations(train, 200, 3, spec["span_max_words"])
+    assert chats == span_conversations(train, 200, 3, spec["span_max_words"])
+    assert chats != span_conversations(train, 200, 4, spec["span_max_words"])
     corpus = " ".join(" ".join(t.split()) for q in train for t in q["turns"])
-    evaluated = [q for q in load_questions(questions_path) if q["question_id"] in EVALUATED_IDS]
+    evaluated = [q for q in load_questions(questions_path) if q["question_id"] in exclude]
+    assert len(evaluated) == len(exclude) == 120
     for user, assistant in chats:
         text = user["content"].removeprefix("Summarize: ")
         assert assistant["content"] == lead(text)

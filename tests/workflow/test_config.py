@@ -7,10 +7,10 @@ import sys
 import pytest
 import yaml
 
+from specfit.paths import atlas_variant
 from specfit.workflow import (
     ConfigError,
     DecodeRun,
-    atlas_variant,
     code_hash,
     decode_runs,
     reference_run,

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specfit.decode import make_engine
+from specfit.engine import make_engine
 from specfit.coefficients import preset
 from specfit.engine.link import LinkModel, link_for_copy_share
 from specfit.models import load_target

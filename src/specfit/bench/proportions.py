@@ -23,14 +23,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-import yaml
 
-from specfit.decode import eos_ids, make_engine
+from specfit.engine import make_engine
 from specfit.io import read_json
-from specfit.models import load_drafter, load_target
+from specfit.models import eos_ids, load_drafter, load_target
 from specfit.ngrams import stream_split
 from specfit.coefficients import paper_results, preset
-from specfit.spec import Limits, MethodConfig, build_method, decode_request
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.methods import build_method
+from specfit.speculative.request import Limits, decode_request
+from specfit.workflow import load_config
 
 
 def expert_union(routes: torch.Tensor) -> int:
@@ -40,9 +42,7 @@ def expert_union(routes: torch.Tensor) -> int:
 
 def decode(model, drafter, engine, method: str, prompts: list[dict], limits: Limits, seed: int) -> dict:
     """Requests, cycles and each verification forward's expert union (summed over layers) of one method."""
-    config = MethodConfig(name=method) if method == "ar" else MethodConfig(name=method, k_max=7, max_depth=5,
-                                                                            top_k_expand=2)
-    runner = build_method(config, {}, seed, engine.num_experts)
+    runner = build_method(MethodConfig(name=method), {}, seed, engine.num_experts)  # the paper's K, depth, top-k
     requests, cycles, verify_unions = [], [], []
     for i, p in enumerate([prompts[0]] + prompts):  # the first one again as warm-up, discarded
         with engine.record_routes() as recorded:  # one [T, L, k] per forward: the prefill, then one per cycle
@@ -101,12 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = yaml.safe_load(Path(args.config).read_text())
+    config = load_config(args.config)
     model_cfg, device = config["models"][args.model], config["devices"][args.device]
     slots = model_cfg["main_slots"][args.device]
     target_dir, drafter_dir = Path(model_cfg["target"]), Path(model_cfg["drafter"])
-    model, _ = load_target(target_dir, model_cfg.get("dtype", "float32"), "cpu")
-    engine = make_engine(model, slots, device.get("max_inflight", 2), device.get("link"), device["torch_device"])
+    model, _ = load_target(target_dir, model_cfg["dtype"], "cpu")
+    engine = make_engine(model, slots, device["max_inflight"], device["link"], device["torch_device"])
     drafter = load_drafter(drafter_dir, model, device=device["torch_device"])
     L, k = engine.num_layers, model.config.num_experts_per_tok
     paper = paper_proportions(paper_results())
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"no prompts at {path}: run `snakemake --cores 1 {path}` first")
         prompts = sorted(pq.read_table(path).to_pylist(), key=lambda r: r["request_id"])[: args.requests]
         limits = Limits(config["workloads"][workload]["limit_tokens"], args.max_new_tokens, eos_ids(model))
-        ar = summary(decode(model, None, engine, "ar", prompts, limits, config.get("seed", 0)))
-        e3_run = decode(model, drafter, engine, "eagle3", prompts, limits, config.get("seed", 0))
+        ar = summary(decode(model, None, engine, "ar", prompts, limits, config["seed"]))
+        e3_run = decode(model, drafter, engine, "eagle3", prompts, limits, config["seed"])
         e3 = summary(e3_run)
         full = e3["selected"] == 7
         rows.append((workload, ar, e3, float(e3_run["unions"][full].mean() / (L * k)) if full.any() else None))

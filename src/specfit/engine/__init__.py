@@ -8,6 +8,7 @@ from specfit.engine.offload import (
     OffloadConfig,
     OffloadEngine,
     RouteRecorder,
+    make_engine,
     offload_experts,
 )
 
@@ -22,5 +23,6 @@ __all__ = [
     "RouteRecorder",
     "family_of",
     "link_for_copy_share",
+    "make_engine",
     "offload_experts",
 ]

@@ -530,6 +530,14 @@ def offload_experts(model: nn.Module, config: OffloadConfig, device: torch.devic
     return OffloadEngine(model, config, device)
 
 
+def make_engine(model: nn.Module, slots: int, max_inflight: int = 2, link: dict | None = None,
+                torch_device: str = "cpu") -> OffloadEngine:
+    """`offload_experts` from a stage's spec: ``link`` is null or {bandwidth_gbps: GB/s, latency_us: us}."""
+    if link is not None:
+        link = LinkModel(link["bandwidth_gbps"] * 1e9, link.get("latency_us", 0.0) * 1e-6)
+    return offload_experts(model, OffloadConfig(slots, max_inflight=max_inflight, link=link), device=torch_device)
+
+
 def _compute_device(model: nn.Module, modules: list[nn.Module], family: MoEFamily) -> torch.device:
     expert_params = {id(getattr(m, n)) for m in modules for n in family.weights}
     for param in model.parameters():

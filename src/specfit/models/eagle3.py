@@ -31,7 +31,7 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
-from specfit.stage import SpecFitError
+from specfit.errors import SpecFitError
 
 # model_type of transformer_layer_config -> (decoder layer, RMSNorm, rotary embedding) of transformers
 LAYER_CLASSES = {

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from specfit.models.eagle3 import Eagle3Drafter, default_aux_layer_ids
-from specfit.stage import SpecFitError
+from specfit.errors import SpecFitError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # config keys under which the families of transformers name their routed expert count
@@ -88,3 +88,12 @@ def load_drafter(path, target, dtype=None, device=None, key="models.<model>.draf
         )
     dtype = torch_dtype(dtype) if dtype is not None else None
     return Eagle3Drafter.from_pretrained(path, target=target, dtype=dtype, device=device or target.device)
+
+
+def eos_ids(model) -> frozenset[int]:
+    """The target's end-of-sequence token ids, from its config and its generation config."""
+    ids = set()
+    for config in (model.config, model.generation_config):
+        eos = getattr(config, "eos_token_id", None)
+        ids |= set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    return frozenset(ids)

@@ -1,12 +1,62 @@
-"""The candidate pool V of one cycle: parents, path probabilities and expert routes (Section 2)."""
+"""The candidate pool V of one cycle (Section 2), in one vocabulary: node 0 is the root s, nodes 1..n the draft
+nodes, each parent before its children; ``token``, ``parent``, ``path_prob`` (p_v) and ``level`` (depth: 0 for
+the root) per node. Records store them as the columns pool_token, pool_parent, pool_prob, pool_level.
 
-from dataclasses import dataclass
+- `CandidatePool`: the pool as the drafter grows it, level by level (Python lists).
+- `Pool`: the selector's frozen view of it, with every node's expert routes and their bitmaps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 from numba import njit
 
 WORD_BITS = 64
+
+
+@dataclass
+class CandidatePool:
+    """The root s (index 0) and draft nodes 1..n as drafted so far; lists are indexed by node id.
+
+    Node ids are assigned level by level, so the nodes of V<=d are a prefix of V.
+    """
+
+    token: list[int]  # target-vocab ids
+    parent: list[int] = field(default_factory=lambda: [-1])
+    path_prob: list[float] = field(default_factory=lambda: [1.0])  # p_v, product of the draft conditionals on its path
+    level: list[int] = field(default_factory=lambda: [0])
+
+    @classmethod
+    def root_only(cls, root: int) -> CandidatePool:
+        return cls(token=[root])
+
+    @property
+    def n(self) -> int:
+        """|V|, the draft nodes (the root excluded)."""
+        return len(self.token) - 1
+
+    @property
+    def depth(self) -> int:
+        return self.level[-1]
+
+    def add(self, parent: int, token: int, prob: float) -> int:
+        """Append a child of ``parent`` drafted with conditional probability ``prob``; returns its id."""
+        self.token.append(token)
+        self.parent.append(parent)
+        self.path_prob.append(self.path_prob[parent] * prob)
+        self.level.append(self.level[parent] + 1)
+        return self.n
+
+    def view(self, routes: np.ndarray | None = None, num_experts: int = 1) -> Pool:
+        """The selector's view; without ``routes`` [n+1, L, k] it carries no experts (probability rules)."""
+        if routes is None:
+            routes = np.empty((self.n + 1, 0, 1), dtype=np.int64)  # [n+1, 0 layers, 1]
+        pool = Pool(np.asarray(self.parent), np.asarray(self.path_prob), routes, num_experts)
+        pool.__dict__["level"] = np.asarray(self.level, dtype=np.int64)  # [n+1] known: no walk up the parents
+        return pool
 
 
 @dataclass(frozen=True, eq=False)
@@ -18,27 +68,27 @@ class Pool:
     """
 
     parent: np.ndarray  # [n+1] int64, parent[0] = -1 for the root s
-    prob: np.ndarray  # [n+1] float64 path probabilities p_v; prob[0] is ignored
+    path_prob: np.ndarray  # [n+1] float64 path probabilities p_v; path_prob[0] is ignored
     routes: np.ndarray  # [n+1, L, top_k] int expert ids per node and layer
     num_experts: int  # N experts per layer
 
     def __post_init__(self):
         parent = np.asarray(self.parent, dtype=np.int64)
-        prob = np.asarray(self.prob, dtype=np.float64)
+        path_prob = np.asarray(self.path_prob, dtype=np.float64)
         routes = np.asarray(self.routes)
         n = parent.shape[0] - 1
         if n < 0 or parent[0] != -1:
             raise ValueError("parent[0] must be -1: node 0 is the root s")
         if not all(0 <= u < v for v, u in enumerate(parent[1:].tolist(), start=1)):
             raise ValueError("every draft node needs a parent with a smaller id: 0 <= parent[v] < v")
-        if prob.shape != (n + 1,) or routes.ndim != 3 or routes.shape[0] != n + 1:
-            raise ValueError(f"prob must be [{n + 1}] and routes [{n + 1}, L, top_k]")
+        if path_prob.shape != (n + 1,) or routes.ndim != 3 or routes.shape[0] != n + 1:
+            raise ValueError(f"path_prob must be [{n + 1}] and routes [{n + 1}, L, top_k]")
         object.__setattr__(self, "parent", parent)
-        object.__setattr__(self, "prob", prob)
+        object.__setattr__(self, "path_prob", path_prob)
         object.__setattr__(self, "routes", routes)
 
     @property
-    def n_nodes(self) -> int:
+    def n(self) -> int:
         """|V|, the number of draft nodes (the root excluded)."""
         return self.parent.shape[0] - 1
 
@@ -48,35 +98,30 @@ class Pool:
         return _encode_routes(self.routes.astype(np.int64, copy=False), self.num_experts)
 
     @cached_property
-    def levels(self) -> np.ndarray:
+    def level(self) -> np.ndarray:
         """[n+1] int64 depth of each node: 0 for the root s, 1 for its children, ..."""
-        levels = np.zeros(self.n_nodes + 1, dtype=np.int64)
-        for v in range(1, self.n_nodes + 1):
-            levels[v] = levels[self.parent[v]] + 1
-        return levels
+        level = np.zeros(self.n + 1, dtype=np.int64)
+        for v in range(1, self.n + 1):
+            level[v] = level[self.parent[v]] + 1
+        return level
 
-    def with_levels(self, levels) -> "Pool":
-        """This pool, told its node depths (the drafter knows them): no walk up the parents to find them."""
-        self.__dict__["levels"] = np.asarray(levels, dtype=np.int64)  # [n+1]
-        return self
-
-    def prefix(self, n_nodes: int) -> "Pool":
-        """The pool of draft nodes 1..n_nodes, sharing this pool's arrays and encoded bitmaps."""
-        if not 0 <= n_nodes <= self.n_nodes:
-            raise ValueError(f"prefix of {n_nodes} nodes from a pool of {self.n_nodes}")
-        end = n_nodes + 1
-        sub = Pool(self.parent[:end], self.prob[:end], self.routes[:end], self.num_experts)
-        for name in ("words", "levels"):  # computed once per cycle, not once per level
+    def prefix(self, n: int) -> Pool:
+        """The pool of draft nodes 1..n, sharing this pool's arrays and encoded bitmaps."""
+        if not 0 <= n <= self.n:
+            raise ValueError(f"prefix of {n} nodes from a pool of {self.n}")
+        end = n + 1
+        sub = Pool(self.parent[:end], self.path_prob[:end], self.routes[:end], self.num_experts)
+        for name in ("words", "level"):  # computed once per cycle, not once per level
             if name in self.__dict__:
                 sub.__dict__[name] = self.__dict__[name][:end]
         return sub
 
-    def upto_level(self, depth: int) -> "Pool":
+    def upto_level(self, depth: int) -> Pool:
         """V_{<=d} of adaptive depth (Section 3.3): the nodes of the first d levels, which must be a prefix."""
-        n_nodes = int(np.count_nonzero(self.levels[1:] <= depth))
-        if np.any(self.levels[1 : n_nodes + 1] > depth):
+        n = int(np.count_nonzero(self.level[1:] <= depth))
+        if np.any(self.level[1 : n + 1] > depth):
             raise ValueError("node ids are not in level order, so V_<=d is not a prefix of V")
-        return self.prefix(n_nodes)
+        return self.prefix(n)
 
     def expert_union(self, nodes) -> int:
         """F(S) of Eq. 4: sum over layers of |E_l(s) ∪ ⋃_{v in S} E_l(v)|, the root's experts included."""

@@ -159,5 +159,5 @@ def search(pool, k_max, objective, b, beta, lam, backend="numba"):
         run = _search_int
     else:
         raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-    nodes, r, f, visited = run(pool.parent, pool.prob, pool.words, k_max, objective, b, float(beta), float(lam))
+    nodes, r, f, visited = run(pool.parent, pool.path_prob, pool.words, k_max, objective, b, float(beta), float(lam))
     return tuple(int(v) for v in nodes), float(r), int(f), int(visited)

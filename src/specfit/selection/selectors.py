@@ -30,7 +30,7 @@ def _intercepts(b, size: int) -> np.ndarray:
 def _selected(pool: Pool, k_max: int, objective: int, b, beta, lam, backend: str, timed: bool) -> Selection:
     if k_max < 0:
         raise ValueError(f"k_max must be >= 0, got {k_max}")
-    b = _intercepts(b, min(k_max, pool.n_nodes))
+    b = _intercepts(b, min(k_max, pool.n))
     nodes, reward, union, visited = search(pool, k_max, objective, b, beta, lam, backend)
     time = float(b[len(nodes)]) + float(beta) * union if timed else None  # the kernel's float64 T̂
     return Selection(nodes, reward, union, time, visited)
@@ -56,8 +56,8 @@ def select_min_union(pool: Pool, k: int, b=None, beta: float | None = None, back
 
     Its time is given when b and beta are.
     """
-    if not 0 <= k <= pool.n_nodes:
-        raise ValueError(f"probe size {k} outside 0..{pool.n_nodes}")
+    if not 0 <= k <= pool.n:
+        raise ValueError(f"probe size {k} outside 0..{pool.n}")
     timed = b is not None and beta is not None
     b = b if timed else np.zeros(k + 1)
     return _selected(pool, k, MIN_UNION, b, beta or 0.0, 0.0, backend, timed)
@@ -69,12 +69,12 @@ def select_top_prob(pool: Pool, k_max: int = 7, b=None, beta: float | None = Non
 
     The result is ancestor-closed whenever p_v never exceeds its parent's, as path probabilities do.
     """
-    ids = np.arange(1, pool.n_nodes + 1)
-    order = np.lexsort((ids, -pool.prob[1:]))  # by decreasing p_v, then increasing id
+    ids = np.arange(1, pool.n + 1)
+    order = np.lexsort((ids, -pool.path_prob[1:]))  # by decreasing p_v, then increasing id
     nodes = tuple(sorted(int(v) for v in ids[order[:k_max]]))
     reward = 1.0
     for v in nodes:
-        reward += float(pool.prob[v])
+        reward += float(pool.path_prob[v])
     if b is None or beta is None:
         return Selection(nodes, reward, None, None, 0)
     union = pool.expert_union(nodes)
@@ -85,4 +85,4 @@ def select_top_prob(pool: Pool, k_max: int = 7, b=None, beta: float | None = Non
 def holds_level(pool: Pool, selection: Selection, depth: int) -> bool:
     """Adaptive depth's test (Section 3.3): after drafting level d, draft level d + 1 only if the
     selection over V_<=d holds a level-d node."""
-    return any(pool.levels[v] == depth for v in selection.nodes)
+    return any(pool.level[v] == depth for v in selection.nodes)

@@ -1,16 +1,18 @@
 """Stage: the toy's EAGLE-3 drafter, trained on the toy target's features with training-time test.
 
-spec (config ``toy.drafter``)::
+spec (config ``toy.drafter``, defaults in the schema; the rule adds seed and exclude_question_ids)::
 
     intermediate_size: 512      num_heads: 4            num_kv_heads: 2     (one Llama layer, the target's H)
     draft_vocab_size: 2048      (the most frequent training tokens, mapped by d2t / t2d as in EAGLE-3)
     ttt_steps: 5                (EAGLE-3's training-time test: each step feeds back the drafter's own states)
     seq_len: 2048 (one piece per step: a prompt's end and the target's continuation)    lr: 2.0e-3
-    steps: 1200                 max_minutes: 6          (config ``toy.drafter``, with ttt_steps and distill_prompts)
+    steps: 1200                 max_minutes: 6          (a step budget; the limit is checked up front)
     acceptance_prompts: 12      acceptance_new_tokens: 128  (held-out prompts whose greedy continuations measure it)
     distill_prompts: 256        distill_new_tokens: 128     distill_max_prompt: 1536
                                 (EAGLE's recipe: train along the target's own output)
+    span_max_words: 150         (longest random span among the self-distillation prompts, as toy.target's)
     heldout: 12                 seed: 0                 (as in the tokenizer and target stages)
+    exclude_question_ids        (the evaluated ids, never trained on; required)
 
 inputs: {questions: question.jsonl, target: folder}; outputs: {drafter: folder} in speculators format, without
 embed_tokens (the target's, frozen, as EAGLE-3 trains it), and ``acceptance.json``: top-1 agreement with the
@@ -50,13 +52,13 @@ def toy_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
 def new_drafter(spec: dict, target, draft_tokens: torch.Tensor, verifier: str) -> Eagle3Drafter:
     """A fresh drafter over ``draft_tokens`` ([Vd] sorted target ids) with the target's frozen embedding."""
     tc = target.config
-    heads = spec.get("num_heads", 4)
+    heads = spec["num_heads"]
     layer_config = LlamaConfig(
         hidden_size=tc.hidden_size,
-        intermediate_size=spec.get("intermediate_size", 512),
+        intermediate_size=spec["intermediate_size"],
         num_hidden_layers=1,
         num_attention_heads=heads,
-        num_key_value_heads=spec.get("num_kv_heads", 2),
+        num_key_value_heads=spec["num_kv_heads"],
         head_dim=tc.hidden_size // heads,
         vocab_size=tc.vocab_size,
         rms_norm_eps=tc.rms_norm_eps,
@@ -64,7 +66,7 @@ def new_drafter(spec: dict, target, draft_tokens: torch.Tensor, verifier: str) -
         rope_parameters=tc.rope_parameters,
     )
     aux = toy_aux_layer_ids(tc.num_hidden_layers)
-    steps = spec.get("ttt_steps", 5)
+    steps = spec["ttt_steps"]
     config = eagle3_config(layer_config, len(draft_tokens), aux, verifier=verifier, speculative_tokens=steps)
     drafter = Eagle3Drafter(config)
     with torch.no_grad():
@@ -123,15 +125,15 @@ def self_distillation(target, tokenizer, questions: list[dict], spec: dict, seed
     random-span conversations (as the target trained on), whole: the toy's replies copy the lead of the user
     turn, so a prompt cut on the left would hide what the target copies. Batched by length, 8 at a time.
     """
-    n = spec.get("distill_prompts", 256)
-    chats = conversations(questions) + span_conversations(questions, n, seed + 1)
+    n = spec["distill_prompts"]
+    chats = conversations(questions) + span_conversations(questions, n, seed + 1, spec["span_max_words"])
     prompts = [tokenizer.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=True)["input_ids"]
                for chat in random.Random(seed).sample(chats, min(n, len(chats)))]
-    prompts = sorted((p for p in prompts if len(p) <= spec.get("distill_max_prompt", 1536)), key=len)
+    prompts = sorted((p for p in prompts if len(p) <= spec["distill_max_prompt"]), key=len)
     pieces = []
     for i in range(0, len(prompts), 8):
         batch = tokenizer.pad({"input_ids": prompts[i : i + 8]}, return_tensors="pt")  # left-padded
-        out = target.generate(**batch, max_new_tokens=spec.get("distill_new_tokens", 128), do_sample=False,
+        out = target.generate(**batch, max_new_tokens=spec["distill_new_tokens"], do_sample=False,
                               pad_token_id=tokenizer.pad_token_id)  # [b, P + N]
         width = batch["input_ids"].shape[1]
         for row, pads in zip(out, (batch["attention_mask"] == 0).sum(1).tolist()):
@@ -151,15 +153,15 @@ def piece_windows(pieces: list[torch.Tensor], seq_len: int, generator: torch.Gen
 def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> dict:
     """Top-1 agreement per draft step, and accepted tokens per chain, along the target's own greedy continuations
     of held-out prompts (what the drafter meets at decode time), up to the end-of-turn token."""
-    steps = spec.get("ttt_steps", 5)
+    steps = spec["ttt_steps"]
     agree, n = torch.zeros(steps), torch.zeros(steps)
     accepted = []
-    for q in heldout[: spec.get("acceptance_prompts", 12)]:
+    for q in heldout[: spec["acceptance_prompts"]]:
         prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True, return_tensors="pt"
         )["input_ids"][:, -2048:]
         seq = target.generate(
-            prompt, max_new_tokens=spec.get("acceptance_new_tokens", 128), do_sample=False,
+            prompt, max_new_tokens=spec["acceptance_new_tokens"], do_sample=False,
             pad_token_id=tokenizer.pad_token_id,
         )  # [1, P + N] the target's own greedy output
         aux, _, _ = teacher(target, drafter, seq)
@@ -184,14 +186,14 @@ def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> d
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
-    seed = spec.get("seed", 0)
+    train, heldout = split(inputs["questions"], spec)  # first: refuses a spec without the evaluated ids
+    seed = spec["seed"]
     seed_everything(seed)
     target, tokenizer = load_target(inputs["target"], dtype="float32", key="models.toy.target")
     target.requires_grad_(False)
-    train, heldout = split(inputs["questions"], spec.get("heldout", 12), seed)
     text = torch.cat(chat_ids(tokenizer, train))
     counts = torch.bincount(text, minlength=target.config.vocab_size)
-    draft_vocab_size = min(spec.get("draft_vocab_size", 2048), target.config.vocab_size)
+    draft_vocab_size = min(spec["draft_vocab_size"], target.config.vocab_size)
     draft_tokens = counts.topk(draft_vocab_size).indices.sort().values  # [Vd]
     drafter = new_drafter(spec, target, draft_tokens, verifier=str(inputs["target"])).train()
     log.info("draft vocabulary covers %.1f%% of training tokens", 100 * counts[draft_tokens].sum() / counts.sum())
@@ -199,8 +201,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     log.info("self-distillation: %d training prompts with the target's greedy continuations, %d tokens",
              len(pieces), sum(len(p) for p in pieces))
 
-    steps, lr = spec.get("ttt_steps", 5), spec.get("lr", 2e-3)
-    seq_len = spec.get("seq_len", 2048)
+    steps, lr, seq_len = spec["ttt_steps"], spec["lr"], spec["seq_len"]
     seen = 0  # tokens trained on
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -228,7 +229,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         opt.step()
         return stats
 
-    stats = train_loop(step, spec["steps"], "toy drafter", spec.get("max_minutes"), key="toy.drafter")
+    stats = train_loop(step, spec["steps"], "toy drafter", spec["max_minutes"], key="toy.drafter")
     stats["tokens"] = seen
     drafter.eval()
     stats |= acceptance(target, tokenizer, drafter, heldout, spec)

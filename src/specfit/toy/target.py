@@ -1,15 +1,16 @@
 """Stage: the toy target, a small Qwen3-MoE language model trained on Spec-Bench text.
 
-spec (config ``toy.target``, defaults as in the schema; num_heads, router_aux_loss_coef and heldout are stage options)::
+spec (config ``toy.target``, defaults in the schema; the rule adds seed and exclude_question_ids)::
 
     hidden_size: 128            num_layers: 4           num_heads: 4 (head_dim = hidden_size / num_heads)
-    num_experts: 32             top_k: 4                moe_intermediate_size: 128
+    num_kv_heads: 2             num_experts: 32         top_k: 4            moe_intermediate_size: 128
     seq_len: 512                batch_size: 4           lr: 4.0e-3
     steps: 600                  max_minutes: 8          seed: 0     (a step budget; the limit is checked up front)
     span_conversations: 6000    span_max_words: 150     (random-span Lead-3 conversations beside the questions')
     unlikelihood: 1.0           (weight of the token-level unlikelihood loss against loops; 0: plain LM loss)
     router_aux_loss_coef: 0.01  (the load-balancing loss; without it routing collapses onto a few experts)
     heldout: 12                 (as in the tokenizer and drafter stages)
+    exclude_question_ids        (the evaluated ids, never trained on; required)
 
 The vocabulary is the tokenizer's. inputs: {questions: question.jsonl, tokenizer: folder};
 outputs: {target: folder} holding the fp32 model and the tokenizer, loadable like any HF checkpoint, and
@@ -44,7 +45,7 @@ def chat_ids(tokenizer, questions: list[dict] | None = None, chats: list[list[di
 
 
 def training_stream(tokenizer, train: list[dict], spans: int, seed: int,
-                    max_words: int = 150) -> tuple[torch.Tensor, torch.Tensor]:
+                    max_words: int) -> tuple[torch.Tensor, torch.Tensor]:
     """([N] tokens, [N] bool: inside an assistant reply) of the training conversations and ``spans`` random-span
     ones, shuffled by ``seed``, back to back."""
     chats = conversations(train) + span_conversations(train, spans, seed, max_words)
@@ -77,20 +78,20 @@ def unlikelihood_loss(logits: torch.Tensor, x: torch.Tensor, window: int = 64) -
 
 
 def toy_config(spec: dict, tokenizer) -> Qwen3MoeConfig:
-    H, heads = spec.get("hidden_size", 128), spec.get("num_heads", 4)
+    H, heads = spec["hidden_size"], spec["num_heads"]
     return Qwen3MoeConfig(
         vocab_size=len(tokenizer),
         hidden_size=H,
-        intermediate_size=spec.get("moe_intermediate_size", 128),
-        moe_intermediate_size=spec.get("moe_intermediate_size", 128),
-        num_hidden_layers=spec.get("num_layers", 4),
+        intermediate_size=spec["moe_intermediate_size"],
+        moe_intermediate_size=spec["moe_intermediate_size"],
+        num_hidden_layers=spec["num_layers"],
         num_attention_heads=heads,
-        num_key_value_heads=spec.get("num_kv_heads", heads // 2),
+        num_key_value_heads=spec["num_kv_heads"],
         head_dim=H // heads,
-        num_experts=spec.get("num_experts", 32),
-        num_experts_per_tok=spec.get("top_k", 4),
+        num_experts=spec["num_experts"],
+        num_experts_per_tok=spec["top_k"],
         norm_topk_prob=True,
-        router_aux_loss_coef=spec.get("router_aux_loss_coef", 0.01),
+        router_aux_loss_coef=spec["router_aux_loss_coef"],
         max_position_embeddings=4096,
         tie_word_embeddings=False,
         eos_token_id=tokenizer.eos_token_id,
@@ -126,14 +127,13 @@ def heldout_stats(model, ids: list[torch.Tensor], assistant_id: int, max_len: in
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
-    seed = spec.get("seed", 0)
+    train, heldout = split(inputs["questions"], spec)  # first: refuses a spec without the evaluated ids
+    seed = spec["seed"]
     seed_everything(seed)
     tokenizer = AutoTokenizer.from_pretrained(inputs["tokenizer"])
-    train, heldout = split(inputs["questions"], spec.get("heldout", 12), seed)
-    stream, reply = training_stream(tokenizer, train, spec.get("span_conversations", 6000), seed,
-                                    spec.get("span_max_words", 150))
-    unlikelihood = spec.get("unlikelihood", 1.0)
-    seq_len, batch_size, lr = spec.get("seq_len", 2048), spec.get("batch_size", 1), spec.get("lr", 4e-3)
+    stream, reply = training_stream(tokenizer, train, spec["span_conversations"], seed, spec["span_max_words"])
+    unlikelihood = spec["unlikelihood"]
+    seq_len, batch_size, lr = spec["seq_len"], spec["batch_size"], spec["lr"]
     log.info("training text: %d tokens from %d questions", len(stream), len(train))
 
     model = Qwen3MoeForCausalLM(toy_config(spec, tokenizer)).train()
@@ -167,7 +167,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         return {"loss": nll.mean().item(), "reply_loss": nll[on_reply].mean().item() if on_reply.any() else 0.0,
                 "aux_loss": out.aux_loss.item(), **stats}
 
-    stats = train_loop(step, spec["steps"], "toy target", spec.get("max_minutes"), key="toy.target")
+    stats = train_loop(step, spec["steps"], "toy target", spec["max_minutes"], key="toy.target")
     stats["tokens"] = spec["steps"] * batch_size * seq_len
     stats |= heldout_stats(model, chat_ids(tokenizer, heldout), tokenizer.convert_tokens_to_ids(ASSISTANT))
     log.info("held-out loss %.3f, max expert share per layer %s", stats["heldout_loss"], stats["expert_share_max"])

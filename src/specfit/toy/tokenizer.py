@@ -1,6 +1,11 @@
 """Stage: the toy's byte-level BPE tokenizer with a chat template of its own.
 
-spec: {vocab_size: 4096, heldout: 12, seed: 0}   (heldout and seed must match the target and drafter stages)
+spec (config ``toy.tokenizer``, defaults in the schema; the rule adds seed and exclude_question_ids)::
+
+    vocab_size: 4096            (BPE vocabulary, with the 4 special tokens)
+    heldout: 12                 seed: 0     (as in the target and drafter stages: the same held-out questions)
+    exclude_question_ids        (the evaluated ids, never trained on; required)
+
 inputs: {questions: Spec-Bench question.jsonl}
 outputs: {tokenizer: folder, a PreTrainedTokenizerFast saved with save_pretrained}
 """
@@ -45,8 +50,8 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
-    train, _ = split(inputs["questions"], spec.get("heldout", 12), spec.get("seed", 0))
-    tokenizer = train_tokenizer([t for q in train for t in q["turns"]], spec.get("vocab_size", 4096))
+    train, _ = split(inputs["questions"], spec)
+    tokenizer = train_tokenizer([t for q in train for t in q["turns"]], spec["vocab_size"])
     log.info("BPE tokenizer: %d tokens from %d questions", len(tokenizer), len(train))
     with atomic_path(outputs["tokenizer"], directory=True) as tmp:
         tokenizer.save_pretrained(tmp)

@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from specfit.errors import SpecFitError
 from specfit.questions import load_questions, training_questions
-from specfit.stage import SpecFitError
 
 log = logging.getLogger(__name__)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -43,7 +43,7 @@ def conversations(questions: list[dict]) -> list[list[dict]]:
     return chats
 
 
-def span_conversations(questions: list[dict], n: int, seed: int, max_words: int = 150) -> list[list[dict]]:
+def span_conversations(questions: list[dict], n: int, seed: int, max_words: int) -> list[list[dict]]:
     """``n`` more Lead-3 conversations over random sentence spans of the training text.
 
     Spec-Bench's training questions hold about 140k tokens, which a toy memorizes within a few epochs (1,500
@@ -72,11 +72,23 @@ def span_conversations(questions: list[dict], n: int, seed: int, max_words: int 
     return chats
 
 
-def split(questions_path, heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) among the questions no workload evaluates; held-out ones only measure the toy."""
-    pool = training_questions(load_questions(questions_path))
-    random.Random(seed).shuffle(pool)
-    return pool[heldout:], pool[:heldout]
+def split(questions_path, spec: dict) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) among the questions the toy may train on: all but ``spec["exclude_question_ids"]``, the ids
+    some workload evaluates or calibration probes, shuffled by ``spec["seed"]``; the first ``spec["heldout"]`` only
+    measure the toy. Every toy stage splits the same way, so their held-out questions are the same.
+
+    A spec without ``exclude_question_ids`` is refused: the toy would train on the questions it is evaluated on.
+    """
+    if spec.get("exclude_question_ids") is None:
+        raise SpecFitError(
+            "the toy stage's spec has no `exclude_question_ids`: the Spec-Bench question ids that the workloads "
+            "evaluate and calibration probes (specfit.workflow.evaluated_question_ids), which the toy must not "
+            "train on. The workflow's toy rules pass them; outside the workflow build the spec with "
+            "specfit.toy.spec.toy_spec"
+        )
+    pool = training_questions(load_questions(questions_path), spec["exclude_question_ids"])
+    random.Random(spec["seed"]).shuffle(pool)
+    return pool[spec["heldout"]:], pool[: spec["heldout"]]
 
 
 def seed_everything(seed: int) -> None:

@@ -1,4 +1,4 @@
-"""The EAGLE-3 candidate pool, drafted level by level (paper Section 2 and Section 3.1).
+"""Drafting the EAGLE-3 candidate pool level by level (paper Section 2 and Section 3.1).
 
 Level 1 holds the top-2 children of the root s; at each next level the 2 nodes of the previous level with the
 highest path_prob each get their top-2 children, up to depth 5 (at most 18 nodes). Node ids put parents
@@ -17,37 +17,8 @@ import torch
 from transformers import DynamicCache
 
 from specfit.models.eagle3 import Eagle3Drafter, causal_mask
-from specfit.spec.tree import additive_mask, crop
-
-
-@dataclass
-class CandidatePool:
-    """The root s (index 0) and draft nodes 1..n; lists are indexed by node id."""
-
-    token: list[int]  # target-vocab ids
-    parent: list[int] = field(default_factory=lambda: [-1])
-    path_prob: list[float] = field(default_factory=lambda: [1.0])  # p_v, product of draft conditionals
-    level: list[int] = field(default_factory=lambda: [0])
-
-    @classmethod
-    def root_only(cls, root: int) -> "CandidatePool":
-        return cls(token=[root])
-
-    @property
-    def n(self) -> int:
-        """Draft nodes, root excluded."""
-        return len(self.token) - 1
-
-    @property
-    def depth(self) -> int:
-        return self.level[-1]
-
-    def add(self, parent: int, token: int, prob: float) -> int:
-        self.token.append(token)
-        self.parent.append(parent)
-        self.path_prob.append(self.path_prob[parent] * prob)
-        self.level.append(self.level[parent] + 1)
-        return self.n
+from specfit.selection.pool import CandidatePool
+from specfit.speculative.tree import additive_mask, crop
 
 
 @dataclass

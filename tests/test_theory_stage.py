@@ -11,13 +11,14 @@ from specfit import atlas, decode, theory
 @pytest.fixture(scope="module")
 def run(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("theory")
-    spec = {"method": {"name": "specfit"}, "slots": 4, "limit_tokens": 40, "max_new_tokens": 16, "warmup_tokens": 3}
+    spec = {"method": {"name": "specfit"}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": "cpu",
+            "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 16, "seed": 0, "warmup_tokens": 3}
     build = {k: out / f"build.{k}" for k in ("atlas", "requests", "cycles", "metrics")}
     atlas.run(spec, files, build)
     measured = {k: out / f"run.{k}" for k in ("requests", "cycles", "metrics")}
     decode.run(spec, dict(files, atlas=build["atlas"]), measured)
     table = out / "theory.json"
-    theory.run({"beta_multiplier": 2.0}, {"cycles": measured["cycles"], "requests": measured["requests"],
+    theory.run({"beta_multiplier": 2.0, "k_max": 7, "max_depth": 5}, {"cycles": measured["cycles"], "requests": measured["requests"],
                                           "atlas": build["atlas"], "coefficients": files["coefficients"]},
                {"theory": table})
     return measured, json.loads(table.read_text())

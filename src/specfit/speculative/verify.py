@@ -13,8 +13,8 @@ import torch
 from transformers import DynamicCache
 
 from specfit.models.eagle3 import aux_hidden_states
-from specfit.spec.pool import CandidatePool
-from specfit.spec.tree import keep_rows, tree_mask, tree_positions
+from specfit.selection.pool import CandidatePool
+from specfit.speculative.tree import keep_rows, tree_mask, tree_positions
 
 
 @dataclass

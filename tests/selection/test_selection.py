@@ -54,10 +54,10 @@ coefficients = st.tuples(st.lists(st.sampled_from(INTERCEPTS), min_size=8, max_s
 def legal_subtrees(pool, k_max):
     """All ancestor-closed S with |S| <= min(k_max, |V|), in lexicographic order of sorted node ids."""
     parent = pool.parent.tolist()
-    nodes = range(1, pool.n_nodes + 1)
+    nodes = range(1, pool.n + 1)
     legal = [
         s
-        for size in range(min(k_max, pool.n_nodes) + 1)
+        for size in range(min(k_max, pool.n) + 1)
         for s in combinations(nodes, size)
         if all(parent[v] == 0 or parent[v] in s for v in s)
     ]
@@ -67,7 +67,7 @@ def legal_subtrees(pool, k_max):
 def reward(pool, s):
     r = 1.0
     for v in s:  # increasing node id
-        r += float(pool.prob[v])
+        r += float(pool.path_prob[v])
     return r
 
 
@@ -124,7 +124,7 @@ def test_parametric_is_the_brute_force_argmax(backend, pool, coef, k_max, lam):
 @given(pool=pools(), coef=coefficients, data=st.data())
 def test_min_union_is_the_brute_force_argmin(backend, pool, coef, data):
     b, beta = coef
-    k = data.draw(st.integers(0, min(pool.n_nodes, 7)))
+    k = data.draw(st.integers(0, min(pool.n, 7)))
     expected, visited = brute_force(pool, k, lambda s, r, f: -f, size=k)
     check(select_min_union(pool, k, b, beta, backend=backend), pool, expected, visited, b, beta)
     assert select_min_union(pool, k, backend=backend).time is None
@@ -134,7 +134,7 @@ def test_min_union_is_the_brute_force_argmin(backend, pool, coef, data):
 @given(pool=pools(), coef=coefficients, k_max=st.integers(0, 7))
 def test_top_prob_takes_the_most_probable_nodes(pool, coef, k_max):
     b, beta = coef
-    expected = tuple(sorted(sorted(range(1, pool.n_nodes + 1), key=lambda v: (-pool.prob[v], v))[:k_max]))
+    expected = tuple(sorted(sorted(range(1, pool.n + 1), key=lambda v: (-pool.path_prob[v], v))[:k_max]))
     check(select_top_prob(pool, k_max, b, beta), pool, expected, 0, b, beta)
     bare = select_top_prob(pool, k_max)
     assert (bare.nodes, bare.union, bare.time) == (expected, None, None)
@@ -146,14 +146,14 @@ def test_adaptive_depth_stops_as_lemma_2_says(pool, coef):
     b, beta = coef
     figures = lambda sel: (sel.nodes, sel.reward, sel.union, sel.time)  # noqa: E731
     depth, sel = 0, select_specfit(pool.upto_level(0), b, beta)
-    while depth < pool.levels.max():
+    while depth < pool.level.max():
         previous, depth = sel, depth + 1
         sel = select_specfit(pool.upto_level(depth), b, beta)
         if not holds_level(pool, sel, depth):
             assert figures(sel) == figures(previous)  # Ŝ_d without a level-d node is Ŝ_{d-1}
             break
     full = select_specfit(pool, b, beta)
-    if all(pool.levels[v] <= depth for v in full.nodes):
+    if all(pool.level[v] <= depth for v in full.nodes):
         assert figures(sel) == figures(full)
 
 
@@ -168,8 +168,8 @@ def test_prefix_shares_the_encoding_and_selects_as_a_fresh_pool():
     assert np.shares_memory(sub.words, pool.words)
     fresh = Pool(parent[:5], prob[:5], routes[:5], 128)
     assert select_specfit(sub, [1.0] * 8, 0.1) == select_specfit(fresh, [1.0] * 8, 0.1)
-    assert pool.levels.tolist() == [0, 1, 1, 2, 2, 2, 3]
-    assert pool.upto_level(2).n_nodes == 5
+    assert pool.level.tolist() == [0, 1, 1, 2, 2, 2, 3]
+    assert pool.upto_level(2).n == 5
 
 
 def test_ties_go_to_larger_reward_then_smaller_union_then_fewer_nodes_then_smaller_ids():

@@ -1,8 +1,8 @@
 import torch
 
-from specfit.spec.pool import CandidatePool
-from specfit.spec.tree import path_matrix, tree_mask
-from specfit.spec.verify import Target
+from specfit.selection.pool import CandidatePool
+from specfit.speculative.tree import path_matrix, tree_mask
+from specfit.speculative.verify import Target
 
 
 def sequential_logits(model, tokens):

@@ -1,10 +1,14 @@
+import pyarrow as pa
 import pytest
 
 from specfit.io import write_parquet
-from specfit.spec import MethodConfig, build_method, decode_request
-from specfit.spec.methods import SpecFit
-from specfit.spec.routes import AtlasRoutes, LiveRoutes, atlas_table
-from specfit.stage import SpecFitError
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.methods import build_method
+from specfit.speculative.request import decode_request
+from specfit.speculative.methods import SpecFit
+from specfit.records import ATLAS_SCHEMA
+from specfit.speculative.routes import AtlasRoutes, LiveRoutes
+from specfit.errors import SpecFitError
 
 B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]  # intercepts b_0..b_7
 BETA = 0.05
@@ -84,7 +88,7 @@ def test_atlas_replays_the_live_build(target, oracle, prompts, limits, ar_output
     live = LiveRoutes()
     built = decode_all(target, oracle, specfit(live), prompts, limits, ar_outputs)
     path = tmp_path / "atlas.parquet"
-    write_parquet(atlas_table(live.rows), path)
+    write_parquet(pa.Table.from_pylist(live.rows, schema=ATLAS_SCHEMA), path)
     measured = decode_all(target, oracle, specfit(AtlasRoutes(path)), prompts, limits, ar_outputs)
     assert outputs(measured) == ar_outputs
     for b, m in zip(built, measured):
@@ -98,7 +102,7 @@ def test_atlas_replays_the_live_build(target, oracle, prompts, limits, ar_output
 
 
 CHAIN_METHOD = '''
-from specfit.spec.methods import Decision, Method, register_method
+from specfit.speculative.methods import Decision, Method, register_method
 
 
 @register_method("greedy-chain")

@@ -1,12 +1,14 @@
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from specfit.io import write_parquet
-from specfit.spec.cycle import Cycle, Stopwatch
-from specfit.spec.pool import CandidatePool
-from specfit.spec.routes import AtlasRoutes, LiveRoutes, NoisyRoutes, atlas_row, atlas_source, atlas_table
-from specfit.stage import SpecFitError
+from specfit.speculative.cycle import Cycle
+from specfit.selection.pool import CandidatePool
+from specfit.records import ATLAS_SCHEMA, atlas_row
+from specfit.speculative.routes import AtlasRoutes, LiveRoutes, NoisyRoutes, find_source
+from specfit.errors import SpecFitError
 
 L, K, N = 4, 3, 16
 
@@ -27,7 +29,7 @@ def fixture(n=6, seed=0):
     pool = CandidatePool.root_only(1)
     for v in range(n):
         pool.add(v // 2, v, 0.5)
-    return Fixed(routes), pool, Cycle(request_id=3, index=5, prefix_len=10, target=None, clock=Stopwatch())
+    return Fixed(routes), pool, Cycle(request_id=3, index=5, prefix_len=10, output=[])
 
 
 def test_full_accuracy_keeps_the_routes():
@@ -90,8 +92,7 @@ SEQ = [100, 11, 12, 13, 14, 15]  # x[10..]: the output both runs commit
 def cycle_at(index, prefix_len, request_id=0, output=None):
     """The cycle at ``prefix_len``, carrying the output so far (x[10..prefix_len], the root last)."""
     output = SEQ[: prefix_len - 9] if output is None else output
-    return Cycle(request_id=request_id, index=index, prefix_len=prefix_len, target=None, clock=Stopwatch(),
-                 output=output)
+    return Cycle(request_id=request_id, index=index, prefix_len=prefix_len, output=output)
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def atlas(tmp_path):
     for index, (prefix, (root, nodes)) in enumerate(((10, ROW_A), (13, ROW_B))):
         pool = make_pool(root, nodes)
         routes = random_routes(pool.n, seed=prefix)
-        rows.append(atlas_row(cycle_at(index, prefix), pool, routes))
+        rows.append(atlas_row(0, index, prefix, pool, routes))
         held[prefix] = (pool, routes)
     path = tmp_path / "atlas.parquet"
     write_parquet(atlas_table(rows), path)
@@ -121,8 +122,8 @@ def test_exact_replay_returns_the_atlas_routes_and_no_misses(atlas, caplog):
     assert source.nodes_looked_up == 11 + 7  # each node once per cycle, roots included
     assert source.nodes_missed == source.nodes_from_earlier_rows == source.prob_mismatches == 0
     assert not caplog.records
-    assert atlas_source(NoisyRoutes(source, 0.5, seed=0, num_experts=N)) is source
-    assert atlas_source(Fixed(None)) is None
+    assert find_source(NoisyRoutes(source, 0.5, seed=0, num_experts=N), AtlasRoutes) is source
+    assert find_source(Fixed(None), AtlasRoutes) is None
 
 
 def test_a_flipped_leaf_gets_its_parents_routes_and_counts_one_miss(atlas, caplog):
@@ -174,7 +175,7 @@ def test_an_earlier_row_is_matched_on_the_committed_tokens_not_on_the_root_alone
     pool = make_pool(100, [(0, 11, 0.6), (0, 21, 0.3), (1, 12, 0.7), (2, 12, 0.5)])
     routes = random_routes(pool.n, seed=1)
     path = tmp_path / "atlas.parquet"
-    write_parquet(atlas_table([atlas_row(cycle_at(0, 10), pool, routes)]), path)
+    write_parquet(atlas_table([atlas_row(0, 0, 10, pool, routes)]), path)
     source = AtlasRoutes(path)
     got = source.routes(cycle_at(1, 12, output=[100, 11, 12]), CandidatePool.root_only(12))
     assert np.array_equal(got[0], routes[3]) and source.nodes_missed == 0
@@ -187,7 +188,7 @@ def test_an_earlier_row_is_matched_on_the_committed_tokens_not_on_the_root_alone
 def test_earlier_rows_are_not_searched_while_the_own_row_answers(atlas, monkeypatch):
     path, held = atlas
     source = AtlasRoutes(path)
-    monkeypatch.setattr("specfit.spec.routes._anchor", lambda *a: pytest.fail("searched earlier rows"))
+    monkeypatch.setattr("specfit.speculative.routes._anchor", lambda *a: pytest.fail("searched earlier rows"))
     pool, routes = held[13]
     assert np.array_equal(source.routes(cycle_at(1, 13), pool), routes)
 
@@ -203,7 +204,7 @@ def test_probabilities_off_in_the_last_bits_pass_silently_larger_ones_are_logged
     far = source.routes(cycle_at(1, 13), make_pool(root, nodes, scale=1 + 1e-3))  # logged and counted, not fatal
     assert np.array_equal(far, held[13][1])
     assert source.prob_mismatches == 6 and source.nodes_missed == 0
-    assert "path_prob of node 1" in caplog.text
+    assert "path probability of node 1" in caplog.text
 
 
 def test_an_inconsistent_atlas_is_a_clear_error(atlas, tmp_path):
@@ -224,8 +225,9 @@ def test_an_inconsistent_atlas_is_a_clear_error(atlas, tmp_path):
 
 def test_a_tampered_atlas_row_no_longer_aborts_the_run(target, oracle, prompts, limits, tmp_path):
     """A node flipped in the atlas (as a drafting near-tie would flip it in the run) costs misses, not the run."""
-    from specfit.spec import MethodConfig, build_method, decode_request
-    from specfit.spec.methods import SpecFit
+    from specfit.speculative.config import MethodConfig
+    from specfit.speculative.methods import SpecFit, build_method
+    from specfit.speculative.request import decode_request
 
     def decode(method, drafter=None):
         result = decode_request(target, drafter, method, prompts[0], request_id=0, question_id=100, limits=limits)
@@ -244,3 +246,7 @@ def test_a_tampered_atlas_row_no_longer_aborts_the_run(target, oracle, prompts, 
                             oracle)
     assert output == reference  # lossless whatever the routes
     assert source.nodes_missed >= 1 and source.nodes_looked_up > source.nodes_missed
+
+
+def atlas_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=ATLAS_SCHEMA)

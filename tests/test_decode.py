@@ -4,12 +4,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from specfit import atlas, decode
-from specfit.spec import CYCLE_SCHEMA, REQUEST_SCHEMA
+from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA
 
 
 def spec(name, **method):
-    return {"method": {"name": name, **method}, "slots": 4, "limit_tokens": 40, "max_new_tokens": 12,
-            "warmup_tokens": 3}
+    return {"method": {"name": name, **method}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": "cpu",
+            "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0, "warmup_tokens": 3}
 
 
 def outs(path, name):
@@ -44,8 +44,10 @@ def test_methods_through_the_stage_are_lossless(files, tmp_path):
 
 
 def test_a_crashed_stream_resumes(files, tmp_path, monkeypatch):
+    from specfit.speculative import stream
+
     run = outs(tmp_path, "ar")
-    real = decode.decode_request
+    real = stream.decode_request
     calls = []
 
     def crash_on_second_request(*args, request_id, **kwargs):
@@ -54,11 +56,11 @@ def test_a_crashed_stream_resumes(files, tmp_path, monkeypatch):
             raise RuntimeError("crash")
         return real(*args, request_id=request_id, **kwargs)
 
-    monkeypatch.setattr(decode, "decode_request", crash_on_second_request)
+    monkeypatch.setattr(stream, "decode_request", crash_on_second_request)
     with pytest.raises(RuntimeError):
         decode.run(spec("ar"), files, run)
     assert not run["requests"].exists()
-    monkeypatch.setattr(decode, "decode_request", real)
+    monkeypatch.setattr(stream, "decode_request", real)
     decode.run(spec("ar"), files, run)
     metrics = json.loads(run["metrics"].read_text())
     assert metrics["resumed"] == [{"request_id": 1, "requests_done": 1}]

@@ -1,20 +1,21 @@
 import torch
 
-from specfit.spec import MethodConfig, build_method, decode_request
-from specfit.spec.pool import CandidatePool, draft_level, frontier
-from specfit.spec.request import prefill
-from specfit.spec.verify import Target
+from specfit.selection.pool import CandidatePool
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.draft import draft_level, frontier
+from specfit.speculative.methods import build_method
+from specfit.speculative.request import Limits, Session, decode_request
 
 
 def draft_pool(target, drafter, prefix, levels=5):
     """Prefill ``prefix`` from scratch and draft ``levels`` levels of the pool."""
-    t = Target(target, aux_layer_ids=drafter.aux_layer_ids)
+    session = Session(target, drafter, prefix, Limits(10_000, 10_000, frozenset()))
     with torch.inference_mode():
-        root, state = prefill(t, drafter, prefix)
-        pool = CandidatePool.root_only(root)
+        session.prefill()
+        pool = CandidatePool.root_only(session.output[-1])
         for _ in range(levels):
-            draft_level(drafter, state, pool)
-    return pool, state
+            draft_level(drafter, session.state, pool)
+    return pool, session.state
 
 
 def test_pool_shape(target, drafter, prompts):

@@ -14,29 +14,13 @@ from typing import ClassVar
 
 import numpy as np
 
+from specfit.errors import SpecFitError
 from specfit.io import read_json
-from specfit.selection import Pool, holds_level, select_specfit, select_top_prob
-from specfit.spec.cycle import Cycle
-from specfit.spec.pool import CandidatePool
-from specfit.spec.routes import AtlasRoutes, LiveRoutes, NoisyRoutes
-from specfit.stage import SpecFitError
-
-
-# "atlas": read from the atlas; "noisy": the atlas degraded to `accuracy`; "live" / "live-noisy": the atlas build's
-# own target queries (exact or degraded), which follow the same trajectory as the measured "atlas" / "noisy" run.
-ROUTE_SOURCES = ("atlas", "noisy", "live", "live-noisy")
-
-
-@dataclass(frozen=True)
-class MethodConfig:
-    """The ``method`` slice of a decode rule's spec."""
-
-    name: str
-    k_max: int = 7  # K: most draft nodes one cycle verifies
-    max_depth: int = 5  # pool levels
-    top_k_expand: int = 2  # children per expanded node, and nodes expanded per level
-    routes: str = "atlas"  # SpecFit's route source, one of ROUTE_SOURCES
-    accuracy: float = 0.6  # route accuracy of the "noisy" source (the paper's simulated predictor)
+from specfit.selection.pool import CandidatePool
+from specfit.selection.selectors import holds_level, select_specfit, select_top_prob
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.cycle import Cycle
+from specfit.speculative.routes import LiveRoutes, find_source, route_source_for
 
 
 @dataclass(frozen=True)
@@ -102,13 +86,6 @@ def build_method(
     return METHODS[config.name].from_inputs(config, inputs or {}, seed, num_experts)
 
 
-def selection_pool(pool: CandidatePool, routes: np.ndarray | None = None, num_experts: int = 1) -> Pool:
-    """The selector's view of ``pool``; without routes it carries no experts (probability rules)."""
-    if routes is None:
-        routes = np.empty((pool.n + 1, 0, 1), dtype=np.int64)  # [n+1, 0 layers, 1]
-    return Pool(np.asarray(pool.parent), np.asarray(pool.path_prob), routes, num_experts).with_levels(pool.level)
-
-
 @register_method("ar")
 class AR(Method):
     """Serial greedy decoding: no drafter, one target forward per output token."""
@@ -121,12 +98,12 @@ class AR(Method):
 
 @register_method("eagle3")
 class Eagle3(Method):
-    """EAGLE-3: the full pool, then the k_max nodes of highest path_prob (all when the pool has fewer)."""
+    """EAGLE-3: the full pool, then the k_max nodes of highest path probability (all when the pool has fewer)."""
 
     def select(self, cycle, pool, final):
         if not final:
             return None
-        return Decision(select_top_prob(selection_pool(pool), self.config.k_max).nodes, pool.depth)
+        return Decision(select_top_prob(pool.view(), self.config.k_max).nodes, pool.depth)
 
 
 @register_method("specfit")
@@ -144,24 +121,14 @@ class SpecFit(Method):
         self.beta = float(beta)
         self.route_source = routes
         self.num_experts = num_experts
-        base = routes
-        while hasattr(base, "base"):  # a noisy source over live routes still builds the exact atlas
-            base = base.base
-        self.live = base if isinstance(base, LiveRoutes) else None
+        self.live = find_source(routes, LiveRoutes)  # a noisy source over live routes still builds the exact atlas
 
     @classmethod
     def from_inputs(cls, config, inputs, seed, num_experts):
         if "coefficients" not in inputs:
             raise SpecFitError("method specfit needs the `coefficients` input (the fitted b and beta)")
         coefficients = read_json(inputs["coefficients"])
-        if config.routes not in ROUTE_SOURCES:
-            raise SpecFitError(f"unknown route source {config.routes!r}: use one of {', '.join(ROUTE_SOURCES)}")
-        live = config.routes.startswith("live")  # the atlas build: the target's own routes, queried per cycle
-        if not live and "atlas" not in inputs:
-            raise SpecFitError(f"method specfit with {config.routes!r} routes needs the `atlas` input")
-        routes = LiveRoutes() if live else AtlasRoutes(inputs["atlas"])
-        if config.routes.endswith("noisy"):
-            routes = NoisyRoutes(routes, config.accuracy, seed, num_experts)
+        routes = route_source_for(config, inputs, seed, num_experts)
         return cls(config, coefficients["b"], coefficients["beta"], routes, num_experts)
 
     def select(self, cycle, pool, final):
@@ -169,7 +136,7 @@ class SpecFit(Method):
             return Decision((), 0)
         if self.route_source.full_pool and not final:
             return None
-        full = selection_pool(pool, self.route_source.routes(cycle, pool), self.num_experts)
+        full = pool.view(self.route_source.routes(cycle, pool), self.num_experts)
         first = 1 if self.route_source.full_pool else pool.depth
         for depth in range(first, pool.depth + 1):
             view = full if depth == pool.depth else full.upto_level(depth)  # V<=d; the whole pool at its depth

@@ -9,12 +9,12 @@ import pytest
 from specfit import calibrate
 from specfit.selection import Pool, select_min_union
 
-PROTOCOL = {"question_ids": [10, 11], "cycle_boundaries": [0, 2], "sizes": 8, "repeats": 2}
+PROTOCOL = {"question_ids": [10, 11], "cycle_boundaries": [0, 2], "sizes": 8, "repeats": 2, "limit_tokens": 60}
 
 
 def spec(**kw):
     return {"dtype": "float32", "torch_device": "cpu", "max_inflight": 2, "link": None, "slots": 4,
-            "limit_tokens": 60, "coefficients": "fit", "protocol": PROTOCOL, "seed": 0, **kw}
+            "coefficients": "fit", "protocol": PROTOCOL, "seed": 0, **kw}
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,8 @@ def test_probes_restore_the_state(target, drafter):
     """Probe cycles leave target KV, drafter KV and the trajectory exactly as they found them."""
     import torch
 
-    from specfit.decode import make_engine
-    from specfit.spec import Limits
+    from specfit.engine import make_engine
+    from specfit.speculative.request import Limits
 
     engine = make_engine(target, slots=4)
     limits = Limits(60, 60, frozenset())
@@ -67,22 +67,22 @@ def test_probes_restore_the_state(target, drafter):
         untouched = calibrate.Trajectory(target, drafter, engine, prompt, 0, limits)
         probed.step()
         untouched.step()
-        keys = [layer.keys.clone() for layer in probed.target.cache.layers]
-        committed = probed.state.committed  # drafter rows past it are last cycle's draft rows, cropped at sync
-        drafter_keys = [layer.keys[..., :committed, :].clone() for layer in probed.state.cache.layers]
-        pool = untouched.draft_full()
+        keys = [layer.keys.clone() for layer in probed.session.target.cache.layers]
+        committed = probed.session.state.committed  # drafter rows past it are last cycle's draft rows, cropped at sync
+        drafter_keys = [layer.keys[..., :committed, :].clone() for layer in probed.session.state.cache.layers]
+        pool, decision = untouched.draft()
         for nodes in [(), (1,), (1, 2, 3), tuple(range(1, 8))]:
             calibrate.probe_cycle(probed, pool, nodes)
-            assert all(torch.equal(a, layer.keys) for a, layer in zip(keys, probed.target.cache.layers))
-            assert probed.state.committed == committed
+            assert all(torch.equal(a, layer.keys) for a, layer in zip(keys, probed.session.target.cache.layers))
+            assert probed.session.state.committed == committed
             assert all(torch.equal(a, layer.keys[..., :committed, :])
-                       for a, layer in zip(drafter_keys, probed.state.cache.layers))
+                       for a, layer in zip(drafter_keys, probed.session.state.cache.layers))
         probed.step()
-        untouched.step(pool)
+        untouched.finish(pool, decision)
         for _ in range(3):
             probed.step()
             untouched.step()
-    assert probed.output == untouched.output and len(probed.output) > 4
+    assert probed.session.output == untouched.session.output and len(probed.session.output) > 4
 
 
 def test_preset_needs_no_probes(tmp_path):

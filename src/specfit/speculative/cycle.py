@@ -1,28 +1,28 @@
-"""What a method sees of the cycle it decides in, and the request's stopwatch."""
+"""What a method sees of the cycle it decides in, and the request's stopwatch. Torch-free: the theory stage
+replays recorded cycles through the same route lookup."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:
-    from specfit.spec.verify import Target
+    from specfit.speculative.verify import Target
 
 
 class Stopwatch:
-    """Wall time with device synchronization around every timed section.
+    """Wall time with device synchronization (``sync``, e.g. ``torch.cuda.synchronize``) around every timed
+    section.
 
     ``excluded()`` marks work outside the request timer (a live route query); it is subtracted from the request
     and from any section that encloses it.
     """
 
-    def __init__(self, device: torch.device | str = "cpu"):
-        device = torch.device(device)
-        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    def __init__(self, sync: Callable[[], None] | None = None):
+        self._sync = sync or (lambda: None)
         self.excluded_s = 0.0
 
     def now(self) -> float:
@@ -45,11 +45,12 @@ class Stopwatch:
 
 @dataclass
 class Cycle:
-    """One verification cycle of one request: where it stands, and the target for route queries."""
+    """One verification cycle of one request: where it stands, and the target for route queries (None when a
+    recorded cycle is replayed)."""
 
     request_id: int
     index: int
     prefix_len: int  # committed tokens the target holds in its KV cache; the root is next
-    target: Target
-    clock: Stopwatch
-    output: Sequence[int] = ()  # the request's output so far, the root (at position prefix_len) last
+    output: Sequence[int]  # the request's output so far, the root (at position prefix_len) last
+    target: Target | None = None
+    clock: Stopwatch = dataclasses.field(default_factory=Stopwatch)

@@ -7,6 +7,9 @@ drafted so far.
   the offload engine's route recorder, outside the request timer. It keeps each answer as an atlas row.
 - `AtlasRoutes` (measured runs) reads those rows back, looking each node up by its content (the tokens it sees).
 - `NoisyRoutes` degrades another source to a given route accuracy.
+
+Which source a method reads is its `specfit.speculative.config.RouteSource`; `route_source_for` builds it.
+Torch-free: the sources reach the target only through ``cycle.target``.
 """
 
 from __future__ import annotations
@@ -14,29 +17,19 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from specfit.spec.cycle import Cycle
-from specfit.spec.pool import CandidatePool
-from specfit.stage import SpecFitError
+from specfit.errors import SpecFitError
+from specfit.records import atlas_row, read_atlas
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.cycle import Cycle
+
+if TYPE_CHECKING:
+    from specfit.selection.pool import CandidatePool
 
 log = logging.getLogger(__name__)
-
-ATLAS_SCHEMA = pa.schema([
-    ("request_id", pa.int64()),
-    ("cycle", pa.int64()),
-    ("prefix_len", pa.int64()),
-    ("pool_parent", pa.list_(pa.int64())),
-    ("pool_token", pa.list_(pa.int64())),
-    ("pool_prob", pa.list_(pa.float64())),
-    ("pool_level", pa.list_(pa.int64())),
-    ("routes", pa.list_(pa.int64())),  # flattened [n+1, n_layers, top_k]
-    ("n_layers", pa.int64()),
-    ("top_k", pa.int64()),
-])
 
 # Path probabilities of a replayed node vs its atlas entry, relative. They are products of up to 5 drafter softmax
 # probabilities over target features that a cache state changes in the last bits (bf16 on a GPU: more), so they
@@ -44,26 +37,6 @@ ATLAS_SCHEMA = pa.schema([
 # fatal: the selector reads the run's own probabilities, the atlas's only serve this check.
 PROB_RTOL = 1e-4
 WARNINGS_PER_KIND = 5  # log the first few misses and probability differences; the counters hold them all
-
-
-def atlas_row(cycle: Cycle, pool: CandidatePool, routes: np.ndarray) -> dict:
-    """One atlas row: the cycle's prefix, its full pool and the target's routes [n+1, L, k] for it."""
-    return {
-        "request_id": cycle.request_id,
-        "cycle": cycle.index,
-        "prefix_len": cycle.prefix_len,
-        "pool_parent": list(pool.parent),
-        "pool_token": list(pool.token),
-        "pool_prob": list(pool.path_prob),
-        "pool_level": list(pool.level),
-        "routes": routes.reshape(-1).tolist(),
-        "n_layers": routes.shape[1],
-        "top_k": routes.shape[2],
-    }
-
-
-def atlas_table(rows: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=ATLAS_SCHEMA)
 
 
 class LiveRoutes:
@@ -77,7 +50,7 @@ class LiveRoutes:
     def routes(self, cycle: Cycle, pool: CandidatePool) -> np.ndarray:
         with cycle.clock.excluded():
             routes = cycle.target.routes(pool).numpy().astype(np.int64)  # [n+1, L, k]
-        self.rows.append(atlas_row(cycle, pool, routes))
+        self.rows.append(atlas_row(cycle.request_id, cycle.index, cycle.prefix_len, pool, routes))
         return routes
 
 
@@ -141,29 +114,14 @@ class AtlasRoutes:
 
     def __init__(self, path):
         self.path = path
-        table = pq.read_table(path)
-        missing = set(ATLAS_SCHEMA.names) - set(table.column_names)
-        if missing:
-            raise SpecFitError(f"atlas {path} lacks columns {sorted(missing)}")
-        # routes stay numpy ([n+1, L, k] int16): a full atlas holds ~10^8 expert ids
-        flat = table.column("routes").combine_chunks()
-        values, offsets = flat.values.to_numpy().astype(np.int16), flat.offsets.to_numpy()
         self.rows: dict[tuple[int, int], dict] = {}  # (request_id, cycle) -> row: the atlas run's own cycles
         self._at: dict[int, dict[int, dict]] = {}  # request_id -> prefix_len -> row
-        shapes = set()
-        for i, row in enumerate(table.drop_columns(["routes"]).to_pylist()):
-            shape = (-1, row["n_layers"], row["top_k"])
-            row["routes"] = values[offsets[i] : offsets[i + 1]].reshape(shape)
-            where = f"atlas {path}, request {row['request_id']}, prefix_len {row['prefix_len']}"
-            if row["routes"].shape[0] != len(row["pool_token"]):
-                raise SpecFitError(f"{where}: {row['routes'].shape[0]} routes for {len(row['pool_token'])} nodes")
+        for row in read_atlas(path):
             if row["prefix_len"] in self._at.get(row["request_id"], {}):
-                raise SpecFitError(f"{where}: two rows for one prefix")
-            shapes.add(shape)
+                raise SpecFitError(f"atlas {path}, request {row['request_id']}, prefix_len {row['prefix_len']}: "
+                                   "two rows for one prefix")
             self.rows[row["request_id"], row["cycle"]] = row
             self._at.setdefault(row["request_id"], {})[row["prefix_len"]] = row
-        if len(shapes) > 1:
-            raise SpecFitError(f"atlas {path}: rows of different route shapes {sorted(shapes)}")
         self._prefixes = {r: sorted(rows) for r, rows in self._at.items()}  # request_id -> its prefix_lens
         self._max_level = max((max(r["pool_level"]) for r in self.rows.values()), default=0)
         self._children: dict[tuple[int, int], dict[tuple[int, int], int]] = {}
@@ -269,7 +227,7 @@ class AtlasRoutes:
     def _check_prob(self, cycle: Cycle, v: int, mine: float, theirs: float) -> None:
         if abs(mine - theirs) > PROB_RTOL * abs(theirs):
             self.prob_mismatches += 1
-            self._warn("prob", f"{self._where(cycle)}: path_prob of node {v} is {mine!r} here, {theirs!r} in the "
+            self._warn("prob", f"{self._where(cycle)}: path probability of node {v} is {mine!r} here, {theirs!r} in the "
                                "atlas (counted in prob_mismatches)")
 
     def _miss(self, message: str) -> None:
@@ -315,9 +273,9 @@ def _anchor(row: dict, p: int, q: int, x: dict[int, int]) -> int | None:
     return None
 
 
-def atlas_source(source) -> AtlasRoutes | None:
-    """The `AtlasRoutes` a route source reads (itself, or under `NoisyRoutes`), or None."""
-    while source is not None and not isinstance(source, AtlasRoutes):
+def find_source(source, kind: type):
+    """The source of type ``kind`` that ``source`` is or reads (under `NoisyRoutes`), or None."""
+    while source is not None and not isinstance(source, kind):
         source = getattr(source, "base", None)
     return source
 
@@ -361,3 +319,16 @@ class NoisyRoutes:
         np.put_along_axis(keys, true, np.inf, axis=1)  # true experts last
         outside = np.argsort(keys, axis=1)[:, :k]  # [L, k] distinct experts outside the true top-k
         return np.where(replace, outside, true)
+
+
+def route_source_for(config: MethodConfig, inputs: dict, seed: int, num_experts: int):
+    """The route source ``config.routes`` names, over the decode rule's ``inputs`` (the atlas to read)."""
+    source = config.route_source
+    if source.live:
+        routes = LiveRoutes()
+    elif "atlas" not in inputs:
+        raise SpecFitError(f"method {config.name} with {source.name!r} routes needs the `atlas` input (built by the "
+                           "atlas rule)")
+    else:
+        routes = AtlasRoutes(inputs["atlas"])
+    return NoisyRoutes(routes, config.accuracy, seed, num_experts) if source.noisy else routes

@@ -1,0 +1,88 @@
+"""Where every artifact of the workflow lives, relative to the workflow root: the one place for file names.
+
+The rules build their patterns from these functions with wildcards as arguments (``prompts("{model}",
+"{workload}")``), the helpers in ``rules/common.smk`` build concrete inputs from them, and the report and the tests
+find files through them. Torch-free, so that ``snakemake -n`` stays fast.
+
+::
+
+    data/prompts/{model}/{workload}.parquet                           extract
+    data/models/{model}/{tokenizer,target,drafter}/                   toy models
+    data/calibration/{model}/{device}/{cache}.json, .points.parquet   calibrate
+    data/atlas/{model}/{device}/{workload}/{method}-{cache}/          atlas
+    data/decode/{model}/{device}/{workload}/{method}/slots{slots}/    decode
+    data/theory/{model}/{device}/{workload}.json                      theory
+    reports/all/                                                      report
+    data/logs/{rule}/...                                              every rule's log
+"""
+
+from __future__ import annotations
+
+CACHE_MODES = ("cache", "nocache")
+RUN_FILES = ("requests.parquet", "cycles.parquet", "metrics.json")  # what a decode run writes
+ATLAS_FILES = ("atlas.parquet", *RUN_FILES)  # what an atlas build writes (its own run's records as diagnostics)
+REPORT = "reports/all"
+
+
+def cache_mode(slots) -> str:
+    """Which calibration fit a run uses: with the cache for every slots > 0 (as the paper does), else without."""
+    return "cache" if int(slots) > 0 else "nocache"
+
+
+def atlas_variant(method: str, slots) -> str:
+    """One atlas per SpecFit variant: the method (its route source) and the coefficient set (cache mode).
+
+    Variants select different trees and so follow different cycles; the seed is the config's, shared by all.
+    """
+    return f"{method}-{cache_mode(slots)}"
+
+
+def prompts(model: str, workload: str) -> str:
+    return f"data/prompts/{model}/{workload}.parquet"
+
+
+def toy_model(model: str, part: str) -> str:
+    """The folder of a toy model's ``part``: tokenizer, target or drafter."""
+    return f"data/models/{model}/{part}"
+
+
+def calibration(model: str, device: str, cache: str) -> str:
+    """The fitted coefficients (JSON) of one cache mode."""
+    return f"data/calibration/{model}/{device}/{cache}.json"
+
+
+def calibration_points(model: str, device: str, cache: str) -> str:
+    """The probe points (Parquet) that fit came from."""
+    return f"data/calibration/{model}/{device}/{cache}.points.parquet"
+
+
+def atlas_dir(model: str, device: str, workload: str, variant: str) -> str:
+    return f"data/atlas/{model}/{device}/{workload}/{variant}"
+
+
+def atlas(model: str, device: str, workload: str, variant: str, name: str = "atlas.parquet") -> str:
+    """A file of an atlas build (`ATLAS_FILES`)."""
+    return f"{atlas_dir(model, device, workload, variant)}/{_one_of(name, ATLAS_FILES)}"
+
+
+def decode_dir(model: str, device: str, workload: str, method: str, slots) -> str:
+    return f"data/decode/{model}/{device}/{workload}/{method}/slots{slots}"
+
+
+def decode(model: str, device: str, workload: str, method: str, slots, name: str) -> str:
+    """A file of a decode run (`RUN_FILES`)."""
+    return f"{decode_dir(model, device, workload, method, slots)}/{_one_of(name, RUN_FILES)}"
+
+
+def theory(model: str, device: str, workload: str) -> str:
+    return f"data/theory/{model}/{device}/{workload}.json"
+
+
+def log(rule: str, *parts: str) -> str:
+    return f"data/logs/{'/'.join((rule, *parts))}.log"
+
+
+def _one_of(name: str, names: tuple[str, ...]) -> str:
+    if name not in names:
+        raise ValueError(f"{name!r} is not one of {names}")
+    return name

@@ -1,0 +1,280 @@
+"""What the report reads: the keys and columns of each input, the files the rule declares, and `Inputs`, the loaded
+files with the bootstrap intervals of their decode TPS.
+
+The report reads a file only when its rule declares it (`Declared`): for every file it expects (named by
+`specfit.paths`), a file the rule does not declare or the disk lacks is missing, and its section says so. A file
+it reads without the keys or columns below is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from specfit import intervals, paths
+from specfit.coefficients import paper_results
+from specfit.errors import SpecFitError
+from specfit.report.page import est, ratio, show, tagged
+from specfit.stage import paths_of
+from specfit.workflow import DecodeRun, decode_runs, theory_runs
+
+log = logging.getLogger("specfit.report")
+
+
+# ------------------------------------------------------------------------------------ what the inputs hold
+@dataclass(frozen=True)
+class Quantity:
+    label: str
+    fmt: str  # format spec of the printed value
+    timing: bool = False  # measured on the clock: labelled "emulated link" when the link is emulated
+
+
+# metrics.json (specfit.decode) key -> how the report prints it. A renamed key is one edit here.
+METRICS = {
+    "tps_dec": Quantity("Decode TPS", ".2f", timing=True),
+    "tps_req": Quantity("Request TPS", ".2f", timing=True),
+    "draft_nodes_per_cycle": Quantity("Draft nodes", ".2f"),
+    "committed_per_cycle": Quantity("Committed", ".2f"),
+    "committed_per_cycle_fresh": Quantity("Committed, fresh cycles", ".2f"),
+    "committed_per_cycle_repeated": Quantity("Committed, repeated cycles", ".2f"),
+    "cycles_fresh": Quantity("Fresh cycles", "d"),
+    "cycles_repeated": Quantity("Repeated cycles", "d"),
+    "cycles": Quantity("Cycles", "d"),
+    "ms_per_cycle": Quantity("ms/cycle", ".1f", timing=True),
+    "h2d_per_token": Quantity("H2D/token", ".1f"),
+    "draft_ms_per_cycle": Quantity("Draft ms/cycle", ".1f", timing=True),
+    "select_ms_median": Quantity("Selection ms/cycle (median)", ".2f", timing=True),
+    "select_share_pct": Quantity("Selection share of decode time (%)", ".2f", timing=True),
+    "n_requests": Quantity("Requests", "d"),
+    "n_output_tokens": Quantity("Output tokens", "d"),
+}
+# fresh vs repeated-4-gram cycles (specfit.ngrams): shown for drafting methods; absent from older metrics.json
+SPLIT_KEYS = ("committed_per_cycle_fresh", "committed_per_cycle_repeated", "cycles_fresh", "cycles_repeated")
+DRAFT_KEYS = ("draft_nodes_per_cycle", "draft_ms_per_cycle", *SPLIT_KEYS)  # AR: a dash, as in the paper
+LINK_EMULATED, TIMING_LABEL, LOSSLESS, RESUMED = "link_emulated", "timing_label", "lossless", "resumed"
+METRICS_REQUIRED = (*(k for k in METRICS if k not in SPLIT_KEYS), LINK_EMULATED, TIMING_LABEL, LOSSLESS)
+
+# requests.parquet beside each metrics.json (REQUEST_SCHEMA of specfit.speculative.request): the columns the
+# intervals read
+REQUEST_COLUMNS = ("request_id", "n_output", "t_request_s", "t_prefill_s")
+TPS_MATCH_RTOL = 1e-6  # metrics.json's tps_dec and the one its requests.parquet gives must agree
+
+# paths.calibration and paths.calibration_points (specfit.calibrate)
+CALIBRATION_REQUIRED = ("b", "beta", "source", "r2", "rmse_ms", "n_points", "slots", "link_emulated")
+POINTS_COLUMNS = ("k", "tree", "y_ms", "pred_ms")
+
+
+# paths.theory (specfit.theory.selection_theory) -> Table 5 rows: the key (a pair of keys for the rows at β / 2β),
+# the label, the key in paper_results.yaml ``theory`` (None: not in the paper).
+@dataclass(frozen=True)
+class TheoryRow:
+    keys: tuple[str, ...]
+    label: str
+    paper: str | None
+    fmt: str
+
+
+THEORY = (
+    TheoryRow(("cycles",), "Cycles", "cycles", "d"),
+    TheoryRow(("lambda_star",), "λ* (largest predicted throughput, tokens/ms)", None, ".5g"),
+    TheoryRow(("theta",), "Θ of the ratio rule (tokens/ms)", None, ".5g"),
+    TheoryRow(("gap_pct",), "λ* − Θ (% of λ*)", "gap_pct_of_lambda", ".2f"),
+    TheoryRow(("bound_pct",), "Bound of Equation 7 (% of λ*)", "bound_pct_of_lambda", ".2f"),
+    TheoryRow(("s_star_differs_pct",), "Cycles with S* ≠ Ŝ (%)", "differ_pct", ".1f"),
+    TheoryRow(("rho_cv",), "Coefficient of variation of ρ", "cv_rho", ".2f"),
+    TheoryRow(("s_star_gain_pct",), "Gain of S* with recorded acceptances (%)", "gain_recorded_pct", ".2f"),
+    TheoryRow(("union_per_reward_beta", "union_per_reward_2beta"), "Mean F(Ŝ)/R̂(Ŝ) at β / 2β", "mean_F_over_R",
+              ".1f"),
+    TheoryRow(("selected_nodes_beta", "selected_nodes_2beta"), "Mean selected nodes at β / 2β", "mean_selected_nodes",
+              ".2f"),
+    TheoryRow(("drafted_levels_mean",), "Mean drafted levels", "mean_drafted_levels", ".2f"),
+    TheoryRow(("stopped_early_pct",), "Cycles stopped before the deepest level (%)", "stopped_before_5_pct", ".1f"),
+    TheoryRow(("recorded_selection_differs_pct",), "Cycles where reselection differs from the recorded Ŝ (%)", None,
+              ".1f"),
+    TheoryRow(("dinkelbach_iterations",), "Dinkelbach iterations", None, "d"),
+)
+THEORY_REQUIRED = tuple(k for row in THEORY for k in row.keys)
+PAPER_PAIR = ("beta", "two_beta")  # paper_results.yaml keys of a β / 2β pair
+
+
+def column(key: str, emulated: bool) -> str:
+    """The header of a metrics.json column; timings over an emulated link say so."""
+    q = METRICS[key]
+    return tagged(q.label, emulated and q.timing)
+
+
+def tps_cell(e) -> str:
+    return show(e, METRICS["tps_dec"].fmt)
+
+
+# ------------------------------------------------------------------------------------ the declared files
+INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory")  # the rule's list inputs
+
+
+def _key(path: str) -> str:
+    """A path as the report matches it: normalized, relative to the working directory (the workflow root)."""
+    return os.path.normpath(os.path.relpath(path) if os.path.isabs(path) else path)
+
+
+class Declared:
+    """The files the rule declares, per input name (`INPUT_NAMES`), each as declared."""
+
+    def __init__(self, inputs: dict):
+        unknown = sorted(set(inputs) - set(INPUT_NAMES))
+        if unknown:
+            log.warning("ignoring inputs the report does not read: %s", ", ".join(unknown))
+        self.files = {name: {_key(p): p for p in paths_of(inputs, name)} for name in INPUT_NAMES}
+        self.expected: set[tuple[str, str]] = set()
+
+    def path(self, name: str, expected: str) -> str | None:
+        """The declared path of an expected file (`specfit.paths`), None when the rule does not declare it."""
+        key = _key(expected)
+        self.expected.add((name, key))
+        return self.files[name].get(key)
+
+    def unexpected(self) -> list[str]:
+        """Declared files the report does not expect (the rule and the report disagree on a name)."""
+        return [p for name, files in self.files.items() for key, p in files.items()
+                if (name, key) not in self.expected]
+
+
+def _load_json(path: str | None, required: tuple[str, ...]) -> dict | None:
+    """A stage's JSON output, or None when not declared or absent; a file without the keys the report reads is an
+    error."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise SpecFitError(f"{path} is not valid JSON: {err}") from err
+    lacking = [k for k in required if not isinstance(data, dict) or k not in data]
+    if lacking:
+        raise SpecFitError(f"{path} lacks {', '.join(lacking)} (the report reads these keys)")
+    return data
+
+
+def _load_columns(path: str | None, columns: tuple[str, ...]):
+    if path is None or not Path(path).is_file():
+        return None
+    table = pq.read_table(path)
+    lacking = [c for c in columns if c not in table.column_names]
+    if lacking:
+        raise SpecFitError(f"{path} lacks columns {', '.join(lacking)}")
+    return table.select(list(columns))
+
+
+def _load_points(path: str | None) -> dict[str, np.ndarray] | None:
+    """A calibration's probe points: column name -> numpy array."""
+    table = _load_columns(path, POINTS_COLUMNS)
+    return None if table is None else {c: table.column(c).to_numpy() for c in POINTS_COLUMNS}
+
+
+def _load_requests(path: str | None) -> list[dict] | None:
+    """A decode run's requests (the columns the intervals read), one dict per request."""
+    table = _load_columns(path, REQUEST_COLUMNS)
+    return None if table is None else table.to_pylist()
+
+
+# ------------------------------------------------------------------------------------ the loaded inputs
+@dataclass
+class Inputs:
+    spec: dict
+    runs: list[DecodeRun]
+    metrics: dict[DecodeRun, dict]  # present runs only
+    calibration: dict[tuple[str, str, str], dict]  # (model, device, cache mode)
+    points: dict[tuple[str, str, str], dict[str, np.ndarray]]  # column -> values
+    theory: dict[tuple[str, str, str], dict]  # (model, device, workload)
+    paper: dict
+    requests: dict[DecodeRun, list[dict]] = field(default_factory=dict)  # present runs only
+    _intervals: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def seed(self) -> int:
+        return int(self.spec.get("seed", 0))
+
+    def missing(self, runs: list[DecodeRun]) -> list[str]:
+        return [r.file("metrics.json") for r in runs if r not in self.metrics]
+
+    def missing_requests(self, runs) -> list[str]:
+        """requests.parquet of runs that have metrics but no requests (their numbers show without an interval)."""
+        return list(dict.fromkeys(r.file("requests.parquet") for r in runs
+                                  if r is not None and r in self.metrics and r not in self.requests))
+
+    def run(self, model, device, workload, method, slots) -> dict | None:
+        return self.metrics.get(DecodeRun(model, device, workload, method, slots))
+
+    def tps(self, run: DecodeRun | None) -> dict | None:
+        """A run's decode TPS (metrics.json) with its bootstrap interval over requests."""
+        m = self.metrics.get(run)
+        if m is None or m["tps_dec"] is None:
+            return None
+        if run not in self.requests:
+            return est(m["tps_dec"])
+        key = ("tps", run)
+        if key not in self._intervals:
+            try:
+                ci = intervals.tps_interval(self.requests[run], seed=self.seed)
+            except ValueError as err:
+                raise SpecFitError(f"{run.file('requests.parquet')}: {err}") from err
+            if not math.isclose(ci["value"], m["tps_dec"], rel_tol=TPS_MATCH_RTOL):
+                raise SpecFitError(f"{run.path}: metrics.json has tps_dec {m['tps_dec']}, its requests.parquet gives "
+                                   f"{ci['value']}: the two files come from different runs")
+            self._intervals[key] = ci
+        return est(m["tps_dec"], self._intervals[key])
+
+    def speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> dict | None:
+        """TPS(num) / TPS(den) with a paired bootstrap interval over the request ids both runs hold."""
+        a, b = self.metrics.get(num), self.metrics.get(den)
+        if a is None or b is None or a["tps_dec"] is None or not b["tps_dec"]:
+            return None
+        if num not in self.requests or den not in self.requests:
+            return est(ratio(a["tps_dec"], b["tps_dec"]))
+        key = ("ratio", num, den)
+        if key not in self._intervals:
+            for run in (num, den):
+                self.tps(run)  # its requests.parquet agrees with its metrics.json
+            try:
+                self._intervals[key] = intervals.ratio_interval(self.requests[num], self.requests[den],
+                                                                seed=self.seed)
+            except ValueError as err:
+                raise SpecFitError(f"{num.path} over {den.path}: {err}") from err
+        ci = self._intervals[key]
+        return est(ci["value"], ci)
+
+
+def load_inputs(spec: dict, inputs: dict) -> Inputs:
+    """Every file the report expects for ``spec``, read when ``inputs`` declares it (`Declared`)."""
+    files = Declared(inputs)
+    runs = decode_runs(spec)
+    metrics, requests = {}, {}
+    for r in runs:
+        data = _load_json(files.path("metrics", r.file("metrics.json")), METRICS_REQUIRED)
+        requests_path = files.path("requests", r.file("requests.parquet"))
+        if data is not None:
+            metrics[r] = data
+            rows = _load_requests(requests_path)
+            if rows is not None:
+                requests[r] = rows
+    calibration, points, theory = {}, {}, {}
+    for model, device in sorted({(r.model, r.device) for r in runs}):
+        for mode in paths.CACHE_MODES:
+            data = _load_json(files.path("calibration", paths.calibration(model, device, mode)), CALIBRATION_REQUIRED)
+            if data is not None:
+                calibration[model, device, mode] = data
+            frame = _load_points(files.path("points", paths.calibration_points(model, device, mode)))
+            if frame is not None:
+                points[model, device, mode] = frame
+    for r in theory_runs(spec):
+        data = _load_json(files.path("theory", paths.theory(r.model, r.device, r.workload)), THEORY_REQUIRED)
+        if data is not None:
+            theory[r.model, r.device, r.workload] = data
+    if unexpected := files.unexpected():
+        log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
+    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests)

@@ -1,0 +1,137 @@
+"""The page's building blocks (tables, figures, sections, parts) and how a cell prints a number or an estimate.
+
+An estimate is a run's value with its 95% bootstrap interval (`specfit.intervals`): a dict with value, low and
+high, and for a ratio of two runs a verdict ("faster", "slower", "tie").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from specfit import intervals
+
+EMULATED = "emulated link"
+MISSING = "–"
+NO_INTERVAL = "[no interval]"
+
+
+# ------------------------------------------------------------------------------------ the page's building blocks
+@dataclass
+class Table:
+    caption: str
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Figure:
+    path: str  # relative to the report folder
+    caption: str
+
+
+@dataclass
+class Section:
+    title: str
+    notes: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+
+@dataclass
+class Part:
+    title: str
+    notes: list[str]
+    sections: list[Section]
+
+
+# ------------------------------------------------------------------------------------ numbers
+def fmt(value, spec: str) -> str:
+    """One number as the tables print it; None is a dash."""
+    if value is None:
+        return MISSING
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    if spec == "d":
+        return str(int(value))
+    if isinstance(value, str):
+        return value
+    return format(value, spec)
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def pct_less(a, b):
+    """How many percent ``a`` lies below ``b``."""
+    r = ratio(a, b)
+    return None if r is None else 100.0 * (1.0 - r)
+
+
+def x_fmt(value) -> str:
+    return MISSING if value is None else f"{value:.2f}×"
+
+
+def cache_cell(slots: int) -> str:
+    return f"Yes ({slots})" if slots > 0 else "No"
+
+
+# ------------------------------------------------------------------------------------ intervals
+def interval_note(seed: int) -> str:
+    return (f"Decode TPS in brackets: 95% interval, a percentile bootstrap over the run's requests "
+            f"({intervals.N_BOOT} resamples, seed {seed}). Ratios between runs (speedups, gains): the same bootstrap "
+            f"paired over request ids (both runs resampled with the same prompts); a ratio whose interval "
+            f"includes 1 is a tie, “faster” / “slower” only when the whole interval lies above / below 1.")
+
+
+def est(value, ci: dict | None = None) -> dict | None:
+    """A run's estimate: value, with its interval (and verdict, for a ratio) where the requests give one."""
+    if value is None:
+        return None
+    out = {"value": value, "low": None, "high": None}
+    if ci is not None:
+        out.update(low=ci["low"], high=ci["high"])
+        if "verdict" in ci:
+            out["verdict"] = ci["verdict"]
+    return out
+
+
+def as_pct(e: dict | None) -> dict | None:
+    """A ratio estimate as a percent change, 100 (r − 1), verdict kept."""
+    if e is None:
+        return None
+    return {**e, **{k: None if e[k] is None else 100.0 * (e[k] - 1.0) for k in ("value", "low", "high")}}
+
+
+def show(value, spec: str, unit: str = "") -> str:
+    """A paper number (float) or a run's estimate (dict): "1.03× [0.97, 1.09] tie", "5.21 [4.80, 5.66]"."""
+    if not isinstance(value, dict):
+        return MISSING if value is None else fmt(value, spec) + unit
+    text = fmt(value["value"], spec) + unit
+    if value["low"] is None:
+        return f"{text} {NO_INTERVAL}"
+    text += f" [{fmt(value['low'], spec)}, {fmt(value['high'], spec)}]"
+    return f"{text} {value['verdict']}" if "verdict" in value else text
+
+
+def x_cell(e) -> str:
+    return show(e, ".2f", "×")
+
+
+def error_bar(e: dict | None):
+    """Matplotlib yerr of an estimate ([[below], [above]]), None without an interval."""
+    if e is None or e["low"] is None:
+        return None
+    return [[max(0.0, e["value"] - e["low"])], [max(0.0, e["high"] - e["value"])]]
+
+
+# ------------------------------------------------------------------------------------ labels
+def slug(*parts: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
+
+
+def tagged(text: str, emulated: bool) -> str:
+    return f"{text} [{EMULATED}]" if emulated else text

@@ -1,0 +1,467 @@
+"""The report's sections: per (model, device) `Group` (throughput, counters, cache-size sweep, theory, calibration,
+selection cost, noisy routes, lossless check) and per model `ModelView` (the devices side by side, the paper
+beside this run, and the parts of the page in order).
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from specfit import paths
+from specfit.report.inputs import (DRAFT_KEYS, LINK_EMULATED, LOSSLESS, METRICS, PAPER_PAIR, RESUMED, SPLIT_KEYS,
+                                   THEORY, TIMING_LABEL, Inputs, column, tps_cell)
+from specfit.report.page import (EMULATED, MISSING, Part, Section, Table, as_pct, cache_cell, error_bar, fmt,
+                                 interval_note, show, slug, tagged, x_cell, x_fmt)
+from specfit.report.paper import PAPER_DEVICES, Roles, cells, comparison, paper_device
+from specfit.report.render import Figures
+from specfit.workflow import DecodeRun, method_config, method_rule, theory_runs
+
+
+def main_slots(spec: dict, model: str, device: str) -> int:
+    return spec["models"][model]["main_slots"][device]
+
+
+# ------------------------------------------------------------------------------------ per model and device
+class Group:
+    """The runs of one (model, device) and the sections about them."""
+
+    def __init__(self, inputs: Inputs, figures: Figures, model: str, device: str):
+        self.i, self.figures, self.model, self.device = inputs, figures, model, device
+        self.spec = inputs.spec
+        self.roles = Roles.of(self.spec)
+        self.main = main_slots(self.spec, model, device)
+        self.runs = [r for r in inputs.runs if (r.model, r.device) == (model, device)]
+        self.workloads = [w for w in self.spec["workloads"] if any(r.workload == w for r in self.runs)]
+
+    def runs_of(self, workload: str) -> list[DecodeRun]:
+        order = list(self.spec["methods"])
+        runs = [r for r in self.runs if r.workload == workload]
+        return sorted(runs, key=lambda r: (r.slots > 0, order.index(r.method), -r.slots))
+
+    def emulated(self, runs) -> bool:
+        return any(self.i.metrics[r][LINK_EMULATED] for r in runs if r in self.i.metrics)
+
+    def present_runs(self, sec: Section, runs: list[DecodeRun]) -> tuple[list[DecodeRun], bool]:
+        """How a section opens on some runs: the metrics.json of those without go to its missing inputs. Returns
+        the runs with metrics and whether any of them was timed over an emulated link."""
+        sec.missing += self.i.missing(runs)
+        present = [r for r in runs if r in self.i.metrics]
+        return present, self.emulated(present)
+
+    def m(self, workload, method, slots) -> dict | None:
+        return None if method is None else self.i.run(self.model, self.device, workload, method, slots)
+
+    def key(self, workload, method, slots) -> DecodeRun | None:
+        return None if method is None else DecodeRun(self.model, self.device, workload, method, slots)
+
+    def ar_nocache(self, workload) -> DecodeRun | None:
+        return self.key(workload, self.roles.ar, 0)
+
+    def ar_nocache_tps(self, workload) -> float | None:
+        m = self.m(workload, self.roles.ar, 0)
+        return None if m is None else m["tps_dec"]
+
+    def workload_title(self, workload) -> str:
+        """Where a table's numbers come from: model, device, workload and its subset label."""
+        label = self.spec["workloads"][workload].get("subset_label", "")
+        return f"{self.model} / {self.device}, {workload}" + (f" ({label})" if label else "")
+
+    def sections(self) -> list[Section]:
+        return [self.throughput(), self.counters(), self.sweep(), self.theory(), self.calibration(),
+                self.selection_cost(), self.noisy_routes(), self.lossless()]
+
+    # 1. Figures 2 and 3
+    def throughput(self) -> Section:
+        sec = Section("Decode throughput with and without the expert cache (Figures 2 and 3)")
+        for w in self.workloads:
+            present, emulated = self.present_runs(sec, [r for r in self.runs_of(w) if r.slots in (0, self.main)])
+            if not present:
+                continue
+            methods = [m for m in self.spec["methods"] if any(r.method == m for r in present)]
+            fig, ax = plt.subplots(figsize=(6.4, 3.6))
+            width = 0.8 / len(methods)
+            for j, method in enumerate(methods):
+                for x, slots in enumerate((self.main, 0)):
+                    e = self.i.tps(self.key(w, method, slots))
+                    if e is not None:
+                        bar = ax.bar(x + (j - (len(methods) - 1) / 2) * width, e["value"], width, color=f"C{j}",
+                                     yerr=error_bar(e), capsize=3, ecolor="0.25",
+                                     label=method if not any(b.get_label() == method for b in ax.containers) else None)
+                        ax.bar_label(bar, fmt="%.2f", fontsize=8, label_type="center")
+            ax.set_xticks([0, 1], [f"With expert cache ({self.main} slots)", "Without expert cache"])
+            ax.set_ylabel("Decode TPS (tokens/s)")
+            ax.set_ylim(top=ax.get_ylim()[1] * 1.2)  # room for the legend above the bars
+            ax.set_title(tagged(f"{self.model} / {self.device} / {w}: decode throughput", emulated), fontsize=9)
+            ax.legend(fontsize=8, ncol=len(methods), loc="upper center")
+            sec.figures.append(self.figures.save(fig, slug(self.model, self.device, w, "tps"),
+                                                 tagged(f"Decode TPS with 95% bootstrap intervals, "
+                                                        f"{self.workload_title(w)}", emulated)))
+            ar = self.ar_nocache(w)
+            sec.missing += self.i.missing_requests([*present, ar])
+            rows = [[r.method, cache_cell(r.slots), tps_cell(self.i.tps(r)),
+                     fmt(self.i.metrics[r]["tps_req"], METRICS["tps_req"].fmt),
+                     x_cell(self.i.speedup(r, ar))] for r in present]
+            sec.tables.append(Table(
+                tagged(f"Throughput, {self.workload_title(w)}", emulated),
+                ["Method", "Cache", column("tps_dec", emulated), column("tps_req", emulated),
+                 tagged("Speedup over AR without cache", emulated)],
+                rows))
+        if sec.tables:
+            sec.notes.append(interval_note(self.i.seed))
+        return sec
+
+    # 2. Tables 2 and 3
+    def counters(self) -> Section:
+        sec = Section("Verification and transfer counters (Tables 2 and 3)")
+        keys = ("draft_nodes_per_cycle", "committed_per_cycle", *SPLIT_KEYS, "cycles", "ms_per_cycle",
+                "h2d_per_token", "draft_ms_per_cycle")
+        for w in self.workloads:
+            present, emulated = self.present_runs(sec, self.runs_of(w))
+            if not present:
+                continue
+            rows = []
+            for r in present:
+                m = self.i.metrics[r]
+                is_ar = method_rule(self.spec, r.method) == "ar"
+                rows.append([r.method, cache_cell(r.slots)] + [
+                    MISSING if is_ar and k in DRAFT_KEYS else fmt(m.get(k), METRICS[k].fmt) for k in keys])
+            sec.tables.append(Table(tagged(f"Counters per verification cycle, {self.workload_title(w)}", emulated),
+                                    ["Method", "Cache"] + [column(k, emulated) for k in keys], rows))
+        if sec.tables:
+            sec.notes.append("Cache: 'Yes (n)' = n expert slots per layer; 'No' = cache cleared before every target "
+                             "forward. H2D/token counts expert transfers per output token, prefill included.")
+            sec.notes.append("Fresh / repeated cycles: a cycle is repeated when the output 4-gram ending at its first "
+                             "committed token already occurred earlier in the output (a loop; the prompt does not "
+                             "count), fresh otherwise; 'Committed, fresh / repeated cycles' are the mean committed "
+                             "tokens of each kind, so loops can be read apart from fresh text.")
+        return sec
+
+    # 3. Figure 4
+    def sweep(self) -> Section:
+        sec = Section("Cache-size sweep (Figure 4)")
+        pair = (self.roles.eagle3, self.roles.specfit)
+        paper = self.i.paper["slot_sweep"]
+        for w in self.workloads:
+            slots = {m: sorted({r.slots for r in self.runs_of(w) if r.method == m}, reverse=True) for m in pair if m}
+            if len(slots) < 2 or min(len(s) for s in slots.values()) < 3:
+                continue
+            common = sorted(set(slots[pair[0]]) & set(slots[pair[1]]), key=lambda s: (s == 0, -s))
+            runs = [DecodeRun(self.model, self.device, w, m, s) for m in pair for s in common]
+            present, emulated = self.present_runs(sec, runs)
+            if not present:
+                continue
+            val = {(m, s): self.m(w, m, s) for m in pair for s in common}
+
+            def get(m, s, k):
+                return None if val[m, s] is None else val[m, s][k]
+
+            with_paper = (paper_device(self.spec, self.device) == "a100" and w == "summarization"
+                          and len(common) == len(paper["slots"]))
+            sec.missing += self.i.missing_requests(runs)
+            tps = {(m, s): self.i.tps(self.key(w, m, s)) for m in pair for s in common}
+            rows = []
+            for j, s in enumerate(common):
+                gain = as_pct(self.i.speedup(self.key(w, pair[1], s), self.key(w, pair[0], s)))
+                row = [str(s), tps_cell(tps[pair[0], s]), tps_cell(tps[pair[1], s]),
+                       show(gain, ".1f"), fmt(get(pair[0], s, "ms_per_cycle"), ".1f"),
+                       fmt(get(pair[1], s, "ms_per_cycle"), ".1f"), fmt(get(pair[0], s, "h2d_per_token"), ".1f"),
+                       fmt(get(pair[1], s, "h2d_per_token"), ".1f")]
+                if with_paper:
+                    row += [str(paper["slots"][j]), fmt(paper["specfit_gain_pct"][j], ".1f")]
+                rows.append(row)
+            header = ["Slots", tagged(f"{pair[0]} Decode TPS", emulated), tagged(f"{pair[1]} Decode TPS", emulated),
+                      tagged(f"{pair[1]} gain over {pair[0]} (%)", emulated), tagged(f"{pair[0]} ms/cycle", emulated),
+                      tagged(f"{pair[1]} ms/cycle", emulated), f"{pair[0]} H2D/token", f"{pair[1]} H2D/token"]
+            if with_paper:
+                header += ["Paper slots (A100, by rank)", "Paper gain (%)"]
+            sec.tables.append(Table(tagged(f"Slot sweep, {self.workload_title(w)} (0 = no cache)", emulated),
+                                    header, rows))
+            fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+            xs = range(len(common))
+            for j, m in enumerate(pair):
+                for ax, key in zip(axes, ("tps_dec", "ms_per_cycle", "h2d_per_token")):
+                    ys = [get(m, s, key) for s in common]
+                    ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
+                            marker="o", color=f"C{j + 1}", label=m)
+                    if key == "tps_dec":  # the 95% bootstrap intervals
+                        for x, s in zip(xs, common):
+                            if (bar := error_bar(tps[m, s])) is not None:
+                                ax.errorbar([x], [tps[m, s]["value"]], yerr=bar, color=f"C{j + 1}", capsize=3)
+            for ax, key in zip(axes, ("tps_dec", "ms_per_cycle", "h2d_per_token")):
+                ax.set_xticks(list(xs), [str(s) for s in common])
+                ax.set_xlabel("Expert slots per layer")
+                ax.set_title(column(key, emulated), fontsize=9)
+                ax.legend(fontsize=8)
+            fig.suptitle(tagged(f"{self.model} / {self.device} / {w}: (a) decode TPS, (b) ms/cycle and H2D/token "
+                                "vs slots", emulated), fontsize=9)
+            sec.figures.append(self.figures.save(fig, slug(self.model, self.device, w, "sweep"),
+                                                 tagged(f"Slot sweep, {self.workload_title(w)}", emulated)))
+        if sec.tables:
+            sec.notes.append(interval_note(self.i.seed))
+        elif not sec.missing:
+            sec.notes.append(f"No workload has at least three slot values for both {pair[0]} and {pair[1]}.")
+        return sec
+
+    # 5. Table 5
+    def theory(self) -> Section:
+        sec = Section("Selection theory on the recorded pools (Table 5)")
+        runs = [r for r in theory_runs(self.spec) if (r.model, r.device) == (self.model, self.device)]
+        workloads = [r.workload for r in runs]
+        sec.missing += [paths.theory(self.model, self.device, w) for w in workloads
+                        if (self.model, self.device, w) not in self.i.theory]
+        present = [w for w in workloads if (self.model, self.device, w) in self.i.theory]
+        if not present:
+            if not workloads:
+                sec.notes.append("No SpecFit run with exact routes at the main slot count: nothing to evaluate.")
+            return sec
+        paper = self.i.paper["theory"] if paper_device(self.spec, self.device) == "a100" else {}
+        header = ["Quantity"]
+        for w in present:
+            header += [w] + (["paper"] if w in paper else [])
+        rows = []
+        for row in THEORY:
+            cells = [row.label]
+            for w in present:
+                data = self.i.theory[self.model, self.device, w]
+                cells.append(" / ".join(fmt(data[k], row.fmt) for k in row.keys))
+                if w in paper:
+                    value = None if row.paper is None else paper[w][row.paper]
+                    cells.append(" / ".join(fmt(value[k], row.fmt) for k in PAPER_PAIR) if isinstance(value, dict)
+                                 else fmt(value, row.fmt))
+            rows.append(cells)
+        sec.tables.append(Table(f"Theory on the pools SpecFit recorded with the cache ({self.main} slots), "
+                                f"{self.model} / {self.device}, with the with-cache coefficients", header, rows))
+        sec.notes.append("Percentages of λ* refer to the predicted throughput."
+                         + (" Paper: Table 5 (A100)." if paper else ""))
+        return sec
+
+    # 6. Appendix B
+    def calibration(self) -> Section:
+        sec = Section("Calibration fit T(S) = b_|S| + β F(S) (Appendix B)")
+        pd_name = paper_device(self.spec, self.device)
+        paper = self.i.paper["coefficients_ms"][pd_name]
+        fits = {}
+        for mode in paths.CACHE_MODES:
+            key = (self.model, self.device, mode)
+            if key in self.i.calibration:
+                fits[mode] = self.i.calibration[key]
+            else:
+                sec.missing.append(paths.calibration(self.model, self.device, mode))
+        if not fits:
+            return sec
+        names = {"cache": "With cache", "nocache": "Without cache"}
+        header = ["Coefficient"] + [tagged(f"{names[mode]} ({fit['slots']} slots)", fit["link_emulated"])
+                                    for mode, fit in fits.items()]
+        header += [f"Paper {pd_name}, with cache", f"Paper {pd_name}, without cache"]
+        paper_fits = [paper["cache"], paper["no_cache"]]
+        n_b = max(len(f["b"]) for f in fits.values())
+        rows = []
+        for k in range(n_b):
+            rows.append([f"b_{k} (ms)"] + [fmt(f["b"][k], ".3f") if k < len(f["b"]) else MISSING for f in fits.values()]
+                        + [fmt(p["b"][k], ".3f") if k < len(p["b"]) else MISSING for p in paper_fits])
+        rows.append(["β (ms per expert)"] + [fmt(f["beta"], ".4f") for f in fits.values()]
+                    + [fmt(p["beta"], ".4f") for p in paper_fits])
+        rows.append(["R²"] + [fmt(f["r2"], ".4f") for f in fits.values()] + [MISSING] * 2)
+        rows.append(["RMSE (ms)"] + [fmt(f["rmse_ms"], ".2f") for f in fits.values()] + [MISSING] * 2)
+        rows.append(["Points"] + [fmt(f["n_points"], "d") for f in fits.values()] + ["144"] * 2)
+        rows.append(["Source"] + [str(f["source"]) for f in fits.values()] + ["paper"] * 2)
+        emulated = any(f["link_emulated"] for f in fits.values())
+        sec.tables.append(Table(tagged(f"Cost coefficients, {self.model} / {self.device}", emulated), header, rows))
+        frames = {mode: self.i.points[self.model, self.device, mode] for mode in fits
+                  if (self.model, self.device, mode) in self.i.points}
+        sec.missing += [paths.calibration_points(self.model, self.device, mode) for mode in fits
+                        if mode not in frames and fits[mode]["source"] == "fit"]
+        if frames:
+            fig, ax = plt.subplots(figsize=(5, 4.2))
+            lo = min(min(f["y_ms"].min(), f["pred_ms"].min()) for f in frames.values())
+            hi = max(max(f["y_ms"].max(), f["pred_ms"].max()) for f in frames.values())
+            ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--", label="y = prediction")
+            for j, (mode, frame) in enumerate(frames.items()):
+                ax.scatter(frame["pred_ms"], frame["y_ms"], s=12, color=f"C{j}", alpha=0.7, label=names[mode])
+            ax.set_xlabel("Predicted cycle time (ms)")
+            ax.set_ylabel("Measured cycle time (ms)")
+            ax.set_title(tagged(f"{self.model} / {self.device}: calibration probes", emulated), fontsize=9)
+            ax.legend(fontsize=8)
+            sec.figures.append(self.figures.save(fig, slug(self.model, self.device, "calibration"),
+                                                 tagged(f"Calibration, {self.model} / {self.device}: measured vs "
+                                                        "predicted cycle time", emulated)))
+        return sec
+
+    # 7. section 4.6, selection cost
+    def selection_cost(self) -> Section:
+        sec = Section("Selection cost (section 4.6)")
+        paper = self.i.paper["selection_cost"] if paper_device(self.spec, self.device) == "a100" else None
+        rows = []
+        emulated = False
+        for w in self.workloads:
+            present, any_emulated = self.present_runs(
+                sec, [r for r in self.runs_of(w) if method_rule(self.spec, r.method) == "specfit"])
+            emulated |= any_emulated
+            for r in present:
+                m = self.i.metrics[r]
+                is_main = r.method == self.roles.specfit and r.slots == self.main and paper is not None
+                rows.append([w, r.method, cache_cell(r.slots), fmt(m["select_ms_median"], ".2f"),
+                             fmt(m["select_share_pct"], ".2f"),
+                             fmt(paper["median_ms_per_cycle"].get(w), ".2f") if is_main else MISSING,
+                             fmt(paper["share_of_decode_time_pct"].get(w), ".1f") if is_main else MISSING])
+        if rows:
+            sec.tables.append(Table(tagged("Selector time per cycle, included in every measured throughput", emulated),
+                                    ["Workload", "Method", "Cache", column("select_ms_median", emulated),
+                                     column("select_share_pct", emulated), "Paper median ms (A100)",
+                                     "Paper share (%)"], rows))
+        return sec
+
+    # 8. section 4.6, noisy routes
+    def noisy_routes(self) -> Section:
+        sec = Section("Sensitivity to route-prediction errors (section 4.6)")
+        paper = self.i.paper["route_prediction"]
+        on_a100 = paper_device(self.spec, self.device) == "a100"
+        for w in self.workloads:
+            noisy = [r for r in self.runs_of(w) if r.method in self.roles.noisy]
+            if not noisy:
+                continue
+            ar = self.ar_nocache(w)
+            if self.ar_nocache_tps(w) is None:
+                sec.missing += self.i.missing([DecodeRun(self.model, self.device, w, self.roles.ar or "ar", 0)])
+            rows, runs = [], []
+            for r in noisy:
+                accuracy = method_config(self.spec, r.method).accuracy
+                pairs = [(r, f"noisy, accuracy {accuracy}", paper["simulated_60pct_speedup"])]
+                if self.roles.specfit:
+                    exact = DecodeRun(self.model, self.device, w, self.roles.specfit, r.slots)
+                    pairs.insert(0, (exact, "exact (atlas)", paper["exact_routes_speedup"]))
+                for run, kind, paper_x in pairs:
+                    if run not in self.runs:
+                        continue
+                    runs.append(run)
+                    sec.missing += self.i.missing([run])
+                    shown = on_a100 and run.slots == self.main
+                    rows.append([run.method, kind, cache_cell(run.slots), tps_cell(self.i.tps(run)),
+                                 x_cell(self.i.speedup(run, ar)), x_fmt(paper_x) if shown else MISSING])
+            if not any(r in self.i.metrics for r in runs):
+                continue
+            sec.missing += self.i.missing_requests([*runs, ar])
+            emulated = self.emulated(runs)
+            sec.tables.append(Table(tagged(f"Exact vs noisy routes, {self.workload_title(w)}", emulated),
+                                    ["Method", "Routes", "Cache", column("tps_dec", emulated),
+                                     tagged("Speedup over AR without cache", emulated),
+                                     "Paper speedup (GSM8K, A100; noisy: 60% accuracy)"],
+                                    rows))
+        if not self.roles.noisy:
+            sec.notes.append("No method with noisy routes is configured.")
+        if sec.tables:
+            sec.notes.append(interval_note(self.i.seed))
+        return sec
+
+    # 9. lossless check
+    def lossless(self) -> Section:
+        sec = Section("Lossless check: outputs identical to the AR reference")
+        rows, divergences = [], []
+        for w in self.workloads:
+            present, _ = self.present_runs(sec, self.runs_of(w))
+            for r in present:
+                m = self.i.metrics[r]
+                check = m[LOSSLESS]
+                common = [w, r.method, cache_cell(r.slots), fmt(m["n_requests"], "d"), fmt(m["n_output_tokens"], "d"),
+                          str(m[TIMING_LABEL]), "yes" if m.get(RESUMED) else "no"]
+                if check is None:
+                    rows.append(common + ["(this run is the reference)", MISSING, MISSING])
+                    continue
+                divs = check.get("divergences") or []
+                rows.append(common + [str(check["reference"]), f"{check['n_identical']}/{check['n_requests']}",
+                                      str(len(divs))])
+                for d in divs:
+                    divergences.append([w, r.method, cache_cell(r.slots), str(d["request_id"]), str(d["position"]),
+                                        fmt(d["margin"], ".4g")])
+        if rows:
+            sec.tables.append(Table("Lossless check per run", ["Workload", "Method", "Cache", "Requests",
+                                                                "Output tokens", "Timing", "Resumed", "Reference",
+                                                                "Identical requests", "Divergences"], rows))
+        if divergences:
+            sec.tables.append(Table("Every divergence: first differing output position and the target's top-2 logit "
+                                    "margin there (a small margin points to a numerical tie, not a bug)",
+                                    ["Workload", "Method", "Cache", "Request", "Position", "Top-2 margin"],
+                                    divergences))
+        elif rows:
+            sec.notes.append("No divergences: every checked request matches its reference token for token.")
+        return sec
+
+
+# ------------------------------------------------------------------------------------ per model
+class ModelView:
+    """One model's runs: a part per device (`Group`), then the devices side by side and the paper beside them."""
+
+    def __init__(self, inputs: Inputs, figures: Figures, model: str):
+        self.i, self.figures, self.model, self.spec = inputs, figures, model, inputs.spec
+        self.roles = Roles.of(self.spec)
+        devices = [d for d in self.spec["devices"] if any(r.model == model and r.device == d for r in inputs.runs)]
+        self.devices = sorted(devices, key=lambda d: PAPER_DEVICES.index(paper_device(self.spec, d)))
+
+    def run_cells(self, device: str, workload: str) -> dict:
+        def get(rule, method, mode, slots):
+            return None if method is None else self.i.run(self.model, device, workload, method, slots)
+
+        return cells(get, self.roles, main_slots(self.spec, self.model, device))
+
+    def run_keys(self, device: str, workload: str) -> dict:
+        """(method rule, cache mode) -> the DecodeRun behind `run_cells`' entry (None: no such method)."""
+        def get(rule, method, mode, slots):
+            return None if method is None else DecodeRun(self.model, device, workload, method, slots)
+
+        return cells(get, self.roles, main_slots(self.spec, self.model, device))
+
+    def emulated(self, device) -> bool:
+        return any(m[LINK_EMULATED] for r, m in self.i.metrics.items() if (r.model, r.device) == (self.model, device))
+
+    # 4. Table 4
+    def devices_side_by_side(self) -> Section | None:
+        if len(self.devices) < 2:
+            return None
+        sec = Section("Devices side by side (Table 4 style)")
+        keys = ("tps_dec", "draft_nodes_per_cycle", "committed_per_cycle", "cycles", "ms_per_cycle", "h2d_per_token")
+        for w in self.spec["workloads"]:
+            devices = [d for d in self.devices if any(r.model == self.model and r.device == d and r.workload == w
+                                                      for r in self.i.runs)]
+            if len(devices) < 2:
+                continue
+            emulated = any(self.emulated(d) for d in devices)
+            rows = []
+            for d in devices:
+                c, key = self.run_cells(d, w), self.run_keys(d, w)
+                for mode in ("nocache", "cache"):
+                    for rule in ("ar", "eagle3", "specfit"):
+                        m = c[rule, mode]
+                        if m is None:
+                            continue
+                        sec.missing += self.i.missing_requests([key[rule, mode], key["ar", "nocache"]])
+                        slots = main_slots(self.spec, self.model, d) if mode == "cache" else 0
+                        rows.append([d, rule, cache_cell(slots), tps_cell(self.i.tps(key[rule, mode])),
+                                     x_cell(self.i.speedup(key[rule, mode], key["ar", "nocache"]))]
+                                    + [MISSING if rule == "ar" and k in DRAFT_KEYS
+                                       else fmt(m[k], METRICS[k].fmt) for k in keys[1:]])
+            if not rows:
+                continue
+            header = ["Device", "Method", "Cache", column("tps_dec", emulated),
+                      tagged("Speedup over AR without cache", emulated)]
+            sec.tables.append(Table(tagged(f"{w} on every device", emulated),
+                                    header + [column(k, emulated) for k in keys[1:]], rows))
+        if not sec.tables:
+            sec.notes.append("No workload runs on more than one device.")
+        else:
+            sec.missing = list(dict.fromkeys(sec.missing))
+            sec.notes.append(interval_note(self.i.seed))
+        return sec
+
+    def parts(self) -> list[Part]:
+        parts = []
+        for d in self.devices:
+            group = Group(self.i, self.figures, self.model, d)
+            notes = [f"Main slot count (with-cache runs and fit): {group.main} per layer."]
+            if self.emulated(d):
+                notes.append(f"Timings on this device are taken over an {EMULATED}.")
+            label = self.spec["devices"][d].get("label") or d
+            parts.append(Part(f"{self.model} on {d}: {label}", notes, group.sections()))
+        across = [s for s in (self.devices_side_by_side(), comparison(self)) if s is not None]
+        parts.append(Part(f"{self.model}: across devices and against the paper", [], across))
+        return parts
+

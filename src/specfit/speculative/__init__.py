@@ -1,0 +1,14 @@
+"""Speculative decoding on the offloaded target, one request at a time (batch size 1, greedy).
+
+- `config`: a method's parameters and the route sources (torch-free)
+- `cycle`: what a method sees of the cycle it decides in; the request's stopwatch
+- `draft`: the drafter's state and the candidate pool drafted level by level
+- `tree`: tree attention masks, positions and KV-cache pruning
+- `verify`: the target side: prefill, tree verification, greedy acceptance
+- `methods`: the registered methods (AR, EAGLE-3, SpecFit) and `build_method`
+- `routes`: SpecFit's route sources (live target queries, the atlas, a noisy predictor)
+- `request`: one request's decoding: `Session` and `decode_request`
+- `stream`: a method's timed request stream, resumable (what the decode and atlas stages run)
+
+Import from the submodules; this package imports nothing, so a stage depends only on what it uses.
+"""

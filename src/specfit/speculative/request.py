@@ -1,0 +1,165 @@
+"""One request at batch size 1: prefill, then verification cycles until EOS or the length limit.
+
+A `Session` holds one request's state (the target's KV cache, the drafter's state, the output so far) and runs
+its cycles: `Session.draft` drafts the pool level by level while the method asks for more, `Session.verify`
+verifies root + the selected subtree in one target forward and `Session.commit` keeps the root and the accepted
+path (KV rows, output, drafter state). `decode_request` (the decode stage) and the calibration probes both run
+cycles through it. KV and draft state are new per request; the offload engine's expert cache carries over.
+
+Output tokens: the first comes from prefill; every cycle adds its accepted tokens and the target's next token
+(the next root), so ``committed`` sums to ``N - 1`` over a request, as Eq. 10 attributes the first to prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specfit.models.eagle3 import Eagle3Drafter
+from specfit.records import pool_columns
+from specfit.selection.pool import CandidatePool
+from specfit.speculative.cycle import Cycle, Stopwatch
+from specfit.speculative.draft import DraftState, draft_level, new_draft_state, sync
+from specfit.speculative.methods import Decision, Method
+from specfit.speculative.verify import Target, Verdict
+
+SECTIONS = ("draft", "select", "verify", "commit")  # the timed parts of a cycle (CYCLE_SCHEMA's t_*_s)
+
+@dataclass(frozen=True)
+class Limits:
+    limit_tokens: int  # input + output tokens
+    max_new_tokens: int
+    eos_ids: frozenset[int]
+
+    def room(self, prompt_len: int, n_output: int) -> int:
+        """Output tokens still allowed."""
+        return min(self.limit_tokens - prompt_len - n_output, self.max_new_tokens - n_output)
+
+
+@dataclass
+class RequestResult:
+    request: dict  # a row of REQUEST_SCHEMA
+    cycles: list[dict]  # rows of CYCLE_SCHEMA
+
+
+def h2d_transfers(engine) -> int:
+    return engine.h2d_transfers if engine is not None else 0
+
+
+class Session:
+    """One request's decoding state and its cycles; every part of a cycle is timed into the ``times`` it is given.
+
+    ``drafter`` is None for methods that do not draft (AR): every cycle then verifies the root alone.
+    """
+
+    def __init__(self, model, drafter: Eagle3Drafter | None, prompt_ids: list[int], limits: Limits, *,
+                 request_id: int = 0, engine=None):
+        self.drafter, self.prompt_ids, self.limits, self.request_id = drafter, prompt_ids, limits, request_id
+        self.target = Target(model, engine, drafter.aux_layer_ids if drafter is not None else None)
+        self.clock = Stopwatch(torch.cuda.synchronize if model.device.type == "cuda" else None)
+        self.state: DraftState | None = None
+        self.output: list[int] = []  # output tokens so far; the last is the next cycle's root
+        self.cycles = 0  # cycles committed
+
+    def prefill(self) -> None:
+        """Run the prompt through the target and the drafter; the first output token is the first root."""
+        root, aux = self.target.prefill(self.prompt_ids)
+        self.output = [root]
+        if self.drafter is not None:
+            self.state = new_draft_state()
+            self.state.pending = (self.prompt_ids[1:] + [root], aux)  # drafter row t reads (x_{t+1}, h_t)
+            sync(self.drafter, self.state)
+
+    @property
+    def room(self) -> int:
+        """Output tokens still allowed."""
+        return self.limits.room(len(self.prompt_ids), len(self.output))
+
+    @property
+    def done(self) -> bool:
+        return self.output[-1] in self.limits.eos_ids or self.room <= 0
+
+    def cycle(self) -> Cycle:
+        """The next cycle, as a method sees it."""
+        return Cycle(self.request_id, self.cycles, self.target.prefix_len, self.output, self.target, self.clock)
+
+    def draft(self, method: Method, times: dict) -> tuple[Cycle, CandidatePool, Decision]:
+        """Draft the pool level by level until the method selects (at most ``room - 1`` levels: every cycle
+        commits the root, so a deeper node could never be kept)."""
+        cycle = self.cycle()
+        depth_cap = min(method.max_depth, self.room - 1) if self.drafter is not None else 0
+        pool = CandidatePool.root_only(self.output[-1])
+        if depth_cap > 0 and self.state.pending is not None:
+            with self.clock.section(times, "draft"):
+                sync(self.drafter, self.state)
+        for depth in range(1, depth_cap + 1):
+            with self.clock.section(times, "draft"):
+                draft_level(self.drafter, self.state, pool, method.config.top_k_expand)
+            with self.clock.section(times, "select"):
+                decision = method.select(cycle, pool, final=depth == depth_cap)
+            if decision is not None:
+                return cycle, pool, decision
+        with self.clock.section(times, "select"):
+            return cycle, pool, method.select(cycle, pool, final=True)
+
+    def verify(self, pool: CandidatePool, nodes: tuple[int, ...], times: dict) -> Verdict:
+        with self.clock.section(times, "verify"):
+            return self.target.verify(pool, nodes)
+
+    def commit(self, pool: CandidatePool, verdict: Verdict, times: dict) -> int:
+        """Keep the root and the accepted path: the target's KV rows, the output (cut at EOS and at the limit)
+        and what the drafter catches up on next cycle. Returns the tokens added to the output."""
+        with self.clock.section(times, "commit"):
+            self.target.commit(verdict)
+            new = [pool.token[v] for v in verdict.accepted] + [verdict.next_root]
+            if self.state is not None:  # the drafter catches up on these at the start of the next cycle
+                self.state.pending = (new, verdict.aux)
+            new = new[: self.room]
+            eos = next((i for i, t in enumerate(new) if t in self.limits.eos_ids), None)
+            if eos is not None:
+                new = new[: eos + 1]
+            self.output.extend(new)
+        self.cycles += 1
+        return len(new)
+
+    def step(self, method: Method) -> dict:
+        """One whole cycle; returns its row of `specfit.records.CYCLE_SCHEMA`."""
+        engine = self.target.engine
+        h2d = h2d_transfers(engine)
+        times = dict.fromkeys(SECTIONS, 0.0)
+        cycle, pool, decision = self.draft(method, times)
+        verdict = self.verify(pool, decision.nodes, times)
+        committed = self.commit(pool, verdict, times)
+        return {
+            "request_id": cycle.request_id, "cycle": cycle.index, "prefix_len": cycle.prefix_len,
+            **pool_columns(pool), "selected": list(decision.nodes), "drafted_levels": decision.drafted_levels,
+            "accepted": len(verdict.accepted), "accepted_path": verdict.accepted, "committed": committed,
+            **{f"t_{k}_s": v for k, v in times.items()}, "h2d_transfers": h2d_transfers(engine) - h2d,
+        }
+
+
+def decode_request(
+    model, drafter: Eagle3Drafter | None, method: Method, prompt_ids: list[int], *, request_id: int,
+    question_id: int, limits: Limits, engine=None,
+) -> RequestResult:
+    """Greedy decoding of one prompt with ``method``; times in seconds, synchronized around every section."""
+    session = Session(model, drafter if method.drafts else None, prompt_ids, limits, request_id=request_id,
+                      engine=engine)
+    clock = session.clock
+    h2d_start = h2d_transfers(engine)
+    start = clock.now()
+    times: dict[str, float] = {}
+    with torch.inference_mode():
+        with clock.section(times, "prefill"):
+            session.prefill()
+        cycles = []
+        while not session.done:
+            cycles.append(session.step(method))
+    t_request = clock.now() - start - clock.excluded_s
+    request = {
+        "request_id": request_id, "question_id": question_id, "output_ids": session.output,
+        "n_output": len(session.output), "t_request_s": t_request, "t_prefill_s": times["prefill"],
+        "h2d_transfers": h2d_transfers(engine) - h2d_start,
+    }
+    return RequestResult(request, cycles)

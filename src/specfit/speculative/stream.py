@@ -1,0 +1,210 @@
+"""A method's timed request stream on the offloaded target (paper Section 4, Appendix B): what the decode stage
+runs, and the atlas stage with live routes.
+
+Inputs: ``prompts`` (Parquet: `specfit.records.PROMPTS_SCHEMA`), ``target`` and ``drafter`` (checkpoint folders; no
+drafter for AR), ``coefficients`` and ``atlas`` (SpecFit only) and ``reference`` (an AR requests.parquet,
+optional: the lossless check). Outputs: ``requests`` and ``cycles`` (Parquet, `specfit.records`), ``metrics``
+(JSON, `specfit.metrics`) and, with live routes, ``atlas``.
+
+Spec (the rule's config slice)::
+
+    method:        a method entry, see `specfit.speculative.config.MethodConfig`
+    slots:         expert slots per MoE layer (0: no expert cache)
+    max_inflight:  host-to-device copies in flight
+    link:          null, or {bandwidth_gbps: GB/s, latency_us: us}: an emulated link for CPU-only machines
+    torch_device:  "cpu" | "cuda"       dtype: "float32" | "bfloat16" | "float16"
+    limit_tokens:  input + output tokens per request     max_new_tokens: output tokens per request
+    max_requests:  null (all prompts) or the first n     seed: fixes everything stochastic
+    warmup_tokens: output tokens of the warm-up request
+
+Each finished request is kept at once in ``{requests}.parts/`` (written atomically), and a rerun after a crash
+resumes from there; metrics.json says so, as the expert cache a resumed stream starts with is empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from tqdm import tqdm
+
+from specfit.engine import make_engine
+from specfit.errors import SpecFitError
+from specfit.io import read_json, write_json, write_parquet
+from specfit.metrics import stream_metrics
+from specfit.models import eos_ids, load_drafter, load_target
+from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, read_prompts
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.methods import build_method
+from specfit.speculative.request import Limits, decode_request
+from specfit.speculative.routes import AtlasRoutes, find_source
+
+log = logging.getLogger(__name__)
+
+PARTS = {"requests": REQUEST_SCHEMA, "cycles": CYCLE_SCHEMA, "atlas": ATLAS_SCHEMA}
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """A decode or atlas rule's spec. The rule passes every key; the optional ones have a fixed meaning here."""
+
+    method: MethodConfig
+    slots: int
+    max_inflight: int
+    link: dict | None
+    torch_device: str
+    dtype: str
+    limit_tokens: int
+    max_new_tokens: int
+    seed: int
+    max_requests: int | None = None  # the workload's subset is already cut at extraction; this is for tests
+    warmup_tokens: int = 8  # output tokens of the warm-up request
+
+    @classmethod
+    def from_dict(cls, spec: dict) -> "StreamSpec":
+        names = {f.name for f in fields(cls)}
+        required = {f.name for f in fields(cls) if f.default is MISSING}
+        missing, unknown = required - set(spec), set(spec) - names
+        if missing or unknown:
+            raise SpecFitError(f"decode spec: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
+        return cls(**{**spec, "method": MethodConfig(**spec["method"])})
+
+
+class Parts:
+    """Finished requests on disk, one Parquet file per request and table, so that a rerun resumes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+
+    def done(self) -> set[int]:
+        return {int(p.name.split(".")[0]) for p in self.path.glob("*.requests.parquet")}
+
+    def write(self, request_id: int, tables: dict[str, list[dict]]) -> None:
+        for name in ("cycles", "atlas", "requests"):  # requests last: it marks the request finished
+            if name in tables:
+                write_parquet(pa.Table.from_pylist(tables[name], schema=PARTS[name]), self._file(request_id, name))
+
+    def read(self, name: str, request_ids: list[int]) -> pa.Table:
+        files = [self._file(i, name) for i in request_ids]
+        return pa.concat_tables([pq.read_table(f) for f in files]) if files else PARTS[name].empty_table()
+
+    def _file(self, request_id: int, name: str) -> Path:
+        return self.path / f"{request_id:08d}.{name}.parquet"
+
+
+def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
+    """Decode every prompt with ``spec.method``, after an untimed warm-up request; write the records."""
+    torch.manual_seed(spec.seed)
+    model, _ = load_target(inputs["target"], spec.dtype, "cpu")
+    engine = make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device)
+    num_experts = engine.num_experts
+    method = build_method(spec.method, inputs, spec.seed, num_experts)
+    drafter = None
+    if method.drafts:
+        if "drafter" not in inputs:
+            raise SpecFitError(f"method {spec.method.name} needs the `drafter` input")
+        drafter = load_drafter(inputs["drafter"], model, device=spec.torch_device)
+    live = method.live
+    atlas = find_source(getattr(method, "route_source", None), AtlasRoutes)  # routes replayed from an atlas
+    if live is not None and "atlas" not in outputs:
+        raise SpecFitError("live routes build an atlas: give the `atlas` output")
+
+    prompts = read_prompts(inputs["prompts"], spec.max_requests)
+    limits = Limits(spec.limit_tokens, spec.max_new_tokens, eos_ids(model))
+    parts = Parts(Path(str(outputs["requests"]) + ".parts"))
+    done = parts.done()
+    todo = [p for p in prompts if p["request_id"] not in done]
+    resumes = read_json(parts.path / "resumes.json") if (parts.path / "resumes.json").exists() else []
+    if done and todo:
+        resumes.append({"request_id": todo[0]["request_id"], "requests_done": len(done)})
+        write_json(resumes, parts.path / "resumes.json")
+        log.warning("resuming at request %d: %d requests were finished", todo[0]["request_id"], len(done))
+
+    def decode(prompt: dict, limits: Limits):
+        return decode_request(
+            model, drafter, method, prompt["prompt_ids"], request_id=prompt["request_id"],
+            question_id=prompt["question_id"], limits=limits, engine=engine,
+        )
+
+    if todo:  # warm-up: the first request, short; then an empty expert cache and fresh counters
+        warmup = Limits(limits.limit_tokens, min(spec.warmup_tokens, limits.max_new_tokens), limits.eos_ids)
+        decode(todo[0], warmup)
+        engine.clear_cache()
+        engine.reset_stats()
+        if atlas is not None:
+            atlas.reset_counts()
+    progress = tqdm(total=len(prompts), initial=len(prompts) - len(todo), unit="req", desc=spec.method.name)
+    tokens = seconds = 0.0
+    for prompt in todo:
+        if live is not None:
+            live.rows.clear()  # on disk request by request, not held for the whole stream
+        result = decode(prompt, limits)
+        tables = {"requests": [result.request], "cycles": result.cycles}
+        if live is not None:
+            tables["atlas"] = live.rows
+        parts.write(prompt["request_id"], tables)
+        tokens += result.request["n_output"]
+        seconds += result.request["t_request_s"]
+        progress.update()
+        progress.set_postfix(tok_s=f"{tokens / seconds:.1f}")
+    progress.close()
+
+    ids = [p["request_id"] for p in prompts]
+    requests, cycles = parts.read("requests", ids), parts.read("cycles", ids)
+    metrics = stream_metrics(requests.to_pylist(), cycles, prompts, spec.seed)
+    metrics.update(
+        method=spec.method.name, slots=spec.slots, link_emulated=engine.link_emulated,
+        timing_label=engine.timing_label, resumed=resumes,
+    )
+    if atlas is not None:  # pool nodes (roots included) of this process's requests; missed: a fallback's routes
+        metrics.update(atlas_nodes=atlas.nodes_looked_up, atlas_nodes_missed=atlas.nodes_missed,
+                       atlas_nodes_from_earlier_rows=atlas.nodes_from_earlier_rows,
+                       atlas_prob_mismatches=atlas.prob_mismatches)
+    metrics["lossless"] = None  # this run is the reference, or no AR run is configured beside it
+    if "reference" in inputs:
+        metrics["lossless"] = lossless_check(model, prompts, requests.to_pylist(), inputs["reference"])
+    if live is not None:
+        write_parquet(parts.read("atlas", ids), outputs["atlas"])
+    write_parquet(requests, outputs["requests"])
+    write_parquet(cycles, outputs["cycles"])
+    write_json(metrics, outputs["metrics"])
+    shutil.rmtree(parts.path)
+
+
+def lossless_check(model, prompts: list[dict], requests: list[dict], reference_path) -> dict:
+    """Compare outputs with an AR reference; at a divergence, the target's top-2 logit margin there."""
+    reference = {r["request_id"]: r["output_ids"] for r in pq.read_table(reference_path).to_pylist()}
+    prompt_ids = {p["request_id"]: p["prompt_ids"] for p in prompts}
+    compared = identical = 0
+    divergences = []
+    for r in requests:
+        ref = reference.get(r["request_id"])
+        if ref is None:
+            continue
+        compared += 1
+        ours = r["output_ids"]
+        if ours == ref:
+            identical += 1
+            continue
+        pos = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+        divergences.append({
+            "request_id": r["request_id"], "position": pos,
+            "ours": ours[pos] if pos < len(ours) else None, "reference": ref[pos] if pos < len(ref) else None,
+            "margin": top2_margin(model, prompt_ids[r["request_id"]] + ref[:pos]),
+        })
+    return {"reference": str(reference_path), "n_requests": compared, "n_identical": identical,
+            "missing": len(requests) - compared, "divergences": divergences}
+
+
+def top2_margin(model, tokens: list[int]) -> float:
+    """Top-1 minus top-2 logit of the target's next-token prediction after ``tokens`` (one causal forward)."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([tokens], device=model.device)).logits[0, -1].float()  # [V]
+    top = logits.topk(2).values
+    return float(top[0] - top[1])

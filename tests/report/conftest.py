@@ -1,0 +1,23 @@
+"""A fake workflow folder as the working directory (the report rule runs in the workflow root), and the report
+built on it from the files its rule declares."""
+
+import pytest
+from report_fakes import declared, fake_root, tiny_spec
+from report_md import md_tables
+
+from specfit import report
+
+
+@pytest.fixture()
+def tree(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture()
+def built(tree):
+    spec = tiny_spec()
+    written = fake_root(tree, spec)
+    out = tree / "reports" / "all"
+    report.run(spec, declared(spec), {"report": str(out)})
+    return spec, written, out, md_tables((out / "report.md").read_text())

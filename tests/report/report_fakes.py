@@ -1,0 +1,142 @@
+"""A fake workflow folder for the report: a tiny config, the files its stages would write, and the lists of
+files the report rule declares (as ``report_inputs`` in rules/common.smk builds them)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from specfit import paths
+from specfit.workflow import DecodeRun, decode_runs, method_rule, theory_runs
+
+DEVICE = "cpu-a100link"
+N_REQUESTS = 6  # per fake run; the same request ids and output lengths in every run (lossless methods)
+
+
+def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE,)) -> dict:
+    all_methods = {
+        "ar": {"rule": "ar"},
+        "eagle3": {"rule": "eagle3", "k_max": 7, "max_depth": 5, "top_k_expand": 2},
+        "specfit": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
+        "specfit-noisy": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "noisy",
+                          "accuracy": 0.6},
+    }
+    return {
+        "workloads": {"gsm8k": {"question_ids": {"start": 401, "stop": 402, "step": 1}, "limit_tokens": 512,
+                                "max_new_tokens": 16, "max_requests": 2,
+                                "subset_label": "toy subset: first 2 GSM8K questions"}},
+        "models": {"toy": {"target": "data/models/toy/target", "drafter": "data/models/toy/drafter",
+                           "dtype": "float32", "toy": True, "main_slots": {d: 4 for d in devices}}},
+        "devices": {d: {"torch_device": "cpu", "max_inflight": 2, "link": {"bandwidth_gbps": 1.5, "latency_us": 50},
+                        "label": f"CPU, link emulated ({d})", "coefficients": "fit", "gpu": ""} for d in devices},
+        "methods": {m: all_methods[m] for m in methods},
+        "runs": [{"models": ["toy"], "devices": list(devices), "workloads": ["gsm8k"], "methods": list(methods),
+                  "slots": list(slots)}],
+        "calibration": {"question_ids": [401, 402, 403], "cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2},
+        "theory": {"beta_multiplier": 2.0},
+        "seed": 0,
+    }
+
+
+def declared(spec: dict) -> dict[str, list[str]]:
+    """The report rule's inputs for ``spec``, relative to the workflow root (``report_inputs``)."""
+    runs = decode_runs(spec)
+    pairs = sorted({(r.model, r.device) for r in runs})
+    return {
+        "metrics": [r.file("metrics.json") for r in runs],
+        "requests": [r.file("requests.parquet") for r in runs],
+        "calibration": [paths.calibration(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
+        "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
+        "theory": sorted({paths.theory(r.model, r.device, r.workload) for r in theory_runs(spec)}),
+    }
+
+
+def fake_requests(rng, lengths, speed: float) -> list[dict]:
+    """Rows of requests.parquet: ``speed`` decode tokens per second, ±25% per request."""
+    rows = []
+    for rid, n_output in enumerate(lengths):
+        prefill = float(rng.uniform(0.05, 0.2))
+        decode = (n_output - 1) / speed * float(rng.uniform(0.8, 1.25))
+        rows.append({"request_id": rid, "question_id": 401 + rid, "output_ids": list(range(n_output)),
+                     "n_output": n_output, "t_request_s": prefill + decode, "t_prefill_s": prefill,
+                     "h2d_transfers": int(rng.integers(10, 100))})
+    return rows
+
+
+def decode_tps(rows) -> float:
+    """As specfit.decode.stream_metrics computes it."""
+    return (sum(r["n_output"] for r in rows) - len(rows)) / sum(r["t_request_s"] - r["t_prefill_s"] for r in rows)
+
+
+def write_requests(root: Path, run, rows) -> None:
+    pq.write_table(pa.Table.from_pylist(rows), root / run.file("requests.parquet"))
+
+
+def fake_metrics(rng, run, spec, rows) -> dict:
+    rule = method_rule(spec, run.method)
+    lossless = None
+    if rule != "ar":
+        divergences = [{"request_id": 1, "position": 7, "margin": 0.0123}] if rule == "specfit" and run.slots else []
+        lossless = {"reference": f"data/decode/toy/{run.device}/gsm8k/ar/slots0", "n_requests": 2,
+                    "n_identical": 2 - len(divergences), "divergences": divergences}
+    fresh = int(rng.integers(5, 100))
+    return {
+        "tps_dec": decode_tps(rows), "tps_req": float(rng.uniform(2, 12)),
+        "draft_nodes_per_cycle": 0.0 if rule == "ar" else float(rng.uniform(1, 7)),
+        "committed_per_cycle": 1.0 if rule == "ar" else float(rng.uniform(1, 5)),
+        "committed_per_cycle_fresh": 1.0 if rule == "ar" else float(rng.uniform(1, 4)),
+        "committed_per_cycle_repeated": 1.0 if rule == "ar" else float(rng.uniform(2, 6)),
+        "cycles_fresh": fresh, "cycles_repeated": int(rng.integers(0, fresh)),
+        "cycles": int(rng.integers(10, 200)), "ms_per_cycle": float(rng.uniform(5, 500)),
+        "h2d_per_token": float(rng.uniform(1, 400)), "draft_ms_per_cycle": float(rng.uniform(0, 50)),
+        "select_ms_median": float(rng.uniform(0, 3)) if rule == "specfit" else None,
+        "select_share_pct": float(rng.uniform(0, 2)) if rule == "specfit" else None,
+        "lossless": lossless, "link_emulated": True, "timing_label": "emulated link (1.5 GB/s, 50 us)",
+        "resumed": False, "n_requests": len(rows), "n_output_tokens": sum(r["n_output"] for r in rows),
+    }
+
+
+def fake_root(root: Path, spec: dict, seed: int = 0) -> dict:
+    """Writes metrics (with requests.parquet beside), calibration and theory files under ``root``; returns what it
+    wrote, by path (a run's requests under ("requests", run))."""
+    rng = np.random.default_rng(seed)
+    lengths = [int(n) for n in rng.integers(8, 40, N_REQUESTS)]
+    written = {}
+    for run in decode_runs(spec):
+        rows = fake_requests(rng, lengths, speed=float(rng.uniform(2, 12)))
+        written[run] = fake_metrics(rng, run, spec, rows)
+        written["requests", run] = rows
+        path = root / run.file("metrics.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(written[run]))
+        write_requests(root, run, rows)
+    for device in spec["devices"]:
+        (root / paths.calibration("toy", device, "cache")).parent.mkdir(parents=True, exist_ok=True)
+        for mode, slots in (("cache", 4), ("nocache", 0)):
+            fit = {"b": rng.uniform(1, 20, 8).tolist(), "beta": float(rng.uniform(0.01, 1)), "source": "fit",
+                   "r2": 0.97, "rmse_ms": 1.5, "n_points": 144, "slots": slots, "link_emulated": True,
+                   "residuals": {"max_abs_ms": 3.0}}
+            (root / paths.calibration("toy", device, mode)).write_text(json.dumps(fit))
+            written[device, mode] = fit
+            y = rng.uniform(10, 100, 16)
+            pq.write_table(pa.table({"state": np.arange(16) % 9, "k": np.arange(16) % 8,
+                                     "tree": ["prob", "union"] * 8, "F": rng.integers(10, 100, 16),
+                                     "y_ms": y, "pred_ms": y + rng.normal(0, 1, 16)}),
+                           root / paths.calibration_points("toy", device, mode))
+        theory = {"cycles": 123, "lambda_star": 0.0456789, "theta": 0.0451234, "gap_pct": 0.81, "bound_pct": 1.52,
+                  "s_star_differs_pct": 22.2, "rho_cv": 0.33, "s_star_gain_pct": 0.42, "union_per_reward_beta": 35.5,
+                  "union_per_reward_2beta": 31.25, "selected_nodes_beta": 2.5, "selected_nodes_2beta": 2.0,
+                  "drafted_levels_mean": 3.1, "stopped_early_pct": 55.5, "dinkelbach_iterations": 3,
+                  "recorded_selection_differs_pct": 0.0}
+        path = root / paths.theory("toy", device, "gsm8k")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(theory))
+        written[device, "theory"] = theory
+    return written
+
+
+def runs_by(written) -> dict:
+    """(method, slots) -> DecodeRun, on the one device of the fixture."""
+    return {(r.method, r.slots): r for r in written if isinstance(r, DecodeRun) and r.device == DEVICE}

@@ -1,0 +1,84 @@
+"""Reading the report's Markdown back: its tables, the metrics.json key behind a column, and the printed
+intervals (also used by tests/test_workflow_end_to_end.py)."""
+
+import re
+
+from specfit import intervals
+from specfit.report.inputs import METRICS
+from specfit.report.page import EMULATED, interval_note
+
+
+def md_tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Markdown tables as (bold caption line above, header, rows)."""
+    tables = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("**") and line.endswith("**") and i + 2 < len(lines) and lines[i + 2].startswith("|"):
+            block = []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                block.append([c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", row)[1:-1]])
+            tables.append((line.strip("*"), block[0], block[2:]))
+    return tables
+
+
+def find(tables, prefix: str):
+    hits = [(header, rows) for caption, header, rows in tables if caption.startswith(prefix)]
+    assert len(hits) == 1, (prefix, [caption for caption, _, _ in tables])
+    return hits[0]
+
+
+def captions(tables) -> list[str]:
+    return [caption for caption, _, _ in tables]
+
+
+def key_of(header: str) -> str:
+    label = header.replace(f" [{EMULATED}]", "")
+    return next(k for k, q in METRICS.items() if q.label == label)
+
+
+def missing_inputs(md: str) -> list[str]:
+    """Every path the report lists under "Missing inputs"."""
+    return re.findall(r"^- `([^`]+)`$", md, re.M)
+
+
+def tps_text(written, run) -> str:
+    """A decode TPS cell as the report must print it, from the intervals module on the run's requests."""
+    ci = intervals.tps_interval(written["requests", run], seed=0)
+    return f"{written[run]['tps_dec']:.2f} [{ci['low']:.2f}, {ci['high']:.2f}]"
+
+
+def ratio_of(written, num, den) -> dict:
+    return intervals.ratio_interval(written["requests", num], written["requests", den], seed=0)
+
+
+def x_text(ci) -> str:
+    return f"{ci['value']:.2f}× [{ci['low']:.2f}, {ci['high']:.2f}] {ci['verdict']}"
+
+
+def pct_text(ci) -> str:
+    pct = [100 * (ci[k] - 1) for k in ("value", "low", "high")]
+    return f"{pct[0]:.1f} [{pct[1]:.1f}, {pct[2]:.1f}] {ci['verdict']}"
+
+
+RATIO_CELL = re.compile(r"(-?\d+\.\d+)(×?) \[(-?\d+\.\d+), (-?\d+\.\d+)\] (faster|slower|tie)")
+
+
+def assert_no_win_inside_a_tie(md: str) -> int:
+    """Every ratio cell's verdict agrees with its printed interval (1× or 0%); returns how many there are."""
+    cells = RATIO_CELL.findall(md)
+    for value, x, low, high, verdict in cells:
+        one = 1.0 if x else 0.0
+        low, high = float(low), float(high)
+        assert low <= float(value) <= high
+        if verdict == "faster":
+            assert low >= one, (value, low, high)
+        elif verdict == "slower":
+            assert high <= one, (value, low, high)
+        else:
+            assert low <= one <= high, (value, low, high)
+    for section in md.split("\n### ")[1:]:  # every section that shows an interval says how it is computed
+        if RATIO_CELL.search(section):
+            assert interval_note(0) in section, section[:80]
+    return len(cells)

@@ -1,0 +1,69 @@
+"""The page on disk: relative links, provenance, and the stage's command line as the rule calls it."""
+
+import json
+import re
+import subprocess
+import sys
+
+from report_fakes import DEVICE, declared, fake_root, tiny_spec
+from report_md import find, md_tables
+
+from specfit.report.page import EMULATED
+from specfit.report.render import config_hash, git_commit
+
+
+def test_html_links_are_relative_and_exist(built):
+    spec, written, out, tables = built
+    html = (out / "index.html").read_text()
+    sources = re.findall(r'<img src="([^"]+)"', html)
+    assert len(sources) >= 2  # throughput bars and the calibration scatter
+    for src in sources:
+        assert not src.startswith(("/", "file:", "http")), src
+        assert (out / src).is_file()
+    assert EMULATED in html
+    assert "toy subset: first 2 GSM8K questions" in html
+    assert config_hash(spec) in html
+    md = (out / "report.md").read_text()
+    for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", md):
+        assert (out / link).is_file()
+    assert not list(out.parent.glob(".tmp-*"))
+
+
+def test_the_command_line_runs_without_pandas(tree):
+    """``python -m specfit.report`` with the rule's repeated --in flags, pandas hidden."""
+    spec = tiny_spec()
+    fake_root(tree, spec)
+    flags = [f"--in={name}={path}" for name, files in declared(spec).items() for path in files]
+    code = ("import importlib.abc, runpy, sys\n"
+            "class NoPandas(importlib.abc.MetaPathFinder):  # as if pandas were not installed\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.partition('.')[0] == 'pandas':\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, NoPandas())\n"
+            "sys.argv = ['specfit.report', *sys.argv[1:]]\n"
+            "runpy.run_module('specfit.report', run_name='__main__', alter_sys=True)\n")
+    out = tree / "report"
+    proc = subprocess.run([sys.executable, "-c", code, "--spec", json.dumps(spec), *flags, "--out", f"report={out}"],
+                          capture_output=True, text=True, cwd=tree)
+    assert proc.returncode == 0, proc.stderr
+    assert "declared inputs are not read" not in proc.stderr
+    assert (out / "report.md").is_file() and (out / "figures").is_dir()
+    md = (out / "report.md").read_text()
+    header, rows = find(md_tables(md), f"Cost coefficients, toy / {DEVICE}")
+    assert rows  # the calibration section read its points parquet without pandas
+    assert "Missing inputs" not in md
+
+
+def test_provenance_marks_a_dirty_tree(tmp_path, monkeypatch):
+    assert git_commit(tmp_path) == "unknown"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.txt").write_text("a")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    head = git_commit(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{40}", head)
+    (tmp_path / "a.txt").write_text("b")
+    assert git_commit(tmp_path) == f"{head} (dirty tree)"
+    monkeypatch.chdir(tmp_path)  # the provenance's commit: the working directory's, the workflow root
+    assert git_commit() == f"{head} (dirty tree)"

@@ -1,0 +1,169 @@
+"""The report's sections on a fake workflow folder: its Markdown tables give back the numbers the inputs hold."""
+
+import json
+import re
+
+import pytest
+from report_fakes import DEVICE, declared, decode_tps, fake_root, runs_by, tiny_spec, write_requests
+from report_md import assert_no_win_inside_a_tie, find, key_of, md_tables, pct_text, ratio_of, tps_text, x_text
+
+from specfit import report
+from specfit.report.inputs import DRAFT_KEYS, METRICS, SPLIT_KEYS
+from specfit.report.page import EMULATED, interval_note
+
+
+def test_counters_table_gives_back_the_metrics(built):
+    spec, written, out, tables = built
+    header, rows = find(tables, f"Counters per verification cycle, toy / {DEVICE}, gsm8k")
+    assert header[:2] == ["Method", "Cache"]
+    assert all(f"[{EMULATED}]" in h for h in header[2:] if METRICS[key_of(h)].timing)
+    keys = [key_of(h) for h in header[2:]]
+    assert keys[keys.index("committed_per_cycle") + 1:][:4] == list(SPLIT_KEYS)  # beside Committed
+    seen = set()
+    for row in rows:
+        method, cache = row[0], row[1]
+        slots = 0 if cache == "No" else int(re.fullmatch(r"Yes \((\d+)\)", cache).group(1))
+        run = next(r for r in written if not isinstance(r, tuple) and (r.method, r.slots) == (method, slots))
+        seen.add(run)
+        for h, cell in zip(header[2:], row[2:]):
+            key = key_of(h)
+            if method == "ar" and key in DRAFT_KEYS:
+                assert cell == "–"
+            else:
+                assert cell == format(written[run][key], METRICS[key].fmt), (run, key)
+    assert len(seen) == 6
+
+
+def test_throughput_and_speedup(built):
+    spec, written, out, tables = built
+    header, rows = find(tables, f"Throughput, toy / {DEVICE}, gsm8k (toy subset: first 2 GSM8K questions)")
+    runs = runs_by(written)
+    ar = runs["ar", 0]
+    assert len(rows) == 6
+    for row in rows:
+        run = runs[row[0], 0 if row[1] == "No" else 4]
+        m = written[run]
+        assert row[2] == tps_text(written, run)
+        assert row[3] == f"{m['tps_req']:.2f}"
+        ci = ratio_of(written, run, ar)
+        assert ci["value"] == pytest.approx(m["tps_dec"] / written[ar]["tps_dec"])  # all requests in common
+        assert row[4] == x_text(ci)
+    assert next(row[4] for row in rows if row[:2] == ["ar", "No"]) == "1.00× [1.00, 1.00] tie"
+    md = (out / "report.md").read_text()
+    assert assert_no_win_inside_a_tie(md) == 6 + 6 + 4  # throughput, paper speedups, headline TPS ratios
+    assert interval_note(0) in md and "2000 resamples, seed 0" in md and "paired" in md
+    assert md.count(interval_note(0)) == 3  # the top, the throughput and the paper sections
+
+
+def test_a_ratio_whose_interval_holds_one_is_a_tie(tree):
+    spec = tiny_spec()
+    written = fake_root(tree, spec)
+    runs = runs_by(written)
+
+    def replace(run, rows):
+        written["requests", run], written[run]["tps_dec"] = rows, decode_tps(rows)
+        write_requests(tree, run, rows)
+        (tree / run.file("metrics.json")).write_text(json.dumps(written[run]))
+
+    def scaled(rows, factors):
+        return [dict(r, t_request_s=r["t_prefill_s"] + (r["t_request_s"] - r["t_prefill_s"]) * f)
+                for r, f in zip(rows, factors)]
+
+    eagle = written["requests", runs["eagle3", 4]]
+    replace(runs["specfit", 4], scaled(eagle, [0.75, 1.25] * 3))  # faster on half the prompts, slower on half
+    replace(runs["specfit", 0], scaled(written["requests", runs["eagle3", 0]], [2 / 3] * 6))  # 1.5× on every prompt
+    out = tree / "report"
+    report.run(spec, declared(spec), {"report": str(out)})
+    md = (out / "report.md").read_text()
+    tables = md_tables(md)
+    header, rows = find(tables, f"Headline ratios, {DEVICE} vs paper a100, gsm8k")
+    cells = {row[0]: row[2] for row in rows}
+    tie = ratio_of(written, runs["specfit", 4], runs["eagle3", 4])
+    assert tie["low"] < 1 < tie["high"] and tie["verdict"] == "tie"
+    assert cells["SpecFit over cached EAGLE-3 (%)"] == pct_text(tie)
+    assert cells["SpecFit over cached EAGLE-3 (%)"].endswith(" tie")
+    assert cells["SpecFit over vanilla EAGLE-3, no cache (%)"] == "50.0 [50.0, 50.0] faster"
+    ar = runs["ar", 0]
+    assert cells["SpecFit (cache) over AR without cache (×)"] == x_text(ratio_of(written, runs["specfit", 4], ar))
+    assert cells["Vanilla EAGLE-3 over AR without cache (×)"] == x_text(ratio_of(written, runs["eagle3", 0], ar))
+    # the non-throughput headline rows stay plain percentages of the metrics
+    fewer = 100 * (1 - written[runs["specfit", 4]]["committed_per_cycle"] / written[runs["eagle3", 4]][
+        "committed_per_cycle"])
+    assert cells["SpecFit commits fewer tokens per cycle than cached EAGLE-3 (%)"] == f"{fewer:.1f}"
+    assert assert_no_win_inside_a_tie(md) == 6 + 6 + 4
+
+
+def test_theory_calibration_and_lossless(built):
+    spec, written, out, tables = built
+    header, rows = find(tables, "Theory on the pools")
+    assert header == ["Quantity", "gsm8k", "paper"]  # the first device stands for the A100
+    cells = {row[0]: row[1:] for row in rows}
+    assert cells["Cycles"] == ["123", "4407"]
+    assert cells["λ* − Θ (% of λ*)"] == ["0.81", "0.95"]
+    assert cells["Mean F(Ŝ)/R̂(Ŝ) at β / 2β"] == ["35.5 / 31.2", "305.7 / 298.0"]
+    assert cells["Mean selected nodes at β / 2β"] == ["2.50 / 2.00", "5.09 / 4.54"]
+
+    header, rows = find(tables, f"Cost coefficients, toy / {DEVICE}")
+    assert f"[{EMULATED}]" in header[1]
+    cells = {row[0]: row[1:] for row in rows}
+    for k in range(8):
+        assert cells[f"b_{k} (ms)"][:2] == [f"{written[DEVICE, m]['b'][k]:.3f}" for m in ("cache", "nocache")]
+    assert cells["β (ms per expert)"] == [f"{written[DEVICE, 'cache']['beta']:.4f}",
+                                          f"{written[DEVICE, 'nocache']['beta']:.4f}", "0.2107", "0.4080"]
+
+    header, rows = find(tables, "Lossless check per run")
+    by_run = {(row[1], row[2]): row for row in rows}
+    assert by_run["specfit", "Yes (4)"][header.index("Identical requests")] == "1/2"
+    assert by_run["eagle3", "No"][header.index("Identical requests")] == "2/2"
+    assert "reference" in by_run["ar", "No"][header.index("Reference")]
+    header, rows = find(tables, "Every divergence")
+    assert rows == [["gsm8k", "specfit", "Yes (4)", "1", "7", "0.0123"]]
+
+
+def test_sweep_noisy_second_device_and_missing_inputs(tree):
+    spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-noisy"), slots=(0, 2, 4),
+                     devices=(DEVICE, "cpu-4090link"))
+    written = fake_root(tree, spec)
+    runs = runs_by(written)
+    # declared, but not on disk: missing
+    (tree / "data/decode/toy/cpu-4090link/gsm8k/eagle3/slots2/metrics.json").unlink()
+    (tree / "data/theory/toy/cpu-4090link/gsm8k.json").unlink()
+    out = tree / "report"
+    report.run(spec, declared(spec), {"report": str(out)})
+    md = (out / "report.md").read_text()
+    tables = md_tables(md)
+    assert "data/decode/toy/cpu-4090link/gsm8k/eagle3/slots2/metrics.json" in md
+    assert "data/theory/toy/cpu-4090link/gsm8k.json" in md
+    header, rows = find(tables, f"Slot sweep, toy / {DEVICE}, gsm8k (toy subset: first 2 GSM8K questions) "
+                                f"(0 = no cache) [{EMULATED}]")
+    assert [row[0] for row in rows] == ["4", "2", "0"]
+    for row in rows:
+        eagle, fit = runs["eagle3", int(row[0])], runs["specfit", int(row[0])]
+        assert row[1:4] == [tps_text(written, eagle), tps_text(written, fit), pct_text(ratio_of(written, fit, eagle))]
+    assert len([c for c, _, _ in tables if c.startswith("Exact vs noisy routes")]) == 2  # one per device
+    header, rows = find(tables, f"Exact vs noisy routes, toy / {DEVICE}")
+    for row in rows:
+        run = runs[row[0], 0 if row[2] == "No" else int(row[2][5:-1])]
+        assert row[3:5] == [tps_text(written, run), x_text(ratio_of(written, run, runs["ar", 0]))]
+    header, rows = find(tables, "gsm8k on every device")
+    assert {row[0] for row in rows} == {DEVICE, "cpu-4090link"}
+    for row in rows:
+        if row[0] == DEVICE:
+            run = runs[row[1], 0 if row[2] == "No" else 4]
+            assert row[3:5] == [tps_text(written, run), x_text(ratio_of(written, run, runs["ar", 0]))]
+    assert assert_no_win_inside_a_tie(md) > 40
+    find(tables, f"Headline ratios, cpu-4090link vs paper rtx4090, gsm8k [{EMULATED}]")
+
+
+def test_method_defaults_come_from_the_method_config(tree):
+    """A SpecFit entry without ``routes`` has exact routes (the theory pool), a noisy one without ``accuracy``
+    shows the default accuracy."""
+    spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-noisy"))
+    del spec["methods"]["specfit"]["routes"], spec["methods"]["specfit-noisy"]["accuracy"]
+    fake_root(tree, spec)
+    out = tree / "report"
+    report.run(spec, declared(spec), {"report": str(out)})
+    tables = md_tables((out / "report.md").read_text())
+    find(tables, "Theory on the pools")
+    header, rows = find(tables, f"Exact vs noisy routes, toy / {DEVICE}")
+    assert {row[1] for row in rows} == {"exact (atlas)", "noisy, accuracy 0.6"}

@@ -1,0 +1,67 @@
+"""Code hashes: an edit to package code reruns the rules whose stage runs that code, and only those."""
+
+import shutil
+
+import pytest
+
+import specfit.workflow as wf
+from specfit.workflow import code_closure, code_hash
+
+STAGES = ("specfit.extract", "specfit.calibrate", "specfit.atlas", "specfit.decode", "specfit.theory",
+          "specfit.report")
+
+
+def test_calibration_does_not_run_the_decode_stream_or_its_metrics():
+    closure = code_closure("specfit.calibrate")
+    assert not {"specfit.decode", "specfit.atlas", "specfit.metrics", "specfit.speculative.stream"} & set(closure)
+    assert "specfit.speculative.request" in closure  # the cycle API it shares with decode
+
+
+def test_theory_reads_records_without_drafting_or_verification():
+    closure = set(code_closure("specfit.theory"))
+    assert {"specfit.records", "specfit.speculative.routes", "specfit.selection.pool"} <= closure
+    assert not {"specfit.speculative.draft", "specfit.speculative.verify", "specfit.speculative.request",
+                "specfit.models", "specfit.engine", "specfit.decode"} & closure
+
+
+def test_no_stage_imports_another():
+    for stage in STAGES:
+        assert set(code_closure(stage)) & set(STAGES) == {stage}, stage
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """A copy of the package that the code hashes read, to edit."""
+    copy = tmp_path / "specfit"
+    shutil.copytree(wf.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(wf, "PACKAGE_DIR", copy)
+    return copy
+
+
+def edit(path):
+    path.write_text(path.read_text() + "\n# an edit\n")
+
+
+def test_an_edit_to_decode_metrics_reruns_decode_and_atlas_not_calibration(package):
+    before = {stage: code_hash(stage) for stage in STAGES}
+    edit(package / "metrics.py")
+    changed = {stage for stage in STAGES if code_hash(stage) != before[stage]}
+    assert changed == {"specfit.decode", "specfit.atlas"}
+
+
+def test_an_edit_to_drafting_reruns_every_stage_that_drafts(package):
+    before = {stage: code_hash(stage) for stage in STAGES}
+    edit(package / "speculative" / "draft.py")
+    changed = {stage for stage in STAGES if code_hash(stage) != before[stage]}
+    assert changed == {"specfit.calibrate", "specfit.atlas", "specfit.decode"}
+
+
+def test_a_package_init_counts_and_type_only_imports_do_not(package):
+    before = code_hash("specfit.theory")
+    edit(package / "speculative" / "__init__.py")  # runs before speculative.routes, which theory imports
+    assert code_hash("specfit.theory") != before
+    # routes.py imports CandidatePool only for annotations, under TYPE_CHECKING
+    source = (package / "speculative" / "routes.py").read_text()
+    assert "if TYPE_CHECKING:\n    from specfit.selection.pool import CandidatePool" in source
+    assert "specfit.selection.pool" not in wf._specfit_imports(package / "speculative" / "routes.py",
+                                                              "specfit.speculative.routes")
