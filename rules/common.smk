@@ -64,6 +64,11 @@ def in_flags(w, input):
 
 
 def extract_spec(w):
+    # A workload over Spec-Bench (the default source) keeps the spec it always had; one over another dataset adds
+    # its name and its source (specfit.questions.workload_source).
+    from specfit.questions import workload_source
+
+    source = None
     if w.workload == "calibration":
         ids, limit, requests = (
             config["calibration"]["question_ids"],
@@ -77,9 +82,11 @@ def extract_spec(w):
             wl["limit_tokens"],
             wl["max_requests"],
         )
-    return spec_json(
-        {"question_ids": ids, "limit_tokens": limit, "max_requests": requests}
-    )
+        source = workload_source(config, w.workload)
+    spec = {"question_ids": ids, "limit_tokens": limit, "max_requests": requests}
+    if source is not None:
+        spec.update(workload=w.workload, source=source)
+    return spec_json(spec)
 
 
 def toy_spec(part):
@@ -99,6 +106,7 @@ def calibrate_spec(w):
     device = config["devices"][w.device]
     return spec_json(
         {
+            "model": w.model,
             "dtype": config["models"][w.model]["dtype"],
             "torch_device": device["torch_device"],
             "max_inflight": device["max_inflight"],
@@ -129,6 +137,7 @@ def stream_spec(w, slots, link):
     wl = config["workloads"][w.workload]
     device = config["devices"][w.device]
     return {
+        "model": w.model,
         "dtype": config["models"][w.model]["dtype"],
         "torch_device": device["torch_device"],
         "max_inflight": device["max_inflight"],
@@ -142,8 +151,10 @@ def stream_spec(w, slots, link):
 
 
 def atlas_spec(w):
-    # The atlas stage itself makes every expert resident and drops the link: it is off the measured cache.
-    return spec_json(stream_spec(w, slots=0, link=None))
+    # Built with the slots of the device's with-cache runs (the most its memory is known to hold; routes do not
+    # depend on what the cache holds) and without the emulated link: it is off the measured cache and timers.
+    slots = config["models"][w.model]["main_slots"][w.device]
+    return spec_json(stream_spec(w, slots=slots, link=None))
 
 
 def decode_spec(w):
@@ -197,11 +208,15 @@ def theory_inputs(w):
 
 def theory_spec(w):
     method = method_config(config, theory_run(w).method)
+    wl = config["workloads"][w.workload]
     return spec_json(
         {
             **config["theory"],
             "k_max": method.k_max,
             "max_depth": method.max_depth,
+            # the decode run's limits (as stream_spec gives them): each cycle's depth cap near the length limit
+            "limit_tokens": wl["limit_tokens"],
+            "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"],
         }
     )
 

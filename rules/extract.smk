@@ -1,4 +1,6 @@
-# Stage 1: Spec-Bench questions -> prompts per workload and model (Parquet).
+# Stage 1: a workload's questions (Spec-Bench, or the dataset its `source` names) -> prompts per workload and
+# model (Parquet).
+from specfit.questions import workload_file
 
 
 rule spec_bench:
@@ -17,7 +19,9 @@ rule spec_bench:
 
 rule extract:
     input:
-        questions=config["spec_bench"]["path"],
+        # Spec-Bench's question.jsonl (the spec_bench rule's output) or the workload's own local dataset; none for
+        # a Hub dataset, which is read from the local cache
+        questions=lambda w: workload_file(config, w.workload) or [],
         tokenizer=tokenizer_dir,
     output:
         prompts=paths.prompts("{model}", "{workload}"),
@@ -29,7 +33,8 @@ rule extract:
         CONDA_ENV
     params:
         spec=extract_spec,
+        inputs=in_flags,
         code=code_hash("specfit.extract"),
     shell:
-        "python -m specfit.extract --spec {params.spec:q} --in questions={input.questions:q} "
-        "--in tokenizer={input.tokenizer:q} --out prompts={output.prompts:q} > {log:q} 2>&1"
+        "python -m specfit.extract --spec {params.spec:q} {params.inputs} "
+        "--out prompts={output.prompts:q} > {log:q} 2>&1"

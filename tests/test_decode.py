@@ -9,7 +9,8 @@ from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA
 
 def spec(name, **method):
     return {"method": {"name": name, **method}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": "cpu",
-            "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0, "warmup_tokens": 3}
+            "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0, "warmup_tokens": 3,
+            "model": "tiny"}
 
 
 def outs(path, name):
@@ -43,6 +44,19 @@ def test_methods_through_the_stage_are_lossless(files, tmp_path):
     assert pq.read_table(build["atlas"]).num_rows == json.loads(build["metrics"].read_text())["cycles"] - 2
 
 
+def test_no_stage_allocates_more_slots_than_its_run_asks_for(files, tmp_path):
+    """The atlas is built within the device slots its spec gives (the rule: the device's with-cache slot count),
+    never with every expert resident; a decode run allocates its own slots; 0 slots share one scratch buffer."""
+    layers, experts = 2, 8  # the tiny target
+    build = outs(tmp_path, "build")
+    atlas.run(spec("specfit"), files, build)  # 4 slots per layer
+    assert json.loads(build["metrics"].read_text())["slot_rows_allocated"] == 4 * layers
+    for slots, rows in ((2, 2 * layers), (0, experts)):
+        run = outs(tmp_path, f"eagle{slots}")
+        decode.run(dict(spec("eagle3"), slots=slots), files, run)
+        assert json.loads(run["metrics"].read_text())["slot_rows_allocated"] == rows
+
+
 def test_a_crashed_stream_resumes(files, tmp_path, monkeypatch):
     from specfit.speculative import stream
 
@@ -65,3 +79,20 @@ def test_a_crashed_stream_resumes(files, tmp_path, monkeypatch):
     metrics = json.loads(run["metrics"].read_text())
     assert metrics["resumed"] == [{"request_id": 1, "requests_done": 1}]
     assert pq.read_table(run["requests"]).column("request_id").to_pylist() == [0, 1]
+
+
+def test_the_warm_up_leaves_no_trace_in_a_measured_specfit_run(files, tmp_path):
+    """The warm-up decodes the first request under a shorter limit, so its last cycles draft fewer levels than the
+    atlas holds and may select differently; the measured stream must be the same as after a full-length warm-up,
+    with the same atlas counters (reset after the warm-up) and no error."""
+    build = outs(tmp_path, "build")
+    atlas.run(spec("specfit", routes="noisy"), files, build)
+    runs = {}
+    for warmup in (3, 12):
+        run = outs(tmp_path, f"warm{warmup}")
+        decode.run(dict(spec("specfit", routes="noisy"), warmup_tokens=warmup), dict(files, atlas=build["atlas"]), run)
+        cycles = pq.read_table(run["cycles"]).drop_columns([c for c in CYCLE_SCHEMA.names if c.startswith("t_")])
+        metrics = json.loads(run["metrics"].read_text())
+        runs[warmup] = (cycles.to_pylist(), {k: v for k, v in metrics.items() if k.startswith("atlas_")})
+    assert runs[3] == runs[12]
+    assert runs[3][1]["atlas_nodes"] > 0

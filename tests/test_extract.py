@@ -1,6 +1,8 @@
-"""Dataset extraction: the paper's two workloads, first-turn prompts in the chat template, skips reported."""
+"""Dataset extraction: the paper's two workloads, first-turn prompts in the chat template, skips reported; workloads
+from other datasets (a local file with a field mapping and an id range, a Hub dataset) and their rule wiring."""
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ import yaml
 
 from specfit import workflow
 from specfit.errors import SpecFitError
-from specfit.extract import build_prompts
+from specfit.extract import build_prompts, load_workload, run
 from specfit.questions import load_questions, training_questions
 from specfit.toy.tokenizer import train_tokenizer
 
@@ -106,3 +108,94 @@ def test_stage_writes_parquet(questions_path, tokenizer, tmp_path):
 def test_missing_question_file_says_where_to_put_it(tmp_path):
     with pytest.raises(SpecFitError, match="no Spec-Bench questions at .*spec_bench.path"):
         load_questions(tmp_path / "question.jsonl")
+
+
+# --------------------------------------------------------------------------------------------- other datasets
+MATH = [f"Question {i}: what is {i} plus {i}?" for i in range(8)]
+
+
+def test_spec_bench_gives_the_prompts_it_gave_before(questions_path, tokenizer, workload_ids):
+    """A workload without a source reads Spec-Bench: the prompts are those of its JSON lines read by hand."""
+    by_hand = [json.loads(line) for line in questions_path.read_text().splitlines() if line.strip()]
+    for name in ("gsm8k", "summarization"):
+        spec = {"question_ids": workload_ids(name), "limit_tokens": 2048, "max_requests": None}
+        questions = load_workload(spec, {"questions": questions_path})
+        assert build_prompts(questions, tokenizer, spec) == build_prompts(by_hand, tokenizer, spec)
+
+
+def test_a_local_jsonl_workload_with_a_field_mapping_and_an_id_range(tokenizer, tmp_path):
+    """GSM8K's own layout (no id field: rows by position; the prompt in `question`), rows 2..5, through the stage."""
+    data = tmp_path / "gsm8k-test.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "#### 0"}) + "\n" for q in MATH))
+    tokenizer.save_pretrained(tmp_path / "tok")
+    spec = {"question_ids": [2, 3, 4, 5], "limit_tokens": 512, "max_requests": None, "workload": "gsm8k-full",
+            "source": {"path": str(data), "hub": None, "name": None, "split": "test",
+                       "fields": {"id": None, "prompt": "question", "category": None}}}
+    out = tmp_path / "p.parquet"
+    run(spec, {"questions": data, "tokenizer": tmp_path / "tok"}, {"prompts": out})
+    table = pq.read_table(out).to_pydict()
+    assert table["request_id"] == [0, 1, 2, 3]
+    assert table["question_id"] == [2, 3, 4, 5]
+    assert table["category"] == ["gsm8k-full"] * 4
+    assert table["prompt"] == [f"<|user|>{q}<|end|><|assistant|>" for q in MATH[2:6]]
+    assert table["prompt_ids"][0] == tokenizer(table["prompt"][0], add_special_tokens=False)["input_ids"]
+
+
+def test_a_local_parquet_workload_with_its_own_ids(tokenizer, tmp_path):
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(
+        [{"idx": 100 + i, "turns": [q, "a second turn"], "topic": f"t{i % 2}"} for i, q in enumerate(MATH)]
+    ), data)
+    spec = {"question_ids": [102, 104, 106], "limit_tokens": 512, "max_requests": 2, "workload": "mine",
+            "source": {"path": str(data), "hub": None, "name": None, "split": "train",
+                       "fields": {"id": "idx", "prompt": "turns", "category": "topic"}}}
+    rows, skipped = build_prompts(load_workload(spec, {"questions": data}), tokenizer, spec)
+    assert skipped == [] and rows["question_id"] == [102, 104] and rows["category"] == ["t0", "t0"]
+    assert rows["prompt"] == [f"<|user|>{MATH[2]}<|end|><|assistant|>", f"<|user|>{MATH[4]}<|end|><|assistant|>"]
+    spec["question_ids"] = [107, 108]
+    with pytest.raises(SpecFitError, match=r"question ids \[108\] are not in the local dataset .*rows\.parquet "
+                                           r"\(split 'train'\) \(its ids: field 'idx'\); check "
+                                           r"workloads\.mine\.question_ids"):
+        build_prompts(load_workload(spec, {"questions": data}), tokenizer, spec)
+
+
+def test_a_hub_workload_not_cached_stops_the_stage_clearly(tmp_path, monkeypatch):
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    spec = {"question_ids": [0, 1], "limit_tokens": 512, "max_requests": None, "workload": "gsm8k-full",
+            "source": {"path": None, "hub": "openai/gsm8k", "name": "main", "split": "test",
+                       "fields": {"id": None, "prompt": "question", "category": None}}}
+    with pytest.raises(SpecFitError, match=r"workloads\.gsm8k-full\.source\.hub: Hub dataset 'openai/gsm8k' is "
+                                           r"not available offline"):
+        run(spec, {"tokenizer": tmp_path / "tok"}, {"prompts": tmp_path / "p.parquet"})
+    assert not (tmp_path / "p.parquet").exists()
+
+
+def test_the_extract_rule_declares_a_local_source_and_passes_its_spec(root, tmp_path):
+    """A workload over a local file gets that file as the extract job's input (a rerun when it changes) and its
+    source in the spec; a Hub workload has no questions input; Spec-Bench workloads keep their spec."""
+    data = tmp_path / "gsm8k-test.jsonl"
+    data.write_text(json.dumps({"question": MATH[0]}) + "\n")
+    extra = tmp_path / "more.yaml"
+    extra.write_text(yaml.safe_dump({"workloads": {
+        "gsm8k-full": {"question_ids": {"start": 0, "stop": 1318}, "limit_tokens": 512,
+                       "source": {"path": str(data), "split": "test", "fields": {"id": None, "prompt": "question"}}},
+        "gsm8k-hub": {"question_ids": {"start": 0, "stop": 1}, "limit_tokens": 512,
+                      "source": {"hub": "openai/gsm8k", "name": "main", "split": "test"}},
+    }}))
+    targets = [f"data/prompts/toy/{name}.parquet" for name in ("gsm8k-full", "gsm8k-hub", "gsm8k")]
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--forceall", *targets, "--configfile",
+                           str(extra)], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    commands = {line.split("prompts=data/prompts/toy/")[1].split(".parquet")[0]: line
+                for line in proc.stdout.splitlines() if "python -m specfit.extract --spec" in line}
+    assert f"--in questions={data}" in commands["gsm8k-full"]
+    assert "--in questions=" not in commands["gsm8k-hub"]
+    assert "--in questions=data/raw/spec_bench/question.jsonl" in commands["gsm8k"]
+    specs = {name: json.loads(shlex.split(line.split("Shell command: ")[-1])[4]) for name, line in commands.items()}
+    assert specs["gsm8k-full"]["source"]["path"] == str(data) and specs["gsm8k-full"]["workload"] == "gsm8k-full"
+    assert specs["gsm8k-hub"]["source"]["hub"] == "openai/gsm8k"
+    assert set(specs["gsm8k"]) == {"question_ids", "limit_tokens", "max_requests"}

@@ -1,13 +1,20 @@
 """Proposition 1 and Dinkelbach's iteration on random and hand-computed recorded cycles."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_selection import legal_subtrees, pools, reward, union
 
-from specfit.selection import Pool, select_specfit, select_top_prob
-from specfit.theory import RecordedCycle, committed, dinkelbach, parametric_value, selection_theory
+sys.path.insert(0, str(Path(__file__).parent / "selection"))  # run alone, before pytest collects that folder
+from test_selection import legal_subtrees, pools, reward, union  # noqa: E402
+
+from specfit.errors import SpecFitError  # noqa: E402
+from specfit.selection import Pool, select_specfit, select_top_prob  # noqa: E402
+from specfit.theory import (RecordedCycle, committed, depth_cap, dinkelbach, parametric_value,  # noqa: E402
+                            recorded_cycles, selection_theory)
 
 B = [1.0, 1.1, 1.3, 1.4, 1.6, 1.8, 1.9, 2.1]
 
@@ -113,6 +120,8 @@ def test_two_hand_computed_cycles():
         "selected_nodes_2beta": 0.5,
         "drafted_levels_mean": 1.0,
         "stopped_early_pct": 100.0,
+        "length_limited_cycles": 0,
+        "empty_pool_cycles": 0,
         "dinkelbach_iterations": 2,
         "recorded_selection_differs_pct": 0.0,
     }
@@ -131,3 +140,86 @@ def test_inconsistent_acceptance_is_rejected():
     pool = Pool([-1, 0], [1.0, 0.9], np.array([[[0]], [[1]]]), 2)
     with pytest.raises(ValueError):
         selection_theory([RecordedCycle(pool, (1,), 0, (1,), 1)], B, 0.1)
+
+
+def _chain(levels: int) -> Pool:
+    """A chain of ``levels`` draft nodes, each at probability 0.5 of its parent, all on expert 0 and the root's."""
+    parent = [-1] + list(range(levels))
+    prob = [0.5 ** d for d in range(levels + 1)]
+    return Pool(parent, prob, np.zeros((levels + 1, 1, 1), dtype=np.int64), 2)
+
+
+def test_a_cycle_the_length_limit_capped_is_no_adaptive_stop():
+    # drafted 2 of 5 levels: a stop; 2 of a cap of 2: the limit; 5 of 5: full depth; the root alone at cap 0
+    cycles = [RecordedCycle(_chain(2), (), 0, (), 2, 5), RecordedCycle(_chain(2), (), 0, (), 2, 2),
+              RecordedCycle(_chain(5), (), 0, (), 5, 5), RecordedCycle(_chain(0), (), 0, (), 0, 0),
+              RecordedCycle(_chain(1), (), 0, (), 1, 3)]  # 1 of a cap of 3: the limit allowed more, a stop
+    cycles = [RecordedCycle(c.pool, select_specfit(c.pool, B, 0.1).nodes, 0, (), c.drafted_levels, c.depth_cap)
+              for c in cycles]
+    table = selection_theory(cycles, B, 0.1)
+    assert table["cycles"] == 5
+    assert table["stopped_early_pct"] == pytest.approx(100 * 2 / 5)  # not 100 * 4 / 5, levels < max_depth
+    assert table["length_limited_cycles"] == 3
+    assert table["empty_pool_cycles"] == 1
+    assert table["drafted_levels_mean"] == pytest.approx((2 + 2 + 5 + 0 + 1) / 5)
+    # without a known cap every cycle below max_depth counts, as before
+    uncapped = [RecordedCycle(c.pool, c.selected, 0, (), c.drafted_levels) for c in cycles]
+    assert selection_theory(uncapped, B, 0.1)["stopped_early_pct"] == pytest.approx(100 * 4 / 5)
+    with pytest.raises(ValueError, match="at most 2"):
+        selection_theory([RecordedCycle(_chain(3), (), 0, (), 3, 2)], B, 0.1)
+
+
+def test_depth_cap_is_the_room_left_minus_the_root():
+    # prompt of 10 tokens, 3 output tokens so far (prefix_len 12): 40 - 10 - 3 = 27 tokens of room
+    assert depth_cap(5, 40, 100, 12, 3) == 5
+    assert depth_cap(5, 40, 6, 12, 3) == 2  # max_new_tokens: room 3, the root commits one
+    assert depth_cap(5, 16, 100, 12, 3) == 2  # limit_tokens: 16 - 12 - 1 = 3 of room
+    assert depth_cap(5, 40, 4, 12, 3) == 0  # room 1: the root alone
+    assert depth_cap(5, 40, 3, 12, 3) == 0
+
+
+class _Atlas:
+    """What recorded_cycles reads of `AtlasRoutes`: rows (for the route shape and the expert count) and routes."""
+
+    def __init__(self, layers=2, top_k=2, experts=6):
+        self.rows = {(0, 0): {"routes": np.arange(layers * top_k).reshape(1, layers, top_k) % experts}}
+        self.rows[0, 1] = {"routes": np.full((1, layers, top_k), experts - 1)}
+        self.asked = []
+
+    def routes(self, cycle, pool):
+        self.asked.append((cycle.request_id, cycle.index, pool.n))
+        n_layers, top_k = self.rows[0, 0]["routes"].shape[1:]
+        return np.stack([(np.arange(n_layers * top_k).reshape(n_layers, top_k) + v) % 6 for v in range(pool.n + 1)])
+
+
+def _cycle_row(request, index, prefix_len, parent, token, selected, levels, committed_, accepted_path=()):
+    return {"request_id": request, "cycle": index, "prefix_len": prefix_len, "pool_parent": parent,
+            "pool_token": token, "pool_prob": [1.0] + [0.5] * (len(parent) - 1),
+            "pool_level": [0] + [1 + i for i in range(len(parent) - 1)], "selected": list(selected),
+            "drafted_levels": levels, "accepted": len(accepted_path), "accepted_path": list(accepted_path),
+            "committed": committed_}
+
+
+def test_recorded_cycles_keep_empty_pools_and_know_the_cap():
+    # one request, a prompt of 10 tokens, at most 5 new tokens: output [7, 8, 9, 3, 4]
+    rows = [_cycle_row(0, 0, 10, [-1, 0, 1], [7, 8, 9], (1, 2), 2, 3, (1, 2)),  # room 4: cap 3, drafted 2: a stop
+            _cycle_row(0, 1, 13, [-1], [3], (), 0, 1)]  # 4 output tokens so far: room 1, cap 0, the root alone
+    requests = [{"request_id": 0, "output_ids": [7, 8, 9, 3, 4]}]
+    atlas = _Atlas()
+    recorded = recorded_cycles(rows, requests, atlas, {"limit_tokens": 100, "max_new_tokens": 5}, max_depth=5)
+    assert len(recorded) == 2  # the root-only cycle is kept
+    assert [c.depth_cap for c in recorded] == [3, 0]
+    assert [c.accepted_path for c in recorded] == [(1, 2), ()]
+    assert atlas.asked == [(0, 0, 2)]  # the root alone reads no routes
+    root_only = recorded[1].pool
+    assert root_only.n == 0 and np.array_equal(root_only.routes, [[[0, 1], [0, 1]]])  # top_k experts a layer
+    table = selection_theory(recorded, B, 0.1)
+    assert table["cycles"] == 2 and table["empty_pool_cycles"] == 1 and table["length_limited_cycles"] == 2
+    assert table["stopped_early_pct"] == pytest.approx(50.0)
+    assert table["drafted_levels_mean"] == pytest.approx(1.0)
+    # without the limits the caps are unknown
+    assert [c.depth_cap for c in recorded_cycles(rows, requests, _Atlas())] == [None, None]
+    # a prompt length that changes within the request: not one request's cycles
+    rows[1] = dict(rows[1], prefix_len=14)
+    with pytest.raises(SpecFitError, match="prompt of 11 tokens"):
+        recorded_cycles(rows, requests, _Atlas(), {"limit_tokens": 100, "max_new_tokens": 5})

@@ -12,13 +12,15 @@ from specfit import atlas, decode, theory
 def run(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("theory")
     spec = {"method": {"name": "specfit"}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": "cpu",
-            "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 16, "seed": 0, "warmup_tokens": 3}
+            "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 16, "seed": 0, "warmup_tokens": 3,
+            "model": "tiny"}
     build = {k: out / f"build.{k}" for k in ("atlas", "requests", "cycles", "metrics")}
     atlas.run(spec, files, build)
     measured = {k: out / f"run.{k}" for k in ("requests", "cycles", "metrics")}
     decode.run(spec, dict(files, atlas=build["atlas"]), measured)
     table = out / "theory.json"
-    theory.run({"beta_multiplier": 2.0, "k_max": 7, "max_depth": 5}, {"cycles": measured["cycles"], "requests": measured["requests"],
+    theory.run({"beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": spec["limit_tokens"],
+                "max_new_tokens": spec["max_new_tokens"]}, {"cycles": measured["cycles"], "requests": measured["requests"],
                                           "atlas": build["atlas"], "coefficients": files["coefficients"]},
                {"theory": table})
     return measured, json.loads(table.read_text())
@@ -26,8 +28,9 @@ def run(files, tmp_path_factory):
 
 def test_table_5_on_recorded_pools(run):
     measured, table = run
-    cycles = [c for c in pq.read_table(measured["cycles"]).to_pylist() if len(c["pool_parent"]) > 1]
-    assert table["cycles"] == len(cycles) > 0
+    cycles = sorted(pq.read_table(measured["cycles"]).to_pylist(), key=lambda c: (c["request_id"], c["cycle"]))
+    assert table["cycles"] == len(cycles) > 0  # every cycle, root-only ones at the length limit included
+    assert table["empty_pool_cycles"] == sum(len(c["pool_parent"]) == 1 for c in cycles)
     # the selector rerun on each recorded pool with the atlas routes reproduces every recorded selection
     assert table["recorded_selection_differs_pct"] == 0.0
     assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
@@ -35,7 +38,15 @@ def test_table_5_on_recorded_pools(run):
     assert table["union_per_reward_2beta"] <= table["union_per_reward_beta"] + 1e-9
     levels = [c["drafted_levels"] for c in cycles]
     assert table["drafted_levels_mean"] == pytest.approx(sum(levels) / len(levels))
-    assert table["stopped_early_pct"] == pytest.approx(100 * sum(lv < 5 for lv in levels) / len(levels))
+    # at most 16 new tokens: the last cycles of a request may draft at most (room - 1) levels
+    caps, position = [], {}
+    for c in cycles:
+        start = position.get(c["request_id"], 0)
+        position[c["request_id"]] = start + c["committed"]
+        caps.append(max(0, min(5, 16 - (start + 1) - 1, 40 - c["prefix_len"] - 2)))
+    assert table["length_limited_cycles"] == sum(cap < 5 for cap in caps) > 0
+    assert all(lv <= cap for lv, cap in zip(levels, caps))
+    assert table["stopped_early_pct"] == pytest.approx(100 * sum(lv < cap for lv, cap in zip(levels, caps)) / len(levels))
 
 
 def test_accepted_paths_extend_past_the_verified_subtree():

@@ -4,8 +4,10 @@ SpecFit's decode stream with live routes: every cycle drafts the full pool, the 
 routes of root + pool (outside the request timer), and the variant's adaptive rule is replayed on V<=1..V<=5
 with those routes (degraded first for the noisy variant, whose trajectory differs). Each cycle leaves one atlas
 row (schema `specfit.records.ATLAS_SCHEMA`); measured runs read them back with
-`specfit.speculative.routes.AtlasRoutes` and check every cycle against them. The build runs with every expert
-resident and no link: it is off the measured cache.
+`specfit.speculative.routes.AtlasRoutes`, node by node by content. The build runs with the spec's slots (the rule
+gives the device's with-cache slot count: an atlas must be buildable on the device whose runs read it, and
+making all 48 x 128 experts of Qwen3-30B-A3B resident takes 54 GiB) and no link: it is off the measured cache.
+Routes come from the target's own routers whatever the cache holds.
 
 Inputs and spec are the decode stage's for a specfit method; outputs are ``atlas`` and the build's own
 ``requests``, ``cycles`` and ``metrics`` (diagnostics: its timings include the route queries' copies).
@@ -19,8 +21,6 @@ from specfit.errors import SpecFitError
 from specfit.speculative.stream import StreamSpec, run_stream
 from specfit.stage import stage_main
 
-ALL_RESIDENT = 1 << 30  # slots >= num_experts: the cache never evicts
-
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     spec = StreamSpec.from_dict(spec)
@@ -30,7 +30,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     if method.route_source.live:
         raise SpecFitError(f"an atlas is built for the routes a measured run reads, not {method.routes!r}")
     build = dataclasses.replace(method, routes=method.route_source.built_by.name)
-    run_stream(dataclasses.replace(spec, method=build, slots=ALL_RESIDENT, link=None), inputs, outputs)
+    run_stream(dataclasses.replace(spec, method=build, link=None), inputs, outputs)
 
 
 main = stage_main(run)

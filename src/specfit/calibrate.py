@@ -31,7 +31,7 @@ from specfit.coefficients import fit_nnls, predict_ms, preset
 from specfit.engine import make_engine
 from specfit.errors import SpecFitError
 from specfit.io import write_json, write_parquet
-from specfit.models import eos_ids, load_drafter, load_target
+from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import POINTS_SCHEMA, read_prompts
 from specfit.selection.pool import CandidatePool
 from specfit.selection.selectors import select_min_union, select_top_prob
@@ -209,9 +209,10 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         return
     protocol = spec["protocol"]
     torch.manual_seed(spec["seed"])
-    model, _ = load_target(inputs["target"], spec["dtype"], "cpu")
+    check_checkpoints(inputs["target"], inputs["drafter"], spec["model"])  # configs and headers, before any weight
+    model, _ = load_target(inputs["target"], spec["dtype"], "cpu", key=f"models.{spec['model']}.target")
     engine = make_engine(model, spec["slots"], spec["max_inflight"], spec["link"], spec["torch_device"])
-    drafter = load_drafter(inputs["drafter"], model, device=spec["torch_device"])
+    drafter = load_drafter(inputs["drafter"], model, device=spec["torch_device"], key=f"models.{spec['model']}.drafter")
     prompts = read_prompts(inputs["prompts"])
     limits = Limits(protocol["limit_tokens"], protocol["limit_tokens"], eos_ids(model))
     with torch.inference_mode():

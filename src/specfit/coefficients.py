@@ -58,14 +58,15 @@ def predict_ms(b, beta: float, k: np.ndarray, union: np.ndarray) -> np.ndarray:
     return np.asarray(b, dtype=np.float64)[np.asarray(k)] + beta * np.asarray(union, dtype=np.float64)
 
 
-def paper_results() -> dict:
-    """The paper's reported figures (transcribed from the paper, shipped with the package)."""
-    return yaml.safe_load(resources.files("specfit").joinpath("data/paper_results.yaml").read_text())
+def paper_coefficients() -> dict:
+    """The paper's coefficients in ms, by GPU and cache mode (Appendix B, shipped with the package)."""
+    return yaml.safe_load(resources.files("specfit").joinpath("data/paper_coefficients.yaml").read_text())[
+        "coefficients_ms"]
 
 
 def preset(name: str, cache: bool) -> dict:
     """The paper's frozen coefficients for a named preset, with and without the cache."""
     if name not in PRESETS:
         raise ValueError(f"unknown coefficient preset {name!r}; known: {', '.join(PRESETS)}")
-    c = paper_results()["coefficients_ms"][PRESETS[name]]["cache" if cache else "no_cache"]
+    c = paper_coefficients()[PRESETS[name]]["cache" if cache else "no_cache"]
     return {"b": [float(v) for v in c["b"]], "beta": float(c["beta"])}

@@ -1,12 +1,16 @@
-"""Stage 1, dataset extraction: Spec-Bench questions -> one prompts Parquet per workload and model.
+"""Stage 1, dataset extraction: a workload's questions -> one prompts Parquet per workload and model.
 
-Prompts are the first turn of each question, rendered with the model's chat template
+The questions are Spec-Bench's (question.jsonl) unless the workload names another dataset (``source``: a local
+file or folder, or a Hub dataset in the local cache), read with Hugging Face ``datasets`` offline
+(`specfit.questions`). Prompts are the first turn of each question, rendered with the model's chat template
 (add_generation_prompt, no system prompt) and tokenized with the model's tokenizer. ``request_id`` is
 the question's index in the workload's id list, so it is stable across runs and subsets. A prompt that
 leaves no room for one output token under ``limit_tokens`` is reported and skipped, never cut.
 
-spec: {"question_ids": [int, ...], "limit_tokens": int, "max_requests": int | null}
-inputs: questions (question.jsonl), tokenizer (dir)        outputs: prompts (Parquet)
+spec: {"question_ids": [int, ...], "limit_tokens": int, "max_requests": int | null}, and for a workload whose
+      source is not Spec-Bench also "workload": its name and "source": `specfit.questions.workload_source`
+inputs: questions (question.jsonl, or the source's local file or folder; none for a Hub dataset), tokenizer (dir)
+outputs: prompts (Parquet)
 
 ``python -m specfit.extract fetch`` downloads question.jsonl from the pinned Spec-Bench commit.
 """
@@ -24,10 +28,18 @@ import pyarrow as pa
 from specfit.io import atomic_path, write_parquet
 from specfit.records import PROMPTS_SCHEMA
 from specfit.errors import SpecFitError
-from specfit.questions import load_questions
+from specfit.questions import describe_source, load_questions, load_source
 from specfit.stage import stage_main
 
 log = logging.getLogger("specfit.extract")
+
+
+def load_workload(spec: dict, inputs: dict) -> list[dict]:
+    """The questions the spec's ids select from: Spec-Bench's, or those of the workload's own ``source``."""
+    if spec.get("source") is None:
+        return load_questions(inputs["questions"])
+    return load_source(spec["source"], spec["workload"], inputs.get("questions"))
+
 
 def render_prompt(tokenizer, question: dict) -> tuple[str, list[int]]:
     """The first turn in the model's chat template, as text and token ids."""
@@ -43,9 +55,17 @@ def build_prompts(questions: list[dict], tokenizer, spec: dict) -> tuple[dict, l
     ids = spec["question_ids"]
     missing = [qid for qid in ids if qid not in by_id]
     if missing:
+        listed = f"{missing[:5]}{'...' if len(missing) > 5 else ''}"
+        source = spec.get("source")
+        if source is None:
+            raise SpecFitError(
+                f"question ids {listed} are not in question.jsonl; check the workload's question_ids in config.yaml"
+            )
+        numbered = (f"field {source['fields']['id']!r}" if source["fields"]["id"] is not None
+                    else f"row positions 0..{len(questions) - 1}")
         raise SpecFitError(
-            f"question ids {missing[:5]}{'...' if len(missing) > 5 else ''} are not in question.jsonl; "
-            "check the workload's question_ids in config.yaml"
+            f"question ids {listed} are not in the {describe_source(source)} (its ids: {numbered}); check "
+            f"workloads.{spec['workload']}.question_ids in config.yaml"
         )
     if spec["max_requests"]:
         ids = ids[: spec["max_requests"]]
@@ -66,7 +86,7 @@ def build_prompts(questions: list[dict], tokenizer, spec: dict) -> tuple[dict, l
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     from transformers import AutoTokenizer
 
-    questions = load_questions(inputs["questions"])
+    questions = load_workload(spec, inputs)
     tokenizer = AutoTokenizer.from_pretrained(inputs["tokenizer"], local_files_only=True)
     rows, skipped = build_prompts(questions, tokenizer, spec)
     table = pa.Table.from_pydict(rows, schema=PROMPTS_SCHEMA)

@@ -7,7 +7,14 @@ The stage reads the cycles of SpecFit's run with the cache (pools, selections, d
 routes of every pool node from that run's atlas, the output tokens (for each cycle's accepted path in
 the whole drafted pool, not only in the verified subtree) and the with-cache coefficients.
 
-spec: {"beta_multiplier": 2.0, "k_max": 7, "max_depth": 5}
+Every recorded cycle counts, the root-only ones at the length limit included (the paper's Table 5 has as many
+cycles as its Table 2). Near the length limit a cycle may draft at most ``room - 1`` levels
+(`specfit.speculative.request.Session.draft`): its depth cap comes from the workload's limits, the cycle's
+``prefix_len`` (the prompt plus the output before its root) and the output committed before it, and a cycle that
+drafted up to a cap below ``max_depth`` did not stop early, the limit stopped it.
+
+spec: {"beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 128}
+      (the limits as the decode run had them: input + output tokens, output tokens)
 inputs: cycles, requests (Parquet of the decode run), atlas (Parquet), coefficients (JSON)
 outputs: theory (JSON: the quantities of Table 5)
 """
@@ -35,6 +42,7 @@ class RecordedCycle:
     accepted: int  # draft nodes of Ŝ the target accepted
     accepted_path: tuple[int, ...]  # longest root path of the pool matching the target's greedy tokens, root excluded
     drafted_levels: int  # d, levels drafted before selection
+    depth_cap: int | None = None  # the most levels the cycle could draft (the length limit's); None: max_depth
 
 
 def committed(nodes, accepted_path) -> int:
@@ -86,13 +94,20 @@ def selection_theory(
 
     Percentages of λ* refer to predicted throughput. The gain of S* counts committed tokens from the
     recorded accepted paths per unit of predicted time. The coefficient of variation of ρ uses the
-    population standard deviation.
+    population standard deviation. A cycle stopped early when it drafted fewer levels than it could have
+    (its ``depth_cap``, at most ``max_depth``): a cycle the length limit capped below ``max_depth`` that drafted
+    up to its cap is no adaptive stop. ``stopped_early_pct`` is a percentage of all cycles.
     """
     if not cycles:
         raise ValueError("no recorded cycles")
+    caps = []
     for i, cycle in enumerate(cycles):
         if committed(cycle.selected, cycle.accepted_path) - 1 != cycle.accepted:
             raise ValueError(f"cycle {i}: {cycle.accepted} accepted nodes, but the accepted path says otherwise")
+        cap = max_depth if cycle.depth_cap is None else min(cycle.depth_cap, max_depth)
+        if not 0 <= cycle.drafted_levels <= cap:
+            raise ValueError(f"cycle {i}: {cycle.drafted_levels} drafted levels, but it could draft at most {cap}")
+        caps.append(cap)
     pools = [cycle.pool for cycle in cycles]
     paths = [cycle.accepted_path for cycle in cycles]
 
@@ -110,6 +125,7 @@ def selection_theory(
 
     reward_2, _, union_2, nodes_2 = _figures([select_specfit(pool, b, beta_multiplier * beta, k_max) for pool in pools])
     levels = np.array([cycle.drafted_levels for cycle in cycles])  # [cycles]
+    caps = np.array(caps)  # [cycles] the deepest level each cycle could reach
     return {
         "cycles": len(cycles),
         "beta_multiplier": beta_multiplier,  # the "2β" keys are at this multiple of β
@@ -125,7 +141,9 @@ def selection_theory(
         "selected_nodes_beta": float(nodes.mean()),
         "selected_nodes_2beta": float(nodes_2.mean()),
         "drafted_levels_mean": float(levels.mean()),
-        "stopped_early_pct": float(100.0 * np.mean(levels < max_depth)),
+        "stopped_early_pct": float(100.0 * np.mean(levels < caps)),
+        "length_limited_cycles": int(np.sum(caps < max_depth)),  # the length limit capped their depth
+        "empty_pool_cycles": int(sum(cycle.pool.n == 0 for cycle in cycles)),  # nothing drafted: root only
         "dinkelbach_iterations": iterations,
         "recorded_selection_differs_pct": float(
             100.0 * np.mean([tuple(sorted(c.selected)) != h.nodes for c, h in zip(cycles, ratio_rule)])
@@ -145,36 +163,65 @@ def accepted_path_in_pool(parent: list[int], token: list[int], continuation: lis
     return tuple(path)
 
 
-def recorded_cycles(cycles: list[dict], requests: list[dict], atlas) -> list[RecordedCycle]:
-    """Cycles of a SpecFit run with their pools' atlas routes and accepted paths in the whole drafted pool.
+def depth_cap(max_depth: int, limit_tokens: int, max_new_tokens: int, prefix_len: int, n_output: int) -> int:
+    """The most levels a cycle can draft (`specfit.speculative.request.Session.draft`): ``room - 1``, where room is
+    the output tokens still allowed, at most ``max_depth``.
+
+    ``prefix_len`` is the target's cache before the cycle, the prompt and every output token but the root, so the
+    prompt is ``prefix_len - (n_output - 1)`` tokens long; ``n_output`` counts the output so far, root included.
+    """
+    room = min(limit_tokens - prefix_len - 1, max_new_tokens - n_output)
+    return max(0, min(max_depth, room - 1))
+
+
+def recorded_cycles(cycles: list[dict], requests: list[dict], atlas, limits: dict | None = None,
+                    max_depth: int = 5) -> list[RecordedCycle]:
+    """Every cycle of a SpecFit run with its pool's atlas routes and its accepted path in the whole drafted pool.
 
     A cycle's root is output token ``Σ committed`` of the earlier cycles; the tokens after it are the target's
     greedy continuation, which gives the accepted path of any subtree, verified or not. At the end of a
-    request the output is cut at EOS or the limit: there the recorded path is the longer one. Cycles at the
-    length limit that drafted nothing offer no choice and are left out.
+    request the output is cut at EOS or the limit: there the recorded path is the longer one.
+
+    A cycle at the length limit that drafted nothing keeps the root alone: its pool is the root, whose routes no
+    run read (SpecFit reads none for an empty pool); one token's union is ``top_k`` experts in each layer
+    whichever they are, so it gets experts 0..top_k-1, which gives T̂ exactly.
+
+    ``limits`` ({"limit_tokens", "max_new_tokens"}: the decode run's) give each cycle's depth cap (`depth_cap`);
+    without them no cycle is taken as capped. A prompt length that changes within a request (``prefix_len`` minus
+    the output before the root) is an error: the cycles are not one request's.
 
     ``atlas`` is a `specfit.speculative.routes.AtlasRoutes`: each pool's routes are looked up by content, as the run
     looked them up (a node the atlas lacks gets the same fallback, counted in ``atlas.nodes_missed``).
     """
     outputs = {r["request_id"]: r["output_ids"] for r in requests}
     num_experts = 1 + max(int(row["routes"].max()) for row in atlas.rows.values())
-    recorded, position = [], {}
+    _, n_layers, top_k = next(iter(atlas.rows.values()))["routes"].shape
+    root_routes = np.broadcast_to(np.arange(top_k, dtype=np.int64), (1, n_layers, top_k))  # [1, L, k]
+    recorded, position, prompt_len = [], {}, {}
     for c in sorted(cycles, key=lambda c: (c["request_id"], c["cycle"])):
         key = (c["request_id"], c["cycle"])
         start = position.get(c["request_id"], 0)
         position[c["request_id"]] = start + c["committed"]
-        if len(c["pool_parent"]) == 1:  # at the length limit nothing was drafted: no choice to evaluate
-            continue
+        if prompt_len.setdefault(key[0], c["prefix_len"] - start) != c["prefix_len"] - start:
+            raise SpecFitError(f"request {key[0]}, cycle {key[1]}: prefix_len {c['prefix_len']} after {start} output "
+                               f"tokens, a prompt of {c['prefix_len'] - start} tokens where earlier cycles had "
+                               f"{prompt_len[key[0]]}")
         output = outputs[c["request_id"]]
         if output[start] != c["pool_token"][0]:
             raise SpecFitError(f"request {key[0]}, cycle {key[1]}: the root is not output token {start}")
+        cap = None if limits is None else depth_cap(max_depth, limits["limit_tokens"], limits["max_new_tokens"],
+                                                    c["prefix_len"], start + 1)
+        candidates = CandidatePool(c["pool_token"], c["pool_parent"], c["pool_prob"], c["pool_level"])
+        if candidates.n == 0:  # at the length limit nothing was drafted: the root alone, no route to look up
+            pool = candidates.view(root_routes, num_experts)
+            recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], (), c["drafted_levels"], cap))
+            continue
         path = accepted_path_in_pool(c["pool_parent"], c["pool_token"], output[start + 1 :])
         if len(path) < len(c["accepted_path"]):
             path = tuple(c["accepted_path"])
-        candidates = CandidatePool(c["pool_token"], c["pool_parent"], c["pool_prob"], c["pool_level"])
         cycle = Cycle(key[0], key[1], c["prefix_len"], output[: start + 1])
         pool = candidates.view(atlas.routes(cycle, candidates), num_experts)
-        recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], path, c["drafted_levels"]))
+        recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], path, c["drafted_levels"], cap))
     return recorded
 
 
@@ -183,7 +230,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     requests = read_table(inputs["requests"], REQUEST_SCHEMA, "requests").to_pylist()
     coefficients = read_json(inputs["coefficients"])
     atlas = AtlasRoutes(inputs["atlas"])
-    recorded = recorded_cycles(cycles, requests, atlas)
+    limits = {k: spec[k] for k in ("limit_tokens", "max_new_tokens")}
+    recorded = recorded_cycles(cycles, requests, atlas, limits, spec["max_depth"])
     table = selection_theory(recorded, coefficients["b"], coefficients["beta"], spec["k_max"], spec["max_depth"],
                              spec["beta_multiplier"])
     write_json({**table, "b": coefficients["b"], "beta": coefficients["beta"],

@@ -53,6 +53,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"config key {_key([*error.absolute_path, extra[0]])!r} is not allowed here; allowed keys under {where}: {allowed}"
     if error.validator == "required":
         return f"config key {where!r} is missing {error.message.split(' is a required')[0]}"
+    if error.validator == "not":  # a combination the schema forbids, described on its `not` clause
+        what = error.schema["not"].get("description", "a combination the schema forbids").rstrip(".")
+        return f"config key {where!r}: {what}, which is not allowed ({error.schema.get('description', '').strip()})"
     expected = error.schema.get("description", "")
     return f"config key {where!r}: {error.message}" + (f" (expected: {expected})" if expected else "")
 
@@ -145,16 +148,22 @@ def method_config(config: dict, method: str) -> MethodConfig:
 
 
 def workload_ids(config: dict, workload: str) -> list[int]:
-    """The question ids a workload evaluates, in order."""
+    """The question ids a workload evaluates, in order: ids of its source's id field (Spec-Bench's question_id by
+    default), or row positions when the source maps no id field."""
     q = config["workloads"][workload]["question_ids"]
-    return list(range(q["start"], q["stop"] + 1, q["step"]))
+    return list(range(q["start"], q["stop"] + 1, q.get("step", 1)))
 
 
 def evaluated_question_ids(config: dict) -> list[int]:
-    """Every question id some workload evaluates or calibration probes: the toy models never train on these."""
+    """Every Spec-Bench question id some workload evaluates or calibration probes: the toy models never train on
+    these. A workload whose ``source`` is another dataset evaluates no Spec-Bench question, so its ids (ids of
+    that dataset) are left out (`specfit.questions.workload_source`)."""
+    from specfit.questions import workload_source  # torch- and datasets-free; imported here, as only this needs it
+
     ids = set(config["calibration"]["question_ids"])
     for workload in config["workloads"]:
-        ids.update(workload_ids(config, workload))
+        if workload_source(config, workload) is None:
+            ids.update(workload_ids(config, workload))
     return sorted(ids)
 
 
@@ -217,7 +226,8 @@ def _specfit_imports(path: Path, module: str) -> set[str]:
 # Package data a module reads at run time: an edit to it reruns the rules that run the module.
 MODULE_DATA = {
     "specfit.report.render": ("templates/report.html.j2", "templates/report.md.j2"),
-    "specfit.coefficients": ("data/paper_results.yaml",),
+    "specfit.coefficients": ("data/paper_coefficients.yaml",),
+    "specfit.paper": ("data/paper_results.yaml",),
 }
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from specfit.bench.proportions import paper_proportions, summary
-from specfit.coefficients import paper_results
+from specfit.paper import paper_results
 
 
 def test_paper_proportions_from_tables_2_and_3():

@@ -7,15 +7,22 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
 NUM_EXPERTS, TOP_K = 8, 2
 SLOTS = [0, 1, TOP_K - 1, TOP_K, 3, NUM_EXPERTS, NUM_EXPERTS + 4]
+FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe", "mixtral"]
+DTYPES = [torch.float32, torch.bfloat16]
+# Cross-cache-state tolerance on the tiny targets' logits (|logit| < 1), per dtype. fp32: see CROSS_STATE_ATOL below.
+# bf16: four bf16 ulps at the logits' scale (2**-8 each), for a matmul blocking that rounds one bf16 value of a split
+# forward differently; seen: 0. Rounding each expert's weighted output to bf16 before the sum over the top-k (what
+# the engine did under Mixtral's fp32 gate weights) moved the tree-verify logits by 0.375.
+STATE_ATOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-6}
 
 
 @pytest.fixture
 def offloaded(make_target, forwards):
-    def run(device, slots, family="qwen3_moe", implementation=None, link=None):
+    def run(device, slots, family="qwen3_moe", implementation=None, link=None, dtype=torch.float32):
         """(plain logits, offloaded logits, engine, recorded routes per forward) over the three forwards."""
-        plain = make_target(family, implementation).to(device)
+        plain = make_target(family, implementation).to(device, dtype)
         expected = forwards(plain, device)
-        model = make_target(family, implementation)
+        model = make_target(family, implementation).to(dtype)
         engine = offload_experts(model, OffloadConfig(slots=slots, link=link), device=device)
         with engine.record_routes() as rec:
             got = forwards(model, device)
@@ -57,21 +64,65 @@ def test_logits_equal_plain_and_counters_match_lru(offloaded, assert_counters_ma
         assert all(m <= NUM_EXPERTS for m in stats["per_layer"]["misses"])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 @pytest.mark.parametrize("implementation", ["eager", "batched_mm"])
-def test_other_experts_implementations_run_in_groups(offloaded, assert_counters_match_lru, implementation):
-    expected, got, engine, recorded = offloaded("cpu", 1, implementation=implementation)
+def test_other_experts_implementations_run_in_groups(offloaded, assert_counters_match_lru, implementation, family,
+                                                     dtype):
+    expected, got, engine, recorded = offloaded("cpu", 1, family, implementation, dtype=dtype)
     for want, have in zip(expected, got):
-        assert (want - have).abs().max().item() <= 1e-5
+        assert (want.float() - have.float()).abs().max().item() <= STATE_ATOL[dtype]
     assert_counters_match_lru(engine, recorded, 1)
 
 
-@pytest.mark.parametrize("family", ["olmoe", "qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("slots", [0, 1, NUM_EXPERTS])
-def test_other_families(offloaded, assert_counters_match_lru, family, slots):
-    expected, got, engine, recorded = offloaded("cpu", slots, family=family)
-    for want, have in zip(expected, got):
-        assert (want - have).abs().max().item() <= 1e-5
+def test_families_across_cache_states(offloaded, assert_counters_match_lru, family, dtype, slots):
+    """Cold, split into hit and miss groups, no cache: within the dtype's tolerance, counters as the LRU's."""
+    expected, got, engine, recorded = offloaded("cpu", slots, family=family, dtype=dtype)
+    for want, have in zip(expected, got):  # prefill, KV decode, tree verify
+        assert have.dtype == want.dtype == dtype
+        assert (want.float() - have.float()).abs().max().item() <= STATE_ATOL[dtype]
     assert_counters_match_lru(engine, recorded, slots)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_families_all_resident_and_one_group_are_bit_exact(make_target, forwards, family, dtype):
+    """Per family and dtype, bit for bit the un-offloaded model: (1) a cold prefill with room for every expert,
+    where each layer forward is one group of the whole union through the split path (the same matmuls as the
+    target's grouped_mm call, then the engine's own weighting and sum over the top-k: Mixtral's fp32 gate weights
+    over bf16 states check that it is the target's arithmetic); (2) every forward with all its experts resident,
+    which is one call of the target's own implementation."""
+    plain = make_target(family).to(dtype)
+    want = forwards(plain)
+    model = make_target(family).to(dtype)
+    engine = offload_experts(model, OffloadConfig(slots=NUM_EXPERTS))
+    have = forwards(model)  # a fresh engine: the prefill is all misses, one group per layer
+    assert torch.equal(have[0], want[0])  # (1)
+    engine.reset_stats()
+    have = forwards(model)  # the same tokens again: every expert they route to is resident
+    stats = engine.stats()
+    assert stats["misses"] == 0 and stats["hits"] == stats["demand"] > 0
+    assert all(torch.equal(h, w) for h, w in zip(have, want))  # (2) prefill, KV decode, tree verify
+
+
+def test_mixtral_gate_weights_are_float32_under_bf16(make_target):
+    """The premise of the split path's arithmetic for Mixtral: its router returns fp32 gate weights over bf16 states
+    (Qwen3-MoE's are cast to the states' dtype), so grouped_mm sums the top-k in fp32 and rounds once."""
+    for family, want in (("mixtral", torch.float32), ("qwen3_moe", torch.bfloat16)):
+        model = make_target(family).to(torch.bfloat16)
+        gate = next(m for name, m in model.named_modules() if name.endswith("mlp.gate"))
+        _, weights, _ = gate(torch.randn(3, model.config.hidden_size, dtype=torch.bfloat16))
+        assert weights.dtype == want, family
+
+
+@pytest.mark.parametrize("implementation", ["sonicmoe", "deepgemm"])
+def test_unknown_experts_implementation_is_refused(make_target, implementation):
+    model = make_target(experts_implementation=implementation)
+    with pytest.raises(ValueError, match="not supported by the offload engine"):
+        offload_experts(model, OffloadConfig(slots=1))
 
 
 def test_experts_matter_and_routes_are_the_routers(make_target):

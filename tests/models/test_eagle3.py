@@ -7,8 +7,23 @@ from specfit.models.eagle3 import (
     aux_hidden_states,
     default_aux_layer_ids,
 )
+from specfit.models.checkpoint import tensor_shapes
 from specfit.speculative.tree import tree_mask, tree_positions
 from specfit.errors import SpecFitError
+
+
+# speculators variants: (model_type, decoder layers, options); each must keep the stepping invariants below
+VARIANTS = [
+    ("llama", 1, {}),
+    ("llama", 2, {"norm_output": True}),
+    ("qwen3", 1, {"norm_before_fc": True, "norm_before_residual": True}),
+    ("llama", 1, {"fc_norm": True, "norm_output": True}),
+]
+VARIANT_IDS = ["plain", "2layers-norm_output", "qwen3-norm_before_fc", "fc_norm-norm_output"]
+
+
+def _rms(x, weight, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 def _inputs(drafter, B=2, T=9, seed=3):
@@ -21,9 +36,9 @@ def _inputs(drafter, B=2, T=9, seed=3):
     return ids, hidden, pos
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
-def test_round_trip_keeps_predictions(moe_target, tmp_path, model_type, make_drafter):
-    drafter = make_drafter(moe_target, model_type=model_type)
+@pytest.mark.parametrize(("model_type", "layers", "options"), VARIANTS, ids=VARIANT_IDS)
+def test_round_trip_keeps_predictions(moe_target, tmp_path, model_type, layers, options, make_drafter):
+    drafter = make_drafter(moe_target, model_type=model_type, layers=layers, **options)
     drafter.save_pretrained(tmp_path)
     loaded = Eagle3Drafter.from_pretrained(tmp_path)
     ids, hidden, pos = _inputs(drafter)
@@ -61,8 +76,9 @@ def test_default_aux_layers_come_from_the_target(moe_target, tmp_path, make_draf
     assert loaded.aux_layer_ids == default_aux_layer_ids(6) == (2, 3, 3)
 
 
-def test_cached_steps_equal_one_causal_pass(moe_target, make_drafter):
-    drafter = make_drafter(moe_target)
+@pytest.mark.parametrize(("model_type", "layers", "options"), VARIANTS, ids=VARIANT_IDS)
+def test_cached_steps_equal_one_causal_pass(moe_target, make_drafter, model_type, layers, options):
+    drafter = make_drafter(moe_target, model_type=model_type, layers=layers, **options)
     ids, hidden, pos = _inputs(drafter)
     cache = DynamicCache()
     with torch.no_grad():
@@ -72,9 +88,10 @@ def test_cached_steps_equal_one_causal_pass(moe_target, make_drafter):
     assert cache.get_seq_length() == 9
 
 
-def test_tree_mask_equals_sequential_paths(moe_target, make_drafter):
+@pytest.mark.parametrize(("model_type", "layers", "options"), VARIANTS, ids=VARIANT_IDS)
+def test_tree_mask_equals_sequential_paths(moe_target, make_drafter, model_type, layers, options):
     """A draft tree in one masked forward gives each node the logits of a sequential pass along its path."""
-    drafter = make_drafter(moe_target)
+    drafter = make_drafter(moe_target, model_type=model_type, layers=layers, **options)
     P = 5
     ids, hidden, pos = _inputs(drafter, B=1, T=P + 6)
     parents = [-1, -1, 0, 0, 1, 2]  # node -> parent node (-1: the prefix's last position)
@@ -117,3 +134,62 @@ def test_to_target_ids_uses_d2t(moe_target, make_drafter):
     draft = torch.arange(drafter.draft_vocab_size)
     target = drafter.to_target_ids(draft)
     assert torch.equal(drafter.t2d.nonzero().squeeze(1), target)
+
+
+def test_norm_before_fc_normalizes_the_concatenated_features(moe_target, make_drafter):
+    """speculators' norm_before_fc (gpt-oss drafters): fc(RMSNorm(cat(h_a, h_b, h_c))) with input_norm [3H]."""
+    drafter = make_drafter(moe_target, norm_before_fc=True)
+    aux = torch.randn(2, 5, 3 * 32)  # [B, T, 3H]
+    with torch.no_grad():
+        expected = drafter.fc(_rms(aux, drafter.input_norm.weight))
+        torch.testing.assert_close(drafter.fuse(aux), expected, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(drafter.fuse(aux), drafter.fc(aux))
+    assert drafter.input_norm.weight.shape == (3 * 32,) and drafter.fc_norm is None
+
+
+def test_fc_norm_normalizes_each_feature(moe_target, make_drafter):
+    """speculators' fc_norm: fc(cat(Norm_a(h_a), Norm_b(h_b), Norm_c(h_c))), one [H] norm per tapped layer."""
+    drafter = make_drafter(moe_target, fc_norm=True)
+    aux = torch.randn(2, 5, 3 * 32)  # [B, T, 3H]
+    with torch.no_grad():
+        chunks = aux.split(32, dim=-1)
+        expected = drafter.fc(torch.cat([_rms(h, n.weight) for h, n in zip(chunks, drafter.fc_norm)], dim=-1))
+        torch.testing.assert_close(drafter.fuse(aux), expected, rtol=1e-5, atol=1e-6)
+    assert len(drafter.fc_norm) == 3 and drafter.input_norm is None
+
+
+def test_norm_output_feeds_back_the_normed_state(moe_target, make_drafter):
+    """speculators' norm_output (EAGLE 3.1): the next draft step reads norm(h), the same the LM head reads."""
+    plain = make_drafter(moe_target)
+    normed = make_drafter(moe_target, norm_output=True)
+    ids, hidden, pos = _inputs(plain)
+    with torch.no_grad():
+        logits, h = plain(ids, hidden, pos)
+        logits2, h2 = normed(ids, hidden, pos)
+        torch.testing.assert_close(h2, plain.norm(h), rtol=0, atol=0)
+        assert torch.equal(logits, logits2) and not torch.allclose(h, h2)
+
+
+def test_further_layers_are_plain_decoder_layers_after_the_first(moe_target, make_drafter):
+    """With num_hidden_layers = 2, layers.1 is a plain decoder layer over the first one's output: with its
+    output projections zeroed, the drafter is the one-layer drafter of the same weights."""
+    two = make_drafter(moe_target, layers=2)
+    one = make_drafter(moe_target)
+    state = {k: v for k, v in two.state_dict().items() if not k.startswith("layers.1.")}
+    one.load_state_dict(state)
+    ids, hidden, pos = _inputs(two)
+    with torch.no_grad():
+        assert not torch.allclose(two(ids, hidden, pos)[0], one(ids, hidden, pos)[0])
+        two.layers[1].self_attn.o_proj.weight.zero_()
+        two.layers[1].mlp.down_proj.weight.zero_()
+        torch.testing.assert_close(two(ids, hidden, pos)[0], one(ids, hidden, pos)[0], rtol=0, atol=1e-6)
+    assert type(two.layers[1].self_attn.q_proj.weight) is type(one.layers[0].self_attn.q_proj.weight)
+    assert two.layers[1].self_attn.q_proj.in_features == 32 and two.layers[0].self_attn.q_proj.in_features == 64
+
+
+def test_headers_name_every_tensor_without_reading_it(moe_target, tmp_path, make_drafter):
+    drafter = make_drafter(moe_target, layers=2, fc_norm=True)
+    drafter.save_pretrained(tmp_path)
+    shapes = tensor_shapes([tmp_path / "model.safetensors"])
+    assert shapes == {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    Eagle3Drafter.check_weights(drafter.config, shapes, tmp_path)  # what the config needs, and nothing else

@@ -15,7 +15,9 @@ DEVICE = "cpu-a100link"
 N_REQUESTS = 6  # per fake run; the same request ids and output lengths in every run (lossless methods)
 
 
-def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE,)) -> dict:
+def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE,), workload="gsm8k",
+              paper=None) -> dict:
+    """One workload (``workload``, GSM8K questions 401-402; ``paper``: its config key of that name)."""
     all_methods = {
         "ar": {"rule": "ar"},
         "eagle3": {"rule": "eagle3", "k_max": 7, "max_depth": 5, "top_k_expand": 2},
@@ -24,15 +26,16 @@ def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE
                           "accuracy": 0.6},
     }
     return {
-        "workloads": {"gsm8k": {"question_ids": {"start": 401, "stop": 402, "step": 1}, "limit_tokens": 512,
-                                "max_new_tokens": 16, "max_requests": 2,
-                                "subset_label": "toy subset: first 2 GSM8K questions"}},
+        "workloads": {workload: {"question_ids": {"start": 401, "stop": 402, "step": 1}, "limit_tokens": 512,
+                                 "max_new_tokens": 16, "max_requests": 2,
+                                 "subset_label": "toy subset: first 2 GSM8K questions",
+                                 **({} if paper is None else {"paper": paper})}},
         "models": {"toy": {"target": "data/models/toy/target", "drafter": "data/models/toy/drafter",
                            "dtype": "float32", "toy": True, "main_slots": {d: 4 for d in devices}}},
         "devices": {d: {"torch_device": "cpu", "max_inflight": 2, "link": {"bandwidth_gbps": 1.5, "latency_us": 50},
                         "label": f"CPU, link emulated ({d})", "coefficients": "fit", "gpu": ""} for d in devices},
         "methods": {m: all_methods[m] for m in methods},
-        "runs": [{"models": ["toy"], "devices": list(devices), "workloads": ["gsm8k"], "methods": list(methods),
+        "runs": [{"models": ["toy"], "devices": list(devices), "workloads": [workload], "methods": list(methods),
                   "slots": list(slots)}],
         "calibration": {"question_ids": [401, 402, 403], "cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2},
         "theory": {"beta_multiplier": 2.0},
@@ -70,6 +73,11 @@ def decode_tps(rows) -> float:
     return (sum(r["n_output"] for r in rows) - len(rows)) / sum(r["t_request_s"] - r["t_prefill_s"] for r in rows)
 
 
+def request_tps(rows) -> float:
+    """Eq. 10's TPS_req, as specfit.metrics.stream_metrics computes it: every output token over whole requests."""
+    return sum(r["n_output"] for r in rows) / sum(r["t_request_s"] for r in rows)
+
+
 def write_requests(root: Path, run, rows) -> None:
     pq.write_table(pa.Table.from_pylist(rows), root / run.file("requests.parquet"))
 
@@ -79,11 +87,11 @@ def fake_metrics(rng, run, spec, rows) -> dict:
     lossless = None
     if rule != "ar":
         divergences = [{"request_id": 1, "position": 7, "margin": 0.0123}] if rule == "specfit" and run.slots else []
-        lossless = {"reference": f"data/decode/toy/{run.device}/gsm8k/ar/slots0", "n_requests": 2,
-                    "n_identical": 2 - len(divergences), "divergences": divergences}
+        lossless = {"reference": f"data/decode/toy/{run.device}/{run.workload}/ar/slots0/requests.parquet",
+                    "n_requests": 2, "n_identical": 2 - len(divergences), "missing": 0, "divergences": divergences}
     fresh = int(rng.integers(5, 100))
     return {
-        "tps_dec": decode_tps(rows), "tps_req": float(rng.uniform(2, 12)),
+        "tps_dec": decode_tps(rows), "tps_req": request_tps(rows),
         "draft_nodes_per_cycle": 0.0 if rule == "ar" else float(rng.uniform(1, 7)),
         "committed_per_cycle": 1.0 if rule == "ar" else float(rng.uniform(1, 5)),
         "committed_per_cycle_fresh": 1.0 if rule == "ar" else float(rng.uniform(1, 4)),
@@ -91,6 +99,7 @@ def fake_metrics(rng, run, spec, rows) -> dict:
         "cycles_fresh": fresh, "cycles_repeated": int(rng.integers(0, fresh)),
         "cycles": int(rng.integers(10, 200)), "ms_per_cycle": float(rng.uniform(5, 500)),
         "h2d_per_token": float(rng.uniform(1, 400)), "draft_ms_per_cycle": float(rng.uniform(0, 50)),
+        "verify_ms_per_cycle": float(rng.uniform(2, 400)),
         "select_ms_median": float(rng.uniform(0, 3)) if rule == "specfit" else None,
         "select_share_pct": float(rng.uniform(0, 2)) if rule == "specfit" else None,
         "lossless": lossless, "link_emulated": True, "timing_label": "emulated link (1.5 GB/s, 50 us)",
@@ -128,11 +137,13 @@ def fake_root(root: Path, spec: dict, seed: int = 0) -> dict:
         theory = {"cycles": 123, "lambda_star": 0.0456789, "theta": 0.0451234, "gap_pct": 0.81, "bound_pct": 1.52,
                   "s_star_differs_pct": 22.2, "rho_cv": 0.33, "s_star_gain_pct": 0.42, "union_per_reward_beta": 35.5,
                   "union_per_reward_2beta": 31.25, "selected_nodes_beta": 2.5, "selected_nodes_2beta": 2.0,
-                  "drafted_levels_mean": 3.1, "stopped_early_pct": 55.5, "dinkelbach_iterations": 3,
-                  "recorded_selection_differs_pct": 0.0}
-        path = root / paths.theory("toy", device, "gsm8k")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(theory))
+                  "drafted_levels_mean": 3.1, "stopped_early_pct": 55.5, "length_limited_cycles": 7,
+                  "empty_pool_cycles": 2, "dinkelbach_iterations": 3, "recorded_selection_differs_pct": 0.0}
+        for run in theory_runs(spec):
+            if run.device == device:
+                path = root / paths.theory("toy", device, run.workload)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(theory))
         written[device, "theory"] = theory
     return written
 

@@ -36,3 +36,31 @@ def test_roles_read_the_route_source_with_its_default():
 def test_devices_map_to_the_paper_by_name_then_order():
     spec = tiny_spec(devices=(DEVICE, "cpu-4090link", "cpu-other"))
     assert [paper_device(spec, d) for d in spec["devices"]] == ["a100", "rtx4090", "rtx4090"]
+
+
+def test_the_paper_config_puts_its_workloads_and_noisy_routes_where_the_paper_has_them(root):
+    """config.qwen3-30b-a3b.yaml over config.yaml: gsm8k-odd stands for gsm8k (Table 4 on the RTX 4090), and the
+    route-prediction runs are on the A100 on the paper's 40 GSM8K questions, with their own AR baseline."""
+    import yaml
+    from snakemake.utils import update_config
+
+    from specfit.paper import paper_results
+    from specfit.report.paper import paper_workload, stand_ins
+    from specfit.workflow import DecodeRun, decode_runs, validate_config, workload_ids
+
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    update_config(config, yaml.safe_load((root / "config.qwen3-30b-a3b.yaml").read_text()))
+    config = validate_config(config, root / "workflow/schemas/config.schema.yaml")
+    roles, runs = Roles.of(config), decode_runs(config)
+    assert paper_workload(config, "gsm8k-odd") == "gsm8k" and paper_workload(config, "gsm8k") == "gsm8k"
+    model = "qwen3-30b-a3b"
+    assert stand_ins(config, runs, roles, model, "a100") == {"summarization": "summarization", "gsm8k": "gsm8k"}
+    assert stand_ins(config, runs, roles, model, "rtx4090") == {"gsm8k": "gsm8k-odd"}
+    paper = paper_results()["route_prediction"]
+    q = paper["questions"]
+    assert workload_ids(config, "gsm8k-odd") == list(range(q["start"], q["stop"] + 1, q["step"]))
+    assert len(workload_ids(config, "gsm8k-odd")) == 40 and config["workloads"]["gsm8k-odd"]["max_requests"] is None
+    noisy = [r for r in runs if r.method in roles.noisy]
+    assert noisy == [DecodeRun(model, paper["device"], "gsm8k-odd", "specfit-noisy", 48)]
+    for method, slots in ((roles.specfit, 48), (roles.ar, 0)):  # exact routes and the baseline, same questions
+        assert DecodeRun(model, "a100", "gsm8k-odd", method, slots) in runs

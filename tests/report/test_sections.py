@@ -4,11 +4,11 @@ import json
 import re
 
 import pytest
-from report_fakes import DEVICE, declared, decode_tps, fake_root, runs_by, tiny_spec, write_requests
+from report_fakes import DEVICE, declared, decode_tps, fake_root, request_tps, runs_by, tiny_spec, write_requests
 from report_md import assert_no_win_inside_a_tie, find, key_of, md_tables, pct_text, ratio_of, tps_text, x_text
 
 from specfit import report
-from specfit.report.inputs import DRAFT_KEYS, METRICS, SPLIT_KEYS
+from specfit.report.inputs import DRAFT_KEYS, METRICS, SPLIT_KEYS, TOKENS_PER_TRANSFER
 from specfit.report.page import EMULATED, interval_note
 
 
@@ -19,6 +19,7 @@ def test_counters_table_gives_back_the_metrics(built):
     assert all(f"[{EMULATED}]" in h for h in header[2:] if METRICS[key_of(h)].timing)
     keys = [key_of(h) for h in header[2:]]
     assert keys[keys.index("committed_per_cycle") + 1:][:4] == list(SPLIT_KEYS)  # beside Committed
+    assert keys[-2:] == ["draft_ms_per_cycle", "verify_ms_per_cycle"]
     seen = set()
     for row in rows:
         method, cache = row[0], row[1]
@@ -32,6 +33,18 @@ def test_counters_table_gives_back_the_metrics(built):
             else:
                 assert cell == format(written[run][key], METRICS[key].fmt), (run, key)
     assert len(seen) == 6
+    # tokens per transfer: output tokens per H2D expert transfer (1 / H2D/token), SpecFit's over EAGLE-3's
+    header, rows = find(tables, f"Tokens per transfer, toy / {DEVICE}, gsm8k")
+    assert header == ["Method", "Cache", "H2D/token", TOKENS_PER_TRANSFER,
+                      "Tokens per transfer over eagle3 at the same cache (%)"]
+    runs = runs_by(written)
+    for row in rows:
+        run = runs[row[0], 0 if row[1] == "No" else 4]
+        h2d = written[run]["h2d_per_token"]
+        eagle = written[runs["eagle3", run.slots]]["h2d_per_token"]
+        assert row[2:4] == [f"{h2d:.1f}", f"{1 / h2d:.4f}"]
+        assert row[4] == ("–" if row[0] == "eagle3" else f"{100 * (eagle / h2d - 1):.1f}")
+    assert len(rows) == 6
 
 
 def test_throughput_and_speedup(built):
@@ -50,7 +63,9 @@ def test_throughput_and_speedup(built):
         assert row[4] == x_text(ci)
     assert next(row[4] for row in rows if row[:2] == ["ar", "No"]) == "1.00× [1.00, 1.00] tie"
     md = (out / "report.md").read_text()
-    assert assert_no_win_inside_a_tie(md) == 6 + 6 + 4  # throughput, paper speedups, headline TPS ratios
+    # throughput, gains at the same cache (decode and request TPS, with and without cache), paper speedups,
+    # headline TPS ratios (four of decode TPS, one of request TPS)
+    assert assert_no_win_inside_a_tie(md) == 6 + 4 + 6 + 5
     assert interval_note(0) in md and "2000 resamples, seed 0" in md and "paired" in md
     assert md.count(interval_note(0)) == 3  # the top, the throughput and the paper sections
 
@@ -62,6 +77,7 @@ def test_a_ratio_whose_interval_holds_one_is_a_tie(tree):
 
     def replace(run, rows):
         written["requests", run], written[run]["tps_dec"] = rows, decode_tps(rows)
+        written[run]["tps_req"] = request_tps(rows)
         write_requests(tree, run, rows)
         (tree / run.file("metrics.json")).write_text(json.dumps(written[run]))
 
@@ -90,7 +106,7 @@ def test_a_ratio_whose_interval_holds_one_is_a_tie(tree):
     fewer = 100 * (1 - written[runs["specfit", 4]]["committed_per_cycle"] / written[runs["eagle3", 4]][
         "committed_per_cycle"])
     assert cells["SpecFit commits fewer tokens per cycle than cached EAGLE-3 (%)"] == f"{fewer:.1f}"
-    assert assert_no_win_inside_a_tie(md) == 6 + 6 + 4
+    assert assert_no_win_inside_a_tie(md) == 6 + 4 + 6 + 5
 
 
 def test_theory_calibration_and_lossless(built):
@@ -112,12 +128,19 @@ def test_theory_calibration_and_lossless(built):
                                           f"{written[DEVICE, 'nocache']['beta']:.4f}", "0.2107", "0.4080"]
 
     header, rows = find(tables, "Lossless check per run")
-    by_run = {(row[1], row[2]): row for row in rows}
-    assert by_run["specfit", "Yes (4)"][header.index("Identical requests")] == "1/2"
-    assert by_run["eagle3", "No"][header.index("Identical requests")] == "2/2"
-    assert "reference" in by_run["ar", "No"][header.index("Reference")]
+    by_run = {(row[1], row[2]): dict(zip(header, row)) for row in rows}
+    fit, eagle = by_run["specfit", "Yes (4)"], by_run["eagle3", "No"]
+    assert fit["Identical to the reference"] == "identical: 1 of 2 requests"
+    assert fit["Not identical (first divergence, top-2 margin)"] == "request 1 (position 7, margin 0.0123)"
+    assert fit["Verdict"] == "diverges: 1 of 2 requests differ from the reference"
+    assert "lossless" not in fit["Verdict"]  # a run with a divergence is never shown as lossless
+    assert eagle["Identical to the reference"] == "identical: 2 of 2 requests"
+    assert eagle["Not identical (first divergence, top-2 margin)"] == "none"
+    assert eagle["Verdict"] == "lossless: all 2 requests identical"
+    assert by_run["ar", "No"]["Reference"] == "(this run is the reference)"
+    assert fit["Reference"] == f"data/decode/toy/{DEVICE}/gsm8k/ar/slots0/requests.parquet"
     header, rows = find(tables, "Every divergence")
-    assert rows == [["gsm8k", "specfit", "Yes (4)", "1", "7", "0.0123"]]
+    assert rows == [["gsm8k", "specfit", "Yes (4)", "1", "7", "–", "–", "0.0123"]]
 
 
 def test_sweep_noisy_second_device_and_missing_inputs(tree):
@@ -146,11 +169,11 @@ def test_sweep_noisy_second_device_and_missing_inputs(tree):
         run = runs[row[0], 0 if row[2] == "No" else int(row[2][5:-1])]
         assert row[3:5] == [tps_text(written, run), x_text(ratio_of(written, run, runs["ar", 0]))]
     header, rows = find(tables, "gsm8k on every device")
-    assert {row[0] for row in rows} == {DEVICE, "cpu-4090link"}
+    assert {row[0] for row in rows} == {DEVICE, "cpu-4090link"} and {row[1] for row in rows} == {"gsm8k"}
     for row in rows:
         if row[0] == DEVICE:
-            run = runs[row[1], 0 if row[2] == "No" else 4]
-            assert row[3:5] == [tps_text(written, run), x_text(ratio_of(written, run, runs["ar", 0]))]
+            run = runs[row[2], 0 if row[3] == "No" else 4]
+            assert row[4:6] == [tps_text(written, run), x_text(ratio_of(written, run, runs["ar", 0]))]
     assert assert_no_win_inside_a_tie(md) > 40
     find(tables, f"Headline ratios, cpu-4090link vs paper rtx4090, gsm8k [{EMULATED}]")
 
@@ -167,3 +190,8 @@ def test_method_defaults_come_from_the_method_config(tree):
     find(tables, "Theory on the pools")
     header, rows = find(tables, f"Exact vs noisy routes, toy / {DEVICE}")
     assert {row[1] for row in rows} == {"exact (atlas)", "noisy, accuracy 0.6"}
+    # the paper's 2.27× / 2.26× beside, with a word that these are not its 40 questions
+    assert [row[-1] for row in rows] == ["–", "–", "2.27×", "2.26×"]  # at the main slots only
+    assert [row[2] for row in rows] == ["No", "No", "Yes (4)", "Yes (4)"]
+    assert ("gsm8k does not run the paper's 40 odd-numbered GSM8K questions"
+            in (tree / "report" / "report.md").read_text())

@@ -65,3 +65,11 @@ def test_a_package_init_counts_and_type_only_imports_do_not(package):
     assert "if TYPE_CHECKING:\n    from specfit.selection.pool import CandidatePool" in source
     assert "specfit.selection.pool" not in wf._specfit_imports(package / "speculative" / "routes.py",
                                                               "specfit.speculative.routes")
+
+
+def test_an_edit_to_the_papers_figures_reruns_only_the_report(package):
+    before = {stage: code_hash(stage) for stage in STAGES}
+    edit(package / "data" / "paper_results.yaml")
+    assert {stage for stage in STAGES if code_hash(stage) != before[stage]} == {"specfit.report"}
+    edit(package / "data" / "paper_coefficients.yaml")  # the calibration presets
+    assert code_hash("specfit.calibrate") != before["specfit.calibrate"]

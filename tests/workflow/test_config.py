@@ -123,3 +123,9 @@ def test_code_hash_follows_package_data(tmp_path, monkeypatch):
     before = code_hash("specfit.report")
     (pkg / "templates" / "page.j2").write_text("<b>{{ x }}</b>")  # a template edit reruns the report
     assert code_hash("specfit.report") != before
+
+
+def test_a_forbidden_combination_says_what_it_is(config, schema):
+    config["workloads"]["gsm8k"]["source"] = {"path": "data/raw/gsm8k/test.jsonl", "hub": "openai/gsm8k"}
+    with pytest.raises(ConfigError, match=r"workloads\.gsm8k\.source.*Both `path` and `hub` set, which is not allowed"):
+        validate_config(config, schema)

@@ -28,7 +28,8 @@ from specfit.engine import make_engine
 from specfit.io import read_json
 from specfit.models import eos_ids, load_drafter, load_target
 from specfit.ngrams import stream_split
-from specfit.coefficients import paper_results, preset
+from specfit.coefficients import preset
+from specfit.paper import paper_results
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits, decode_request

@@ -20,13 +20,17 @@ expert is still loaded at most once per layer forward.
 prefill included; within a layer forward an expert shared by several tokens is loaded once, into a scratch of
 ``num_experts`` slots shared by all layers.
 
-What the numbers guarantee, on every machine: a layer forward whose experts are all resident (all hits) is one
-call of the target's own experts implementation on the same values, so it is bit-identical to the un-offloaded
-model. A forward with misses (cold, warm and split into hit and miss groups, no cache) computes per group and
-sums over the top-k once, so it differs only in rounding: fp32 logits agree with the all-hit ones to a few ulps
-(the tests hold them to 1e-5 absolute), and routes and greedy tokens are the same unless a router or argmax
-margin is itself within rounding. It is not bit-identical everywhere (the rows a matmul computes together change
-its blocking on some CPUs), so whatever compares runs across cache states (the route atlas) tolerates that.
+What the numbers guarantee, on every machine, for every family and dtype: a layer forward whose experts are all
+resident (all hits) is one call of the target's own experts implementation on the same values, so it is
+bit-identical to the un-offloaded model. A forward with misses (cold, warm and split into hit and miss groups, no
+cache) computes each routed entry's expert output per group and then weights and sums the top-k once, in the
+dtypes and the order of the target's own implementation (``SPLIT_ARITHMETIC``: Mixtral's router returns float32
+gate weights, under which grouped_mm sums bfloat16 expert outputs in float32 and rounds once), so it differs only
+in rounding: fp32 logits agree with the all-hit ones to a few ulps (the tests hold them to 1e-5 absolute), bf16
+logits to a few bf16 ulps, and routes and greedy tokens are the same unless a router or argmax margin is itself
+within rounding. It is not bit-identical everywhere (the rows a matmul computes together change its blocking on
+some CPUs), so whatever compares runs across cache states (the route atlas) tolerates that. Experts
+implementations other than those of ``SPLIT_ARITHMETIC`` are refused.
 """
 
 from __future__ import annotations
@@ -46,6 +50,12 @@ from specfit.engine.families import MoEFamily, family_of, moe_experts
 from specfit.engine.link import Link, LinkModel
 
 EXPERTS_IMPLEMENTATION = "specfit_offload"
+
+# How each supported experts implementation of transformers combines an entry's expert output with its gate weight,
+# which a forward split into cache groups reproduces (an all-hit forward is the implementation's own call):
+# "promote": output * weight in the promoted dtype, summed over the top-k there, cast to the states' dtype once;
+# "sequential": each weighted entry cast to the states' dtype, added in increasing expert id (every eager forward).
+SPLIT_ARITHMETIC = {"grouped_mm": "promote", "batched_mm": "promote", "eager": "sequential"}
 
 
 @dataclass(frozen=True)
@@ -298,14 +308,15 @@ class _OffloadedLayer:
 
         if not misses and steps:  # all hits: one call of the target's own implementation over the slot rows
             return self._compute(steps[0][1], True, hidden_states, top_k_index, top_k_weights)
-        # Several groups: one row per routed entry, top-1 each, so that every group returns its entries' weighted
-        # outputs [T*k, H] (zero elsewhere) and the sum over k happens once, in the same order as in the target's
-        # own path above. How hits and misses split the forward changes only the rounding (which rows a matmul
-        # computes together), not the experts or the order of the sum: see the module docstring.
+        # Several groups: one row per routed entry, top-1 each, with a unit gate weight, so that every group
+        # returns its entries' expert outputs [T*k, H] exactly (zero elsewhere). The gate weights are applied and
+        # the top-k summed once, afterwards, as the target's own implementation does it (see _combine). How hits
+        # and misses split the forward changes only the rounding (which rows a matmul computes together), not the
+        # experts, the dtypes or the order of the sum: see the module docstring.
         T, k = top_k_index.shape
         entry_states = hidden_states.repeat_interleave(k, dim=0)  # [T*k, H]
         entry_index = top_k_index.reshape(T * k, 1)  # [T*k, 1]
-        entry_weights = top_k_weights.reshape(T * k, 1)  # [T*k, 1]
+        entry_weights = torch.ones(T * k, 1, dtype=hidden_states.dtype, device=hidden_states.device)  # [T*k, 1]
         out = None
         in_flight: list = []
         for step in steps:
@@ -323,7 +334,28 @@ class _OffloadedLayer:
             out = part if out is None else out.add_(part)
         if out is None:
             return torch.zeros_like(hidden_states)
-        return out.view(T, k, -1).sum(dim=1)  # [T, H]
+        return self._combine(out, top_k_index, top_k_weights)  # [T, H]
+
+    def _combine(self, outputs: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        """The weighted sum over the top-k of the entries' expert outputs [T*k, H], in the target's arithmetic.
+
+        grouped_mm and batched_mm multiply in the promoted dtype (float32 when the router returns float32 gate
+        weights, as Mixtral's does, over bfloat16 states), sum over k in the entries' order there and cast to the
+        states' dtype once. The eager forward casts each weighted entry to the states' dtype and adds the entries
+        of a token in increasing expert id, rounding after each addition (``index_add_`` expert by expert).
+        """
+        T, k = top_k_index.shape
+        dtype = outputs.dtype
+        weighted = (outputs * top_k_weights.reshape(T * k, 1)).view(T, k, -1)  # [T, k, H], the promoted dtype
+        if self.engine.split_arithmetic == "promote":
+            return weighted.sum(dim=1).to(dtype)
+        weighted = weighted.to(dtype)
+        order = top_k_index.argsort(dim=1)  # [T, k]: each token's entries by increasing expert id
+        tokens = torch.arange(T, device=order.device)
+        total = torch.zeros_like(weighted[:, 0])  # [T, H]
+        for j in range(k):
+            total = total + weighted[tokens, order[:, j]]
+        return total
 
     def _compute(
         self,
@@ -380,6 +412,13 @@ class OffloadEngine:
         inner_name = text_config._experts_implementation
         if inner_name == EXPERTS_IMPLEMENTATION:
             raise ValueError("model is already offloaded")
+        if (inner_name or "eager") not in SPLIT_ARITHMETIC:
+            raise ValueError(
+                f"experts implementation {inner_name!r} is not supported by the offload engine: a forward split "
+                f"into cache groups must weight and sum the experts as the implementation does, which is known "
+                f"for {sorted(SPLIT_ARITHMETIC)} (model.set_experts_implementation(...) picks one)"
+            )
+        self.split_arithmetic = SPLIT_ARITHMETIC[inner_name or "eager"]
         self.num_layers = len(modules)
         self.num_experts = modules[0].num_experts
         self.top_k = getattr(text_config, self.family.top_k_attr)

@@ -1,6 +1,6 @@
 """The models SpecFit runs: a Hugging Face MoE target and its EAGLE-3 drafter (speculators format)."""
 
 from specfit.models.eagle3 import Eagle3Drafter, aux_hidden_states
-from specfit.models.loading import eos_ids, load_drafter, load_target
+from specfit.models.loading import check_checkpoints, eos_ids, load_drafter, load_target
 
-__all__ = ["Eagle3Drafter", "aux_hidden_states", "eos_ids", "load_drafter", "load_target"]
+__all__ = ["Eagle3Drafter", "aux_hidden_states", "check_checkpoints", "eos_ids", "load_drafter", "load_target"]

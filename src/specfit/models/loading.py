@@ -1,24 +1,25 @@
 """Load the target MoE and its EAGLE-3 drafter from local folders, failing early and clearly.
 
-Every check that can be made from a ``config.json`` runs before any weight is read: loading Qwen3-30B-A3B
-takes minutes, and a wrong path or a drafter for another model should not cost them. Nothing here touches
-the Hugging Face hub.
+Every check that can be made from the ``config.json`` files and the safetensors headers runs before any weight
+is read (`check_checkpoints`): loading Qwen3-30B-A3B and offloading its experts takes minutes, and a wrong path,
+a partial download or a drafter for another model should not cost them. Each error names the config.yaml key
+that set the folder (``models.<name>.target`` / ``.drafter``). Nothing here touches the Hugging Face hub.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
 
-from specfit.models.eagle3 import Eagle3Drafter, default_aux_layer_ids
 from specfit.errors import SpecFitError
+from specfit.models.checkpoint import check_tokenizer, read_config, tensor_shapes, weight_files
+from specfit.models.eagle3 import DRAFTER_KEY, Eagle3Drafter
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # config keys under which the families of transformers name their routed expert count
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+TARGET_KEY = "models.<model>.target"  # the config.yaml key of a target folder, when the caller names none
 
 
 def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -29,65 +30,106 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def read_config(path: str | os.PathLike, what: str, key: str) -> dict:
-    """``config.json`` of a local checkpoint folder; ``key`` names the config.yaml entry that sets ``path``."""
-    config_path = Path(path) / "config.json"
-    if not config_path.is_file():
-        raise SpecFitError(
-            f"no {what} at {path}: expected a local checkpoint folder with config.json and *.safetensors "
-            f"(set by `{key}` in config.yaml)"
-        )
-    return json.loads(config_path.read_text())
+def _text_config(config: dict) -> dict:
+    return config.get("text_config") or config
 
 
 def _num_experts(config: dict) -> int:
-    config = config.get("text_config", config)
+    config = _text_config(config)
     return max((config.get(k) or 0 for k in EXPERT_COUNT_KEYS), default=0)
 
 
-def load_target(path, dtype="bfloat16", device="cpu", key="models.<model>.target"):
-    """(model, tokenizer) of a local MoE causal LM, with sdpa attention."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def check_target(path, key: str = TARGET_KEY) -> dict:
+    """The target's ``config.json``, after checking it is an MoE with all its weight shards and a tokenizer."""
     config = read_config(path, "target model", key)
     if _num_experts(config) == 0:
         raise SpecFitError(
             f"the target at {path} ({config.get('model_type')}) is not a mixture-of-experts model: "
-            f"its config sets none of {', '.join(EXPERT_COUNT_KEYS)}"
+            f"its config sets none of {', '.join(EXPERT_COUNT_KEYS)} (set by `{key}` in config.yaml)"
         )
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch_dtype(dtype), attn_implementation="sdpa", local_files_only=True
+    weight_files(path, "target model", key)
+    check_tokenizer(path, key)
+    return config
+
+
+def check_drafter(path, target_config: dict, key: str = DRAFTER_KEY) -> dict:
+    """The drafter's ``config.json`` (aux layers resolved), after checking it against the target's config.
+
+    ``target_config``: the target's ``config.json`` (or a loaded config's ``to_dict()``). Checks the speculators
+    format and options (`specfit.models.eagle3.check_config`), the hidden size, the vocabulary, the tapped layers
+    and every tensor's name and shape in the safetensors headers. No weight is read.
+    """
+    config = Eagle3Drafter.read_config(path, key)
+    tc = _text_config(target_config)
+    layer = config["transformer_layer_config"]
+    where = f"the drafter at {path} (set by `{key}` in config.yaml)"
+    hidden = config.get("target_hidden_size") or layer.get("hidden_size")
+    if hidden != tc.get("hidden_size"):
+        raise SpecFitError(
+            f"{where} reads target features of hidden size {hidden}, "
+            f"but the target's hidden size is {tc.get('hidden_size')}"
+        )
+    if layer.get("vocab_size") != tc.get("vocab_size"):
+        raise SpecFitError(
+            f"{where} has a target vocabulary of {layer.get('vocab_size')} tokens, "
+            f"but the target's vocabulary has {tc.get('vocab_size')}"
+        )
+    layers = tc.get("num_hidden_layers")
+    config = Eagle3Drafter.with_aux_layer_ids(config, layers, path)
+    aux = config["eagle_aux_hidden_state_layer_ids"]
+    if min(aux) < 0 or max(aux) >= layers:
+        raise SpecFitError(f"{where} taps target layers {list(aux)}, but the target has {layers}")
+    shapes = tensor_shapes(weight_files(path, "EAGLE-3 drafter", key))
+    Eagle3Drafter.check_weights(config, shapes, path, key, embed_from_target=True)
+    if "embed_tokens.weight" not in shapes and layer.get("hidden_size") != tc.get("hidden_size"):
+        raise SpecFitError(
+            f"{where} has no embed_tokens and a hidden size of {layer.get('hidden_size')}, so it cannot take the "
+            f"target's embedding (hidden size {tc.get('hidden_size')})"
+        )
+    return config
+
+
+def check_checkpoints(target, drafter=None, model: str = "<model>") -> None:
+    """Check the target folder and (if given) the drafter folder against it, from their configs and headers.
+
+    Run it before loading: every error comes before the minutes the target takes, naming
+    ``models.{model}.target`` / ``models.{model}.drafter``.
+    """
+    config = check_target(target, f"models.{model}.target")
+    if drafter is not None:
+        check_drafter(drafter, config, f"models.{model}.drafter")
+
+
+def load_target(path, dtype="bfloat16", device="cpu", key=TARGET_KEY):
+    """(model, tokenizer) of a local MoE causal LM, with sdpa attention."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_target(path, key)
+    dtype = torch_dtype(dtype)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa", local_files_only=True, output_loading_info=True
     )
+    # transformers initializes missing tensors at random and only warns: a target that does not fit its config
+    # would decode garbage, losslessly
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = [k for k, *_ in info.get("mismatched_keys") or []]
+    if missing or mismatched:
+        raise SpecFitError(
+            f"the weights of the target at {path} (set by `{key}` in config.yaml) do not fit its config.json: "
+            f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, wrong shape {mismatched[:8]}"
+        )
     if not any(name.endswith("experts") for name, _ in model.named_modules()):
         raise SpecFitError(f"the target at {path} ({type(model).__name__}) has no `experts` modules to offload")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model.to(device).eval(), tokenizer
 
 
-def load_drafter(path, target, dtype=None, device=None, key="models.<model>.drafter") -> Eagle3Drafter:
+def load_drafter(path, target, dtype=None, device=None, key=DRAFTER_KEY) -> Eagle3Drafter:
     """The EAGLE-3 drafter at ``path`` for ``target``; its embedding comes from the target when absent."""
-    config = read_config(path, "EAGLE-3 drafter", key)
-    layer = config.get("transformer_layer_config") or {}
-    tc = target.config.get_text_config()
-    hidden = config.get("target_hidden_size") or layer.get("hidden_size")
-    if hidden != tc.hidden_size:
-        raise SpecFitError(
-            f"the drafter at {path} reads target features of hidden size {hidden}, "
-            f"but the target's hidden size is {tc.hidden_size}"
-        )
-    if layer.get("vocab_size") != tc.vocab_size:
-        raise SpecFitError(
-            f"the drafter at {path} has a target vocabulary of {layer.get('vocab_size')} tokens, "
-            f"but the target's vocabulary has {tc.vocab_size}"
-        )
-    aux = config.get("eagle_aux_hidden_state_layer_ids") or default_aux_layer_ids(tc.num_hidden_layers)
-    if max(aux) >= tc.num_hidden_layers:
-        raise SpecFitError(
-            f"the drafter at {path} taps target layers {list(aux)}, but the target has {tc.num_hidden_layers}"
-        )
+    check_drafter(path, target.config.to_dict(), key)
     dtype = torch_dtype(dtype) if dtype is not None else None
-    return Eagle3Drafter.from_pretrained(path, target=target, dtype=dtype, device=device or target.device)
+    return Eagle3Drafter.from_pretrained(path, target=target, dtype=dtype, device=device or target.device, key=key)
 
 
 def eos_ids(model) -> frozenset[int]:

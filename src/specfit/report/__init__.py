@@ -6,6 +6,10 @@ Per model and device: decode throughput with and without the expert cache (Figur
 the devices side by side (Table 4) and the paper's headline figures beside this run's. Every timing taken
 over an emulated link says so. A missing input empties its section with a note; a malformed one is an error.
 
+The paper's figures sit beside the workload that stands for the paper's on each device: a workload's config key
+``paper`` (gsm8k-odd, the RTX 4090's 40 odd-numbered questions, stands for gsm8k), else its own name when it is
+one of the paper's (`specfit.report.paper.stand_ins`).
+
 Every decode TPS carries its 95% percentile-bootstrap interval over the run's requests (requests.parquet beside
 metrics.json), and every ratio of two runs' TPS a paired bootstrap interval over request ids
 (`specfit.intervals`); a ratio whose interval holds 1 reads "tie", never a win.

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from specfit import intervals, paths
-from specfit.coefficients import paper_results
+from specfit.paper import paper_results
 from specfit.errors import SpecFitError
 from specfit.report.page import est, ratio, show, tagged
 from specfit.stage import paths_of
@@ -50,6 +50,7 @@ METRICS = {
     "ms_per_cycle": Quantity("ms/cycle", ".1f", timing=True),
     "h2d_per_token": Quantity("H2D/token", ".1f"),
     "draft_ms_per_cycle": Quantity("Draft ms/cycle", ".1f", timing=True),
+    "verify_ms_per_cycle": Quantity("Verify ms/cycle", ".1f", timing=True),
     "select_ms_median": Quantity("Selection ms/cycle (median)", ".2f", timing=True),
     "select_share_pct": Quantity("Selection share of decode time (%)", ".2f", timing=True),
     "n_requests": Quantity("Requests", "d"),
@@ -64,7 +65,15 @@ METRICS_REQUIRED = (*(k for k in METRICS if k not in SPLIT_KEYS), LINK_EMULATED,
 # requests.parquet beside each metrics.json (REQUEST_SCHEMA of specfit.speculative.request): the columns the
 # intervals read
 REQUEST_COLUMNS = ("request_id", "n_output", "t_request_s", "t_prefill_s")
-TPS_MATCH_RTOL = 1e-6  # metrics.json's tps_dec and the one its requests.parquet gives must agree
+TOKENS_PER_TRANSFER = "Tokens/transfer"  # output tokens per H2D expert transfer, prefill included: 1 / H2D/token
+
+
+def tokens_per_transfer(m: dict | None) -> float | None:
+    """Output (committed) tokens per H2D expert transfer over whole requests, prefill included (the paper's
+    "token-per-transfer", Section 4.4): 1 / h2d_per_token; None without transfers."""
+    h2d = None if m is None else m.get("h2d_per_token")
+    return None if not h2d else 1.0 / h2d
+TPS_MATCH_RTOL = 1e-6  # metrics.json's tps_dec (tps_req) and the one its requests.parquet gives must agree
 
 # paths.calibration and paths.calibration_points (specfit.calibrate)
 CALIBRATION_REQUIRED = ("b", "beta", "source", "r2", "rmse_ms", "n_points", "slots", "link_emulated")
@@ -95,7 +104,10 @@ THEORY = (
     TheoryRow(("selected_nodes_beta", "selected_nodes_2beta"), "Mean selected nodes at β / 2β", "mean_selected_nodes",
               ".2f"),
     TheoryRow(("drafted_levels_mean",), "Mean drafted levels", "mean_drafted_levels", ".2f"),
-    TheoryRow(("stopped_early_pct",), "Cycles stopped before the deepest level (%)", "stopped_before_5_pct", ".1f"),
+    TheoryRow(("stopped_early_pct",), "Cycles stopped before the deepest level they could draft (%)",
+              "stopped_before_5_pct", ".1f"),
+    TheoryRow(("length_limited_cycles",), "Cycles whose depth the length limit capped", None, "d"),
+    TheoryRow(("empty_pool_cycles",), "… of which drafted nothing (root only)", None, "d"),
     TheoryRow(("recorded_selection_differs_pct",), "Cycles where reselection differs from the recorded Ŝ (%)", None,
               ".1f"),
     TheoryRow(("dinkelbach_iterations",), "Dinkelbach iterations", None, "d"),
@@ -247,6 +259,37 @@ class Inputs:
                 raise SpecFitError(f"{num.path} over {den.path}: {err}") from err
         ci = self._intervals[key]
         return est(ci["value"], ci)
+
+    def request_speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> dict | None:
+        """TPS_req(num) / TPS_req(den), prefill included (Eq. 10), with the same paired bootstrap as `speedup`."""
+        a, b = self.metrics.get(num), self.metrics.get(den)
+        if a is None or b is None or a["tps_req"] is None or not b["tps_req"]:
+            return None
+        if num not in self.requests or den not in self.requests:
+            return est(ratio(a["tps_req"], b["tps_req"]))
+        key = ("request ratio", num, den)
+        if key not in self._intervals:
+            for run in (num, den):
+                self.tps(run)  # its requests.parquet agrees with its metrics.json
+                rows = self.requests[run]
+                tps_req = sum(r["n_output"] for r in rows) / sum(r["t_request_s"] for r in rows)
+                if not math.isclose(tps_req, self.metrics[run]["tps_req"], rel_tol=TPS_MATCH_RTOL):
+                    raise SpecFitError(f"{run.path}: metrics.json has tps_req {self.metrics[run]['tps_req']}, its "
+                                       f"requests.parquet gives {tps_req}: the two files come from different runs")
+            try:
+                self._intervals[key] = intervals.ratio_interval(whole_requests(self.requests[num]),
+                                                                whole_requests(self.requests[den]), seed=self.seed)
+            except ValueError as err:
+                raise SpecFitError(f"{num.path} over {den.path}: {err}") from err
+        ci = self._intervals[key]
+        return est(ci["value"], ci)
+
+
+def whole_requests(rows: list[dict]) -> list[dict]:
+    """Requests as `specfit.intervals` reads them, for Eq. 10's TPS_req: its decode TPS counts n_output − 1
+    tokens over t_request − t_prefill, so one more token and no prefill give n_output over t_request."""
+    return [{"request_id": r["request_id"], "n_output": r["n_output"] + 1, "t_request_s": r["t_request_s"],
+             "t_prefill_s": 0.0} for r in rows]
 
 
 def load_inputs(spec: dict, inputs: dict) -> Inputs:

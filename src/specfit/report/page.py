@@ -71,6 +71,12 @@ def pct_less(a, b):
     return None if r is None else 100.0 * (1.0 - r)
 
 
+def pct_more(a, b):
+    """How many percent ``a`` lies above ``b``."""
+    r = ratio(a, b)
+    return None if r is None else 100.0 * (r - 1.0)
+
+
 def x_fmt(value) -> str:
     return MISSING if value is None else f"{value:.2f}×"
 

@@ -9,12 +9,14 @@ import matplotlib.pyplot as plt
 
 from specfit import paths
 from specfit.report.inputs import (DRAFT_KEYS, LINK_EMULATED, LOSSLESS, METRICS, PAPER_PAIR, RESUMED, SPLIT_KEYS,
-                                   THEORY, TIMING_LABEL, Inputs, column, tps_cell)
+                                   THEORY, TIMING_LABEL, TOKENS_PER_TRANSFER, Inputs, column, tokens_per_transfer,
+                                   tps_cell)
 from specfit.report.page import (EMULATED, MISSING, Part, Section, Table, as_pct, cache_cell, error_bar, fmt,
-                                 interval_note, show, slug, tagged, x_cell, x_fmt)
-from specfit.report.paper import PAPER_DEVICES, Roles, cells, comparison, paper_device
+                                 interval_note, pct_less, pct_more, show, slug, tagged, x_cell, x_fmt)
+from specfit.report.paper import (PAPER_DEVICES, PAPER_WORKLOADS, Roles, cells, comparison, paper_device,
+                                  paper_headline, paper_workload, stand_ins)
 from specfit.report.render import Figures
-from specfit.workflow import DecodeRun, method_config, method_rule, theory_runs
+from specfit.workflow import DecodeRun, method_config, method_rule, theory_runs, workload_ids
 
 
 def main_slots(spec: dict, model: str, device: str) -> int:
@@ -32,6 +34,18 @@ class Group:
         self.main = main_slots(self.spec, model, device)
         self.runs = [r for r in inputs.runs if (r.model, r.device) == (model, device)]
         self.workloads = [w for w in self.spec["workloads"] if any(r.workload == w for r in self.runs)]
+        self.paper_gpu = paper_device(self.spec, device)
+        self.stand_ins = stand_ins(self.spec, inputs.runs, self.roles, model, device)
+
+    def paper_key(self, workload) -> str | None:
+        """The paper's workload whose figures sit beside this workload's on this device (`stand_ins`), else None."""
+        pw = paper_workload(self.spec, workload)
+        return pw if pw is not None and self.stand_ins.get(pw) == workload else None
+
+    def paper_figures(self, workload) -> dict:
+        """The paper's headline figures (by text-claim key) for this device's GPU and the workload, {} if none."""
+        pw = self.paper_key(workload)
+        return {} if pw is None else paper_headline(self.i.paper, self.paper_gpu, pw)
 
     def runs_of(self, workload: str) -> list[DecodeRun]:
         order = list(self.spec["methods"])
@@ -106,15 +120,45 @@ class Group:
                 ["Method", "Cache", column("tps_dec", emulated), column("tps_req", emulated),
                  tagged("Speedup over AR without cache", emulated)],
                 rows))
+            self.gains(sec, w, emulated)
         if sec.tables:
             sec.notes.append(interval_note(self.i.seed))
+            sec.notes.append("Request TPS (Eq. 10, TPS_req) counts every output token over the whole request time, "
+                             "prefill included; Decode TPS leaves the first token and prefill out.")
         return sec
+
+    def gains(self, sec: Section, workload: str, emulated: bool) -> None:
+        """SpecFit over EAGLE-3 at the same cache, in decode TPS and in request TPS (prefill included)."""
+        eagle, fit = self.roles.eagle3, self.roles.specfit
+        if eagle is None or fit is None:
+            return
+        paper = self.paper_figures(workload)
+        rows = []
+        for slots, claim_dec, claim_req in ((self.main, "vs_cached_eagle3_pct", "incl_prefill_pct"),
+                                            (0, "vs_vanilla_eagle3_no_cache_pct", None)):
+            num, den = self.key(workload, fit, slots), self.key(workload, eagle, slots)
+            if num not in self.i.metrics or den not in self.i.metrics:
+                continue
+            sec.missing += self.i.missing_requests([num, den])
+            row = [cache_cell(slots), show(as_pct(self.i.speedup(num, den)), ".1f"),
+                   show(as_pct(self.i.request_speedup(num, den)), ".1f")]
+            if paper:
+                row += [fmt(paper.get(claim_dec), ".1f"), fmt(paper.get(claim_req) if claim_req else None, ".1f")]
+            rows.append(row)
+        if rows:
+            header = ["Cache", tagged(f"{fit} over {eagle}, Decode TPS (%)", emulated),
+                      tagged(f"{fit} over {eagle}, Request TPS, prefill included (%)", emulated)]
+            if paper:
+                header += [f"Paper {self.paper_gpu}, Decode TPS (%)", f"Paper {self.paper_gpu}, prefill included (%)"]
+            sec.tables.append(Table(tagged(f"Gains at the same cache, {self.workload_title(workload)}", emulated),
+                                    header, rows))
 
     # 2. Tables 2 and 3
     def counters(self) -> Section:
         sec = Section("Verification and transfer counters (Tables 2 and 3)")
         keys = ("draft_nodes_per_cycle", "committed_per_cycle", *SPLIT_KEYS, "cycles", "ms_per_cycle",
-                "h2d_per_token", "draft_ms_per_cycle")
+                "h2d_per_token", "draft_ms_per_cycle", "verify_ms_per_cycle")
+        saving = False
         for w in self.workloads:
             present, emulated = self.present_runs(sec, self.runs_of(w))
             if not present:
@@ -127,14 +171,75 @@ class Group:
                     MISSING if is_ar and k in DRAFT_KEYS else fmt(m.get(k), METRICS[k].fmt) for k in keys])
             sec.tables.append(Table(tagged(f"Counters per verification cycle, {self.workload_title(w)}", emulated),
                                     ["Method", "Cache"] + [column(k, emulated) for k in keys], rows))
+            self.transfers(sec, w, present)
+            saving |= self.time_saved(sec, w)
+        if saving:
+            sec.notes.append("Time saved per cycle: each part's mean ms per cycle (drafting and verification as "
+                             "timed, the rest what ms/cycle leaves); a part's share is its drop over the drop in "
+                             "ms/cycle (n/a when SpecFit's cycle is not shorter), as the paper's 78.3% for "
+                             "verification on summarization.")
         if sec.tables:
             sec.notes.append("Cache: 'Yes (n)' = n expert slots per layer; 'No' = cache cleared before every target "
-                             "forward. H2D/token counts expert transfers per output token, prefill included.")
+                             "forward. H2D/token counts expert transfers per output token, prefill included; "
+                             f"{TOKENS_PER_TRANSFER} is its inverse, output tokens per H2D expert transfer over whole "
+                             "requests (the paper's token-per-transfer, Section 4.4).")
             sec.notes.append("Fresh / repeated cycles: a cycle is repeated when the output 4-gram ending at its first "
                              "committed token already occurred earlier in the output (a loop; the prompt does not "
                              "count), fresh otherwise; 'Committed, fresh / repeated cycles' are the mean committed "
                              "tokens of each kind, so loops can be read apart from fresh text.")
         return sec
+
+    def transfers(self, sec: Section, workload: str, present: list[DecodeRun]) -> None:
+        """Tokens per transfer of every run, and SpecFit's over EAGLE-3's at the same slot count."""
+        eagle = self.roles.eagle3
+        rows = []
+        for r in present:
+            m = self.i.metrics[r]
+            base = self.m(workload, eagle, r.slots) if r.method != eagle else None
+            rows.append([r.method, cache_cell(r.slots), fmt(m.get("h2d_per_token"), METRICS["h2d_per_token"].fmt),
+                         fmt(tokens_per_transfer(m), ".4f"),
+                         fmt(pct_more(tokens_per_transfer(m), tokens_per_transfer(base)), ".1f")])
+        sec.tables.append(Table(f"Tokens per transfer, {self.workload_title(workload)}",
+                                ["Method", "Cache", column("h2d_per_token", False), TOKENS_PER_TRANSFER,
+                                 f"Tokens per transfer over {eagle} at the same cache (%)"], rows))
+
+    def time_saved(self, sec: Section, workload: str) -> bool:
+        """Where the time a SpecFit cycle saves against a cached EAGLE-3 cycle comes from (section 4.2: verification
+        accounts for 78.3% of it on summarization): each part's drop over the drop in ms/cycle."""
+        runs = [self.key(workload, m, self.main) for m in (self.roles.eagle3, self.roles.specfit)]
+        if None in runs or any(r not in self.i.metrics for r in runs):
+            return False
+        e, s = (self.i.metrics[r] for r in runs)
+        keys = ("ms_per_cycle", "draft_ms_per_cycle", "verify_ms_per_cycle")
+        if any(m.get(k) is None for m in (e, s) for k in keys):
+            return False
+        (total_e, draft_e, verify_e), (total_s, draft_s, verify_s) = ([m[k] for k in keys] for m in (e, s))
+        saved = total_e - total_s
+        paper = self.paper_figures(workload)
+        rows = []
+        for label, a, b, claim_cut, claim_share in (
+                ("Whole cycle (ms/cycle)", total_e, total_s, "shorter_cycle_pct", None),
+                ("Drafting", draft_e, draft_s, "drafting_time_cut_pct", None),
+                ("Verification (target forward)", verify_e, verify_s, None, "verification_share_of_saving_pct"),
+                ("Rest (selection, commit, synchronization)", total_e - draft_e - verify_e,
+                 total_s - draft_s - verify_s, None, None)):
+            share = float("nan") if saved <= 0 else 100.0 * (a - b) / saved
+            row = [label, fmt(a, ".2f"), fmt(b, ".2f"), fmt(a - b, ".2f"), fmt(pct_less(b, a), ".1f"),
+                   fmt(share, ".1f")]
+            if paper:
+                row += [fmt(paper.get(claim_cut) if claim_cut else None, ".1f"),
+                        fmt(paper.get(claim_share) if claim_share else None, ".1f")]
+            rows.append(row)
+        emulated = self.emulated(runs)
+        header = ["Part of the cycle", tagged(f"{runs[0].method} ms", emulated),
+                  tagged(f"{runs[1].method} ms", emulated), tagged("Saved ms", emulated), tagged("Cut (%)", emulated),
+                  tagged("Share of the time saved (%)", emulated)]
+        if paper:
+            header += [f"Paper {self.paper_gpu} cut (%)", f"Paper {self.paper_gpu} share of the time saved (%)"]
+        sec.tables.append(Table(tagged(f"Time saved per cycle, {runs[1].method} vs {runs[0].method} with the cache "
+                                       f"({self.main} slots), {self.workload_title(workload)}", emulated),
+                                header, rows))
+        return True
 
     # 3. Figure 4
     def sweep(self) -> Section:
@@ -155,49 +260,78 @@ class Group:
             def get(m, s, k):
                 return None if val[m, s] is None else val[m, s][k]
 
-            with_paper = (paper_device(self.spec, self.device) == "a100" and w == "summarization"
+            def per_transfer(m, s):
+                return tokens_per_transfer(val[m, s])
+
+            # the paper's Figure 4 (A100, summarization), slot counts matched by rank (48, 24, 12, 0)
+            with_paper = (self.paper_gpu == "a100" and self.paper_key(w) == "summarization"
                           and len(common) == len(paper["slots"]))
             sec.missing += self.i.missing_requests(runs)
             tps = {(m, s): self.i.tps(self.key(w, m, s)) for m in pair for s in common}
-            rows = []
+            rows, cost_rows = [], []
             for j, s in enumerate(common):
                 gain = as_pct(self.i.speedup(self.key(w, pair[1], s), self.key(w, pair[0], s)))
-                row = [str(s), tps_cell(tps[pair[0], s]), tps_cell(tps[pair[1], s]),
-                       show(gain, ".1f"), fmt(get(pair[0], s, "ms_per_cycle"), ".1f"),
-                       fmt(get(pair[1], s, "ms_per_cycle"), ".1f"), fmt(get(pair[0], s, "h2d_per_token"), ".1f"),
-                       fmt(get(pair[1], s, "h2d_per_token"), ".1f")]
+                row = [str(s), tps_cell(tps[pair[0], s]), tps_cell(tps[pair[1], s]), show(gain, ".1f")]
+                cost = [str(s), fmt(get(pair[0], s, "ms_per_cycle"), ".1f"), fmt(get(pair[1], s, "ms_per_cycle"), ".1f"),
+                        fmt(pct_less(get(pair[1], s, "ms_per_cycle"), get(pair[0], s, "ms_per_cycle")), ".1f"),
+                        fmt(get(pair[0], s, "h2d_per_token"), ".1f"), fmt(get(pair[1], s, "h2d_per_token"), ".1f"),
+                        fmt(per_transfer(pair[0], s), ".4f"), fmt(per_transfer(pair[1], s), ".4f"),
+                        fmt(pct_more(per_transfer(pair[1], s), per_transfer(pair[0], s)), ".1f")]
                 if with_paper:
-                    row += [str(paper["slots"][j]), fmt(paper["specfit_gain_pct"][j], ".1f")]
+                    p_ms = [paper["ms_per_cycle"][m][j] for m in ("eagle3", "specfit")]
+                    p_h2d = [paper["h2d_per_token"][m][j] for m in ("eagle3", "specfit")]
+                    stated = paper["tokens_per_transfer_advantage_pct"][j]
+                    row += [str(paper["slots"][j]), fmt(paper["decode_tps"]["eagle3"][j], ".2f"),
+                            fmt(paper["decode_tps"]["specfit"][j], ".2f"), fmt(paper["specfit_gain_pct"][j], ".1f")]
+                    cost += [str(paper["slots"][j]), fmt(p_ms[0], ".1f"), fmt(p_ms[1], ".1f"),
+                             fmt(pct_less(p_ms[1], p_ms[0]), ".1f"), fmt(p_h2d[0], ".1f"), fmt(p_h2d[1], ".1f"),
+                             fmt(stated if stated is not None else pct_more(p_h2d[0], p_h2d[1]), ".1f")]
                 rows.append(row)
+                cost_rows.append(cost)
             header = ["Slots", tagged(f"{pair[0]} Decode TPS", emulated), tagged(f"{pair[1]} Decode TPS", emulated),
-                      tagged(f"{pair[1]} gain over {pair[0]} (%)", emulated), tagged(f"{pair[0]} ms/cycle", emulated),
-                      tagged(f"{pair[1]} ms/cycle", emulated), f"{pair[0]} H2D/token", f"{pair[1]} H2D/token"]
+                      tagged(f"{pair[1]} gain over {pair[0]} (%)", emulated)]
+            cost_header = ["Slots", tagged(f"{pair[0]} ms/cycle", emulated), tagged(f"{pair[1]} ms/cycle", emulated),
+                           tagged(f"{pair[1]} cycle shorter (%)", emulated), f"{pair[0]} H2D/token",
+                           f"{pair[1]} H2D/token", f"{pair[0]} {TOKENS_PER_TRANSFER}", f"{pair[1]} {TOKENS_PER_TRANSFER}",
+                           f"{pair[1]} tokens per transfer over {pair[0]} (%)"]
             if with_paper:
-                header += ["Paper slots (A100, by rank)", "Paper gain (%)"]
+                header += ["Paper slots (A100, by rank)", "Paper EAGLE-3 Decode TPS", "Paper SpecFit Decode TPS",
+                           "Paper gain (%)"]
+                cost_header += ["Paper slots (A100, by rank)", "Paper EAGLE-3 ms/cycle", "Paper SpecFit ms/cycle",
+                                "Paper cycle shorter (%)", "Paper EAGLE-3 H2D/token", "Paper SpecFit H2D/token",
+                                "Paper tokens per transfer over EAGLE-3 (%)"]
             sec.tables.append(Table(tagged(f"Slot sweep, {self.workload_title(w)} (0 = no cache)", emulated),
                                     header, rows))
-            fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+            sec.tables.append(Table(tagged(f"Cycle time and transfers per slot count, {self.workload_title(w)} "
+                                           "(0 = no cache)", emulated), cost_header, cost_rows))
+            panels = (("tps_dec", column("tps_dec", emulated)), ("ms_per_cycle", column("ms_per_cycle", emulated)),
+                      ("h2d_per_token", column("h2d_per_token", False)), (TOKENS_PER_TRANSFER, TOKENS_PER_TRANSFER))
+            fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.4))
             xs = range(len(common))
             for j, m in enumerate(pair):
-                for ax, key in zip(axes, ("tps_dec", "ms_per_cycle", "h2d_per_token")):
-                    ys = [get(m, s, key) for s in common]
+                for ax, (key, _) in zip(axes, panels):
+                    ys = [per_transfer(m, s) if key == TOKENS_PER_TRANSFER else get(m, s, key) for s in common]
                     ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
                             marker="o", color=f"C{j + 1}", label=m)
                     if key == "tps_dec":  # the 95% bootstrap intervals
                         for x, s in zip(xs, common):
                             if (bar := error_bar(tps[m, s])) is not None:
                                 ax.errorbar([x], [tps[m, s]["value"]], yerr=bar, color=f"C{j + 1}", capsize=3)
-            for ax, key in zip(axes, ("tps_dec", "ms_per_cycle", "h2d_per_token")):
+            for ax, (_, title) in zip(axes, panels):
                 ax.set_xticks(list(xs), [str(s) for s in common])
                 ax.set_xlabel("Expert slots per layer")
-                ax.set_title(column(key, emulated), fontsize=9)
+                ax.set_title(title, fontsize=9)
                 ax.legend(fontsize=8)
-            fig.suptitle(tagged(f"{self.model} / {self.device} / {w}: (a) decode TPS, (b) ms/cycle and H2D/token "
-                                "vs slots", emulated), fontsize=9)
+            fig.suptitle(tagged(f"{self.model} / {self.device} / {w}: (a) decode TPS, (b) ms/cycle, H2D/token and "
+                                "tokens per transfer vs slots", emulated), fontsize=9)
             sec.figures.append(self.figures.save(fig, slug(self.model, self.device, w, "sweep"),
                                                  tagged(f"Slot sweep, {self.workload_title(w)}", emulated)))
         if sec.tables:
             sec.notes.append(interval_note(self.i.seed))
+            sec.notes.append(f"{TOKENS_PER_TRANSFER}: output tokens per H2D expert transfer over whole requests, "
+                             "prefill included (1 / H2D/token), as the paper's full-request token-per-transfer "
+                             "advantages (Section 4.4: 28.3%, 42.7% and 49.5% at 48, 24 and 12 slots; at 0 slots "
+                             "computed from Figure 4b).")
         elif not sec.missing:
             sec.notes.append(f"No workload has at least three slot values for both {pair[0]} and {pair[1]}.")
         return sec
@@ -214,10 +348,12 @@ class Group:
             if not workloads:
                 sec.notes.append("No SpecFit run with exact routes at the main slot count: nothing to evaluate.")
             return sec
-        paper = self.i.paper["theory"] if paper_device(self.spec, self.device) == "a100" else {}
+        table5 = self.i.paper["theory"] if self.paper_gpu == "a100" else {}
+        paper = {w: table5[self.paper_key(w)] for w in present if self.paper_key(w) in table5}
         header = ["Quantity"]
         for w in present:
-            header += [w] + (["paper"] if w in paper else [])
+            pw = self.paper_key(w)
+            header += [w] + (["paper" if pw == w else f"paper ({pw})"] if w in paper else [])
         rows = []
         for row in THEORY:
             cells = [row.label]
@@ -231,8 +367,11 @@ class Group:
             rows.append(cells)
         sec.tables.append(Table(f"Theory on the pools SpecFit recorded with the cache ({self.main} slots), "
                                 f"{self.model} / {self.device}, with the with-cache coefficients", header, rows))
-        sec.notes.append("Percentages of λ* refer to the predicted throughput."
-                         + (" Paper: Table 5 (A100)." if paper else ""))
+        sec.notes.append("Percentages of λ* refer to the predicted throughput. Every recorded cycle counts, the ones "
+                         "at the length limit that drafted nothing included. A cycle stopped early when it drafted "
+                         "fewer levels than it could: the pool's depth, or, near the length limit, the levels the "
+                         "room left allowed; a cycle the limit capped that drafted up to its cap did not stop."
+                         + (" Paper: Table 5 (A100; its row counts cycles stopped before level 5)." if paper else ""))
         return sec
 
     # 6. Appendix B
@@ -290,7 +429,7 @@ class Group:
     # 7. section 4.6, selection cost
     def selection_cost(self) -> Section:
         sec = Section("Selection cost (section 4.6)")
-        paper = self.i.paper["selection_cost"] if paper_device(self.spec, self.device) == "a100" else None
+        paper = self.i.paper["selection_cost"] if self.paper_gpu == "a100" else None
         rows = []
         emulated = False
         for w in self.workloads:
@@ -299,11 +438,12 @@ class Group:
             emulated |= any_emulated
             for r in present:
                 m = self.i.metrics[r]
+                pw = self.paper_key(w)
                 is_main = r.method == self.roles.specfit and r.slots == self.main and paper is not None
                 rows.append([w, r.method, cache_cell(r.slots), fmt(m["select_ms_median"], ".2f"),
                              fmt(m["select_share_pct"], ".2f"),
-                             fmt(paper["median_ms_per_cycle"].get(w), ".2f") if is_main else MISSING,
-                             fmt(paper["share_of_decode_time_pct"].get(w), ".1f") if is_main else MISSING])
+                             fmt(paper["median_ms_per_cycle"].get(pw), ".2f") if is_main else MISSING,
+                             fmt(paper["share_of_decode_time_pct"].get(pw), ".1f") if is_main else MISSING])
         if rows:
             sec.tables.append(Table(tagged("Selector time per cycle, included in every measured throughput", emulated),
                                     ["Workload", "Method", "Cache", column("select_ms_median", emulated),
@@ -315,7 +455,10 @@ class Group:
     def noisy_routes(self) -> Section:
         sec = Section("Sensitivity to route-prediction errors (section 4.6)")
         paper = self.i.paper["route_prediction"]
-        on_a100 = paper_device(self.spec, self.device) == "a100"
+        q = paper["questions"]
+        paper_ids = list(range(q["start"], q["stop"] + 1, q["step"]))
+        paper_label = (f"Paper speedup ({paper['device'].upper()}, {paper['questions_label']}; noisy: "
+                       f"{paper['accuracy_pct']:g}% accuracy)")
         for w in self.workloads:
             noisy = [r for r in self.runs_of(w) if r.method in self.roles.noisy]
             if not noisy:
@@ -323,6 +466,7 @@ class Group:
             ar = self.ar_nocache(w)
             if self.ar_nocache_tps(w) is None:
                 sec.missing += self.i.missing([DecodeRun(self.model, self.device, w, self.roles.ar or "ar", 0)])
+            with_paper = self.paper_gpu == paper["device"] and paper_workload(self.spec, w) == "gsm8k"
             rows, runs = [], []
             for r in noisy:
                 accuracy = method_config(self.spec, r.method).accuracy
@@ -335,7 +479,7 @@ class Group:
                         continue
                     runs.append(run)
                     sec.missing += self.i.missing([run])
-                    shown = on_a100 and run.slots == self.main
+                    shown = with_paper and run.slots == self.main
                     rows.append([run.method, kind, cache_cell(run.slots), tps_cell(self.i.tps(run)),
                                  x_cell(self.i.speedup(run, ar)), x_fmt(paper_x) if shown else MISSING])
             if not any(r in self.i.metrics for r in runs):
@@ -344,18 +488,22 @@ class Group:
             emulated = self.emulated(runs)
             sec.tables.append(Table(tagged(f"Exact vs noisy routes, {self.workload_title(w)}", emulated),
                                     ["Method", "Routes", "Cache", column("tps_dec", emulated),
-                                     tagged("Speedup over AR without cache", emulated),
-                                     "Paper speedup (GSM8K, A100; noisy: 60% accuracy)"],
+                                     tagged("Speedup over AR without cache", emulated), paper_label],
                                     rows))
+            wl = self.spec["workloads"][w]
+            if with_paper and (workload_ids(self.spec, w) != paper_ids or wl.get("max_requests")):
+                sec.notes.append(f"{w} does not run the paper's {paper['questions_label']}: its speedups sit "
+                                 "beside the paper's for orientation only.")
         if not self.roles.noisy:
             sec.notes.append("No method with noisy routes is configured.")
         if sec.tables:
+            sec.notes.append(f"The paper's figures: {paper['source']}.")
             sec.notes.append(interval_note(self.i.seed))
         return sec
 
     # 9. lossless check
     def lossless(self) -> Section:
-        sec = Section("Lossless check: outputs identical to the AR reference")
+        sec = Section("Lossless check: each run's outputs against the AR reference")
         rows, divergences = [], []
         for w in self.workloads:
             present, _ = self.present_runs(sec, self.runs_of(w))
@@ -365,26 +513,58 @@ class Group:
                 common = [w, r.method, cache_cell(r.slots), fmt(m["n_requests"], "d"), fmt(m["n_output_tokens"], "d"),
                           str(m[TIMING_LABEL]), "yes" if m.get(RESUMED) else "no"]
                 if check is None:
-                    rows.append(common + ["(this run is the reference)", MISSING, MISSING])
+                    rows.append(common + ["(this run is the reference)", MISSING, MISSING, "reference"])
                     continue
                 divs = check.get("divergences") or []
-                rows.append(common + [str(check["reference"]), f"{check['n_identical']}/{check['n_requests']}",
-                                      str(len(divs))])
+                rows.append(common + [str(check["reference"]), identical_cell(check), diverged_cell(divs),
+                                      lossless_verdict(check)])
                 for d in divs:
                     divergences.append([w, r.method, cache_cell(r.slots), str(d["request_id"]), str(d["position"]),
+                                        fmt(d.get("ours"), "d"), fmt(d.get("reference"), "d"),
                                         fmt(d["margin"], ".4g")])
         if rows:
             sec.tables.append(Table("Lossless check per run", ["Workload", "Method", "Cache", "Requests",
                                                                 "Output tokens", "Timing", "Resumed", "Reference",
-                                                                "Identical requests", "Divergences"], rows))
+                                                                "Identical to the reference",
+                                                                "Not identical (first divergence, top-2 margin)",
+                                                                "Verdict"], rows))
         if divergences:
-            sec.tables.append(Table("Every divergence: first differing output position and the target's top-2 logit "
-                                    "margin there (a small margin points to a numerical tie, not a bug)",
-                                    ["Workload", "Method", "Cache", "Request", "Position", "Top-2 margin"],
-                                    divergences))
+            sec.tables.append(Table("Every divergence: first differing output position, the tokens there, and the "
+                                    "target's top-2 logit margin on the reference's prefix (a small margin points to "
+                                    "a numerical near-tie, not a bug)",
+                                    ["Workload", "Method", "Cache", "Request", "Position", "This run's token",
+                                     "Reference token", "Top-2 margin"], divergences))
+            sec.notes.append("A run with a divergence is not lossless on that request: its verdict says how many "
+                             "requests diverged, and the requests not listed are identical token for token.")
         elif rows:
             sec.notes.append("No divergences: every checked request matches its reference token for token.")
         return sec
+
+
+def identical_cell(check: dict) -> str:
+    """"identical: x of n requests", and the requests the check could not compare."""
+    text = f"identical: {check['n_identical']} of {check['n_requests']} requests"
+    if check.get("missing"):
+        text += f" ({check['missing']} more without a reference output, not compared)"
+    return text
+
+
+def diverged_cell(divergences: list[dict]) -> str:
+    if not divergences:
+        return "none"
+    return "; ".join(f"request {d['request_id']} (position {d['position']}, margin {fmt(d['margin'], '.4g')})"
+                     for d in divergences)
+
+
+def lossless_verdict(check: dict) -> str:
+    """Lossless only when every request was compared and is identical; a divergence is never "lossless"."""
+    divs = check.get("divergences") or []
+    n, same = check["n_requests"], check["n_identical"]
+    if divs or same < n:
+        return f"diverges: {n - same} of {n} requests differ from the reference"
+    if check.get("missing"):
+        return f"identical on the {n} requests compared; {check['missing']} not compared"
+    return f"lossless: all {n} requests identical"
 
 
 # ------------------------------------------------------------------------------------ per model
@@ -414,19 +594,28 @@ class ModelView:
         return any(m[LINK_EMULATED] for r, m in self.i.metrics.items() if (r.model, r.device) == (self.model, device))
 
     # 4. Table 4
+    def workload_on(self, device: str, group: str) -> str | None:
+        """The workload of ``device`` in a side-by-side group: the device's stand-in for the paper's workload
+        ``group`` (`stand_ins`: gsm8k on the A100, gsm8k-odd on the RTX 4090), else the workload named ``group``."""
+        if group in PAPER_WORKLOADS:
+            return stand_ins(self.spec, self.i.runs, self.roles, self.model, device).get(group)
+        if any(r.model == self.model and r.device == device and r.workload == group for r in self.i.runs):
+            return group
+        return None
+
     def devices_side_by_side(self) -> Section | None:
         if len(self.devices) < 2:
             return None
         sec = Section("Devices side by side (Table 4 style)")
         keys = ("tps_dec", "draft_nodes_per_cycle", "committed_per_cycle", "cycles", "ms_per_cycle", "h2d_per_token")
-        for w in self.spec["workloads"]:
-            devices = [d for d in self.devices if any(r.model == self.model and r.device == d and r.workload == w
-                                                      for r in self.i.runs)]
-            if len(devices) < 2:
+        groups = list(dict.fromkeys(paper_workload(self.spec, w) or w for w in self.spec["workloads"]))
+        for group in groups:
+            on = {d: w for d in self.devices if (w := self.workload_on(d, group)) is not None}
+            if len(on) < 2:
                 continue
-            emulated = any(self.emulated(d) for d in devices)
+            emulated = any(self.emulated(d) for d in on)
             rows = []
-            for d in devices:
+            for d, w in on.items():
                 c, key = self.run_cells(d, w), self.run_keys(d, w)
                 for mode in ("nocache", "cache"):
                     for rule in ("ar", "eagle3", "specfit"):
@@ -435,20 +624,23 @@ class ModelView:
                             continue
                         sec.missing += self.i.missing_requests([key[rule, mode], key["ar", "nocache"]])
                         slots = main_slots(self.spec, self.model, d) if mode == "cache" else 0
-                        rows.append([d, rule, cache_cell(slots), tps_cell(self.i.tps(key[rule, mode])),
+                        rows.append([d, w, rule, cache_cell(slots), tps_cell(self.i.tps(key[rule, mode])),
                                      x_cell(self.i.speedup(key[rule, mode], key["ar", "nocache"]))]
                                     + [MISSING if rule == "ar" and k in DRAFT_KEYS
                                        else fmt(m[k], METRICS[k].fmt) for k in keys[1:]])
             if not rows:
                 continue
-            header = ["Device", "Method", "Cache", column("tps_dec", emulated),
+            header = ["Device", "Workload", "Method", "Cache", column("tps_dec", emulated),
                       tagged("Speedup over AR without cache", emulated)]
-            sec.tables.append(Table(tagged(f"{w} on every device", emulated),
+            shown = ", ".join(f"{d}: {w}" for d, w in on.items()) if any(w != group for w in on.values()) else ""
+            sec.tables.append(Table(tagged(f"{group} on every device" + (f" ({shown})" if shown else ""), emulated),
                                     header + [column(k, emulated) for k in keys[1:]], rows))
         if not sec.tables:
             sec.notes.append("No workload runs on more than one device.")
         else:
             sec.missing = list(dict.fromkeys(sec.missing))
+            sec.notes.append("A paper workload's row on each device comes from the workload that stands for it there "
+                             "(config key `paper`: gsm8k-odd, the RTX 4090's 40 odd-numbered questions, for gsm8k).")
             sec.notes.append(interval_note(self.i.seed))
         return sec
 

@@ -87,8 +87,9 @@ class AtlasRoutes:
     """Routes read back from an atlas, each node looked up by its content.
 
     A node's routes depend only on the tokens the target sees for it: the committed prefix and the tokens on its
-    path from the root. Every method commits AR's output, so the atlas run (every expert resident) and a measured
-    run see the same token sequence ``x``; a cycle at ``prefix_len`` q has root ``x[q]`` and carries the output so
+    path from the root (up to the last bits a cache state changes, which can flip a route at a near-tie of the
+    router: such a node then differs only in its routes, never in its tokens). Every method commits AR's output,
+    so the atlas run and a measured run see the same token sequence ``x``; a cycle at ``prefix_len`` q has root ``x[q]`` and carries the output so
     far (`Cycle.output`). Atlas rows are keyed by (request_id, prefix_len), nodes within a row by their token path
     from the root. What must match:
 
@@ -298,14 +299,14 @@ class NoisyRoutes:
         self.seed = seed
         self.num_experts = num_experts
         self.full_pool = base.full_pool
-        self._cycle: tuple[int, int] | None = None
+        self._cycle: Cycle | None = None  # the cycle the draws below belong to (a warm-up request has the same ids)
         self._noisy: list[np.ndarray] = []  # [L, k] per node already drawn in this cycle
 
     def routes(self, cycle: Cycle, pool: CandidatePool) -> np.ndarray:
         routes = self.base.routes(cycle, pool)  # [n+1, L, k]
         with cycle.clock.excluded():
-            if self._cycle != (cycle.request_id, cycle.index):
-                self._cycle, self._noisy = (cycle.request_id, cycle.index), []
+            if self._cycle is not cycle:
+                self._cycle, self._noisy = cycle, []
             for v in range(len(self._noisy), routes.shape[0]):
                 self._noisy.append(self._draw(cycle, v, routes[v]))
             return np.stack(self._noisy[: routes.shape[0]])

@@ -37,7 +37,7 @@ from specfit.engine import make_engine
 from specfit.errors import SpecFitError
 from specfit.io import read_json, write_json, write_parquet
 from specfit.metrics import stream_metrics
-from specfit.models import eos_ids, load_drafter, load_target
+from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, read_prompts
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import build_method
@@ -62,6 +62,7 @@ class StreamSpec:
     limit_tokens: int
     max_new_tokens: int
     seed: int
+    model: str  # the model's name in config.yaml: errors name `models.<model>.target` / `.drafter`
     max_requests: int | None = None  # the workload's subset is already cut at extraction; this is for tests
     warmup_tokens: int = 8  # output tokens of the warm-up request
 
@@ -101,7 +102,9 @@ class Parts:
 def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
     """Decode every prompt with ``spec.method``, after an untimed warm-up request; write the records."""
     torch.manual_seed(spec.seed)
-    model, _ = load_target(inputs["target"], spec.dtype, "cpu")
+    keys = {name: f"models.{spec.model}.{name}" for name in ("target", "drafter")}
+    check_checkpoints(inputs["target"], inputs.get("drafter"), spec.model)  # configs and headers, before any weight
+    model, _ = load_target(inputs["target"], spec.dtype, "cpu", key=keys["target"])
     engine = make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device)
     num_experts = engine.num_experts
     method = build_method(spec.method, inputs, spec.seed, num_experts)
@@ -109,7 +112,7 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
     if method.drafts:
         if "drafter" not in inputs:
             raise SpecFitError(f"method {spec.method.name} needs the `drafter` input")
-        drafter = load_drafter(inputs["drafter"], model, device=spec.torch_device)
+        drafter = load_drafter(inputs["drafter"], model, device=spec.torch_device, key=keys["drafter"])
     live = method.live
     atlas = find_source(getattr(method, "route_source", None), AtlasRoutes)  # routes replayed from an atlas
     if live is not None and "atlas" not in outputs:
@@ -159,8 +162,8 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
     requests, cycles = parts.read("requests", ids), parts.read("cycles", ids)
     metrics = stream_metrics(requests.to_pylist(), cycles, prompts, spec.seed)
     metrics.update(
-        method=spec.method.name, slots=spec.slots, link_emulated=engine.link_emulated,
-        timing_label=engine.timing_label, resumed=resumes,
+        method=spec.method.name, slots=spec.slots, slot_rows_allocated=slot_rows(engine),
+        link_emulated=engine.link_emulated, timing_label=engine.timing_label, resumed=resumes,
     )
     if atlas is not None:  # pool nodes (roots included) of this process's requests; missed: a fallback's routes
         metrics.update(atlas_nodes=atlas.nodes_looked_up, atlas_nodes_missed=atlas.nodes_missed,
@@ -175,6 +178,12 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
     write_parquet(cycles, outputs["cycles"])
     write_json(metrics, outputs["metrics"])
     shutil.rmtree(parts.path)
+
+
+def slot_rows(engine) -> int:
+    """Expert slot rows the engine allocated on the device, over all layers (a buffer shared by layers once)."""
+    buffers = {id(layer.slots): layer.rows for layer in engine.layers}
+    return sum(buffers.values())
 
 
 def lossless_check(model, prompts: list[dict], requests: list[dict], reference_path) -> dict:
