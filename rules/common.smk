@@ -3,6 +3,7 @@
 import shlex
 
 from specfit import paths
+from specfit.questions import workload_source
 from specfit.workflow import (
     DecodeRun,
     code_hash,
@@ -64,10 +65,8 @@ def in_flags(w, input):
 
 
 def extract_spec(w):
-    # A workload over Spec-Bench (the default source) keeps the spec it always had; one over another dataset adds
-    # its name and its source (specfit.questions.workload_source).
-    from specfit.questions import workload_source
-
+    # A workload over Spec-Bench (the default source) has no source in its spec; one over another dataset adds
+    # its name and its source (specfit.questions.workload_source). `model` names the tokenizer's config key.
     source = None
     if w.workload == "calibration":
         ids, limit, requests = (
@@ -83,7 +82,12 @@ def extract_spec(w):
             wl["max_requests"],
         )
         source = workload_source(config, w.workload)
-    spec = {"question_ids": ids, "limit_tokens": limit, "max_requests": requests}
+    spec = {
+        "model": w.model,
+        "question_ids": ids,
+        "limit_tokens": limit,
+        "max_requests": requests,
+    }
     if source is not None:
         spec.update(workload=w.workload, source=source)
     return spec_json(spec)
@@ -108,6 +112,7 @@ def calibrate_spec(w):
         {
             "model": w.model,
             "dtype": config["models"][w.model]["dtype"],
+            "logits_dtype": config["models"][w.model]["logits_dtype"],
             "torch_device": device["torch_device"],
             "max_inflight": device["max_inflight"],
             "link": device["link"],
@@ -139,6 +144,7 @@ def stream_spec(w, slots, link):
     return {
         "model": w.model,
         "dtype": config["models"][w.model]["dtype"],
+        "logits_dtype": config["models"][w.model]["logits_dtype"],
         "torch_device": device["torch_device"],
         "max_inflight": device["max_inflight"],
         "link": link,

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pyarrow.parquet as pq
 import pytest
@@ -6,11 +7,13 @@ import pytest
 from specfit import atlas, decode
 from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA
 
+DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: cuda
+
 
 def spec(name, **method):
-    return {"method": {"name": name, **method}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": "cpu",
+    return {"method": {"name": name, **method}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": DEVICE,
             "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0, "warmup_tokens": 3,
-            "model": "tiny"}
+            "model": "tiny", "logits_dtype": "model"}
 
 
 def outs(path, name):
@@ -96,3 +99,18 @@ def test_the_warm_up_leaves_no_trace_in_a_measured_specfit_run(files, tmp_path):
         runs[warmup] = (cycles.to_pylist(), {k: v for k, v in metrics.items() if k.startswith("atlas_")})
     assert runs[3] == runs[12]
     assert runs[3][1]["atlas_nodes"] > 0
+
+
+def test_fp32_logits_option_reaches_the_target(files, tmp_path, monkeypatch):
+    """`logits_dtype: float32` is applied to the loaded target (on this fp32 target it changes no token)."""
+    from specfit.models import loading
+
+    applied = []
+    real = loading.apply_logits_dtype
+    monkeypatch.setattr(loading, "apply_logits_dtype", lambda model, dtype: applied.append(dtype) or real(model, dtype))
+    runs = {}
+    for dtype in ("model", "float32"):
+        run = outs(tmp_path, f"ar-{dtype}")
+        decode.run(dict(spec("ar"), logits_dtype=dtype), files, run)
+        runs[dtype] = pq.read_table(run["requests"]).column("output_ids").to_pylist()
+    assert applied == ["model", "float32"] and runs["model"] == runs["float32"]

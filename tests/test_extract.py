@@ -91,7 +91,7 @@ def test_unknown_question_id_is_a_clear_error(questions, tokenizer):
 def test_stage_writes_parquet(questions_path, tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path / "tok")
     out = tmp_path / "p.parquet"
-    spec = {"question_ids": [401, 402], "limit_tokens": 512, "max_requests": None}
+    spec = {"model": "toy", "question_ids": [401, 402], "limit_tokens": 512, "max_requests": None}
     subprocess.run(
         [sys.executable, "-m", "specfit.extract", "--spec", json.dumps(spec), "--in", f"questions={questions_path}",
          "--in", f"tokenizer={tmp_path / 'tok'}", "--out", f"prompts={out}"],
@@ -128,7 +128,7 @@ def test_a_local_jsonl_workload_with_a_field_mapping_and_an_id_range(tokenizer, 
     data = tmp_path / "gsm8k-test.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "#### 0"}) + "\n" for q in MATH))
     tokenizer.save_pretrained(tmp_path / "tok")
-    spec = {"question_ids": [2, 3, 4, 5], "limit_tokens": 512, "max_requests": None, "workload": "gsm8k-full",
+    spec = {"model": "toy", "question_ids": [2, 3, 4, 5], "limit_tokens": 512, "max_requests": None, "workload": "gsm8k-full",
             "source": {"path": str(data), "hub": None, "name": None, "split": "test",
                        "fields": {"id": None, "prompt": "question", "category": None}}}
     out = tmp_path / "p.parquet"
@@ -146,7 +146,7 @@ def test_a_local_parquet_workload_with_its_own_ids(tokenizer, tmp_path):
     pq.write_table(pa.Table.from_pylist(
         [{"idx": 100 + i, "turns": [q, "a second turn"], "topic": f"t{i % 2}"} for i, q in enumerate(MATH)]
     ), data)
-    spec = {"question_ids": [102, 104, 106], "limit_tokens": 512, "max_requests": 2, "workload": "mine",
+    spec = {"model": "toy", "question_ids": [102, 104, 106], "limit_tokens": 512, "max_requests": 2, "workload": "mine",
             "source": {"path": str(data), "hub": None, "name": None, "split": "train",
                        "fields": {"id": "idx", "prompt": "turns", "category": "topic"}}}
     rows, skipped = build_prompts(load_workload(spec, {"questions": data}), tokenizer, spec)
@@ -159,13 +159,14 @@ def test_a_local_parquet_workload_with_its_own_ids(tokenizer, tmp_path):
         build_prompts(load_workload(spec, {"questions": data}), tokenizer, spec)
 
 
-def test_a_hub_workload_not_cached_stops_the_stage_clearly(tmp_path, monkeypatch):
+def test_a_hub_workload_not_cached_stops_the_stage_clearly(tokenizer, tmp_path, monkeypatch):
     import datasets
     import huggingface_hub.constants
 
+    tokenizer.save_pretrained(tmp_path / "tok")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    spec = {"question_ids": [0, 1], "limit_tokens": 512, "max_requests": None, "workload": "gsm8k-full",
+    spec = {"model": "toy", "question_ids": [0, 1], "limit_tokens": 512, "max_requests": None, "workload": "gsm8k-full",
             "source": {"path": None, "hub": "openai/gsm8k", "name": "main", "split": "test",
                        "fields": {"id": None, "prompt": "question", "category": None}}}
     with pytest.raises(SpecFitError, match=r"workloads\.gsm8k-full\.source\.hub: Hub dataset 'openai/gsm8k' is "
@@ -198,4 +199,16 @@ def test_the_extract_rule_declares_a_local_source_and_passes_its_spec(root, tmp_
     specs = {name: json.loads(shlex.split(line.split("Shell command: ")[-1])[4]) for name, line in commands.items()}
     assert specs["gsm8k-full"]["source"]["path"] == str(data) and specs["gsm8k-full"]["workload"] == "gsm8k-full"
     assert specs["gsm8k-hub"]["source"]["hub"] == "openai/gsm8k"
-    assert set(specs["gsm8k"]) == {"question_ids", "limit_tokens", "max_requests"}
+    assert set(specs["gsm8k"]) == {"model", "question_ids", "limit_tokens", "max_requests"}
+
+
+def test_a_tokenizer_folder_without_tokenizer_files_is_refused_by_key(tmp_path):
+    """transformers would hand back an empty tokenizer; the stage names the config key instead."""
+    from specfit.errors import SpecFitError
+    from specfit.extract import run
+
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "config.json").write_text("{}")
+    spec = {"model": "qwen3-30b-a3b", "question_ids": [401], "limit_tokens": 512, "max_requests": None}
+    with pytest.raises(SpecFitError, match=r"no tokenizer files in .*models\.qwen3-30b-a3b\.target"):
+        run(spec, {"questions": tmp_path / "q.jsonl", "tokenizer": tmp_path / "tok"}, {"prompts": tmp_path / "p.parquet"})

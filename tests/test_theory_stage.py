@@ -1,19 +1,22 @@
 """The theory stage on a real SpecFit run: atlas build, measured run with atlas routes, Table 5."""
 
 import json
+import os
 
 import pyarrow.parquet as pq
 import pytest
 
 from specfit import atlas, decode, theory
 
+DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: cuda
+
 
 @pytest.fixture(scope="module")
 def run(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("theory")
-    spec = {"method": {"name": "specfit"}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": "cpu",
+    spec = {"method": {"name": "specfit"}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": DEVICE,
             "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 16, "seed": 0, "warmup_tokens": 3,
-            "model": "tiny"}
+            "model": "tiny", "logits_dtype": "model"}
     build = {k: out / f"build.{k}" for k in ("atlas", "requests", "cycles", "metrics")}
     atlas.run(spec, files, build)
     measured = {k: out / f"run.{k}" for k in ("requests", "cycles", "metrics")}

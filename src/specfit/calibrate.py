@@ -11,7 +11,8 @@ are averaged, giving 9 × 8 × 2 = 144 points (k, F, y) with y in ms.
 The routes that give F come from a first, untimed pass over the same trajectory (one tree query per state), so
 that the route queries leave no trace in the expert cache the timed pass measures.
 
-spec: {"dtype", "torch_device", "max_inflight", "link", "slots" (0: the no-cache fit),
+spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device", "max_inflight", "link",
+       "slots" (0: the no-cache fit),
        "coefficients": "fit" | "paper-a100" | "paper-rtx4090", "seed",
        "protocol": {"cycle_boundaries", "sizes", "repeats", "limit_tokens"}}
 inputs: prompts (Parquet of the calibration questions), target, drafter
@@ -210,7 +211,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     protocol = spec["protocol"]
     torch.manual_seed(spec["seed"])
     check_checkpoints(inputs["target"], inputs["drafter"], spec["model"])  # configs and headers, before any weight
-    model, _ = load_target(inputs["target"], spec["dtype"], "cpu", key=f"models.{spec['model']}.target")
+    model, _ = load_target(inputs["target"], spec["dtype"], "cpu", key=f"models.{spec['model']}.target",
+                           logits_dtype=spec["logits_dtype"])
     engine = make_engine(model, spec["slots"], spec["max_inflight"], spec["link"], spec["torch_device"])
     drafter = load_drafter(inputs["drafter"], model, device=spec["torch_device"], key=f"models.{spec['model']}.drafter")
     prompts = read_prompts(inputs["prompts"])

@@ -7,8 +7,9 @@ file or folder, or a Hub dataset in the local cache), read with Hugging Face ``d
 the question's index in the workload's id list, so it is stable across runs and subsets. A prompt that
 leaves no room for one output token under ``limit_tokens`` is reported and skipped, never cut.
 
-spec: {"question_ids": [int, ...], "limit_tokens": int, "max_requests": int | null}, and for a workload whose
-      source is not Spec-Bench also "workload": its name and "source": `specfit.questions.workload_source`
+spec: {"model": its name in config.yaml (errors name models.<model>.target), "question_ids": [int, ...],
+      "limit_tokens": int, "max_requests": int | null}, and for a workload whose source is not Spec-Bench
+      also "workload": its name and "source": `specfit.questions.workload_source`
 inputs: questions (question.jsonl, or the source's local file or folder; none for a Hub dataset), tokenizer (dir)
 outputs: prompts (Parquet)
 
@@ -26,6 +27,7 @@ import urllib.request
 import pyarrow as pa
 
 from specfit.io import atomic_path, write_parquet
+from specfit.models.checkpoint import check_tokenizer
 from specfit.records import PROMPTS_SCHEMA
 from specfit.errors import SpecFitError
 from specfit.questions import describe_source, load_questions, load_source
@@ -86,6 +88,7 @@ def build_prompts(questions: list[dict], tokenizer, spec: dict) -> tuple[dict, l
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     from transformers import AutoTokenizer
 
+    check_tokenizer(inputs["tokenizer"], f"models.{spec['model']}.target")  # else transformers gives an empty one
     questions = load_workload(spec, inputs)
     tokenizer = AutoTokenizer.from_pretrained(inputs["tokenizer"], local_files_only=True)
     rows, skipped = build_prompts(questions, tokenizer, spec)

@@ -103,6 +103,20 @@ def _check_references(config: dict) -> None:
                     f"config key 'models.{model}.main_slots' has no entry for device {device!r} "
                     "(the slots of its with-cache calibration)"
                 )
+    for block in config["runs"]:
+        for method, device in itertools.product(block["methods"], block["devices"]):
+            if method not in config["methods"] or device not in config["devices"]:
+                continue
+            if config["methods"][method]["rule"] == "specfit":
+                k_max = method_config(config, method).k_max
+                fit = config["devices"][device]["coefficients"] == "fit"
+                sizes = config["calibration"]["sizes"] if fit else 8  # the paper's presets: b_0..b_7
+                if k_max + 1 > sizes:
+                    problems.append(
+                        f"config key 'methods.{method}.k_max' is {k_max}, but device {device!r} has intercepts "
+                        f"b_0..b_{sizes - 1} only ({'calibration.sizes' if fit else 'the paper preset'}): "
+                        f"{'set calibration.sizes to at least k_max + 1' if fit else 'use k_max <= 7'}"
+                    )
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
 

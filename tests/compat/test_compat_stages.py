@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from specfit import atlas, calibrate, decode
 from specfit.models import Eagle3Drafter, load_drafter, load_target
 
-from conftest import (AUX, DRAFT_VOCAB, EOS, LIMIT, MODEL, NEW, build_drafter, build_target, per_expert_state,
+from compat_fakes import (AUX, DEVICE, DRAFT_VOCAB, EOS, LIMIT, MODEL, NEW, build_drafter, build_target, per_expert_state,
                       run_files, stream_spec)
 
 BF16_TIE = 0.1  # logits of this fake are O(1): a bf16 near-tie is a top-2 margin within a few bf16 ulps
@@ -72,7 +72,7 @@ def stages(target_dir, drafter_dir, prompt_files, ar_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("stages")
     prompts, calib = prompt_files["prompts"], prompt_files["calibration"]
     pair = {"target": target_dir, "drafter": drafter_dir}
-    device = {"model": MODEL, "dtype": "bfloat16", "torch_device": "cpu", "max_inflight": 2, "link": None,
+    device = {"model": MODEL, "logits_dtype": "model", "dtype": "bfloat16", "torch_device": DEVICE, "max_inflight": 2, "link": None,
               "slots": 4, "seed": 0, "protocol": {"cycle_boundaries": [0], "sizes": 3, "repeats": 1,
                                                    "limit_tokens": LIMIT}}
     fitted = {"coefficients": out / "fit.json", "points": out / "fit.points.parquet"}

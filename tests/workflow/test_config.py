@@ -129,3 +129,15 @@ def test_a_forbidden_combination_says_what_it_is(config, schema):
     config["workloads"]["gsm8k"]["source"] = {"path": "data/raw/gsm8k/test.jsonl", "hub": "openai/gsm8k"}
     with pytest.raises(ConfigError, match=r"workloads\.gsm8k\.source.*Both `path` and `hub` set, which is not allowed"):
         validate_config(config, schema)
+
+
+def test_k_max_beyond_the_fitted_intercepts_is_named(config, schema):
+    """SpecFit needs b_0..b_K: a calibration of fewer probe sizes would fail deep inside the selector."""
+    config["calibration"] = {"sizes": 6}
+    with pytest.raises(ConfigError, match=r"'methods\.specfit\.k_max' is 7.*b_0\.\.b_5.*calibration\.sizes"):
+        validate_config(config, schema)
+    config["calibration"] = {"sizes": 8}
+    config["methods"]["specfit"]["k_max"] = 6
+    config["methods"]["specfit-noisy"]["k_max"] = 6
+    config["calibration"]["sizes"] = 7
+    validate_config(config, schema)

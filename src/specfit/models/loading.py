@@ -13,6 +13,7 @@ import os
 import torch
 
 from specfit.errors import SpecFitError
+from specfit.models.precision import apply_logits_dtype
 from specfit.models.checkpoint import check_tokenizer, read_config, tensor_shapes, weight_files
 from specfit.models.eagle3 import DRAFTER_KEY, Eagle3Drafter
 
@@ -100,8 +101,9 @@ def check_checkpoints(target, drafter=None, model: str = "<model>") -> None:
         check_drafter(drafter, config, f"models.{model}.drafter")
 
 
-def load_target(path, dtype="bfloat16", device="cpu", key=TARGET_KEY):
-    """(model, tokenizer) of a local MoE causal LM, with sdpa attention."""
+def load_target(path, dtype="bfloat16", device="cpu", key=TARGET_KEY, logits_dtype="model"):
+    """(model, tokenizer) of a local MoE causal LM, with sdpa attention; ``logits_dtype`` "float32" runs its final
+    norm and LM head in fp32 (`specfit.models.precision.apply_logits_dtype`)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -122,7 +124,9 @@ def load_target(path, dtype="bfloat16", device="cpu", key=TARGET_KEY):
     if not any(name.endswith("experts") for name, _ in model.named_modules()):
         raise SpecFitError(f"the target at {path} ({type(model).__name__}) has no `experts` modules to offload")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    apply_logits_dtype(model, logits_dtype)
+    return model, tokenizer
 
 
 def load_drafter(path, target, dtype=None, device=None, key=DRAFTER_KEY) -> Eagle3Drafter:

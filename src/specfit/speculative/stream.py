@@ -12,7 +12,9 @@ Spec (the rule's config slice)::
     slots:         expert slots per MoE layer (0: no expert cache)
     max_inflight:  host-to-device copies in flight
     link:          null, or {bandwidth_gbps: GB/s, latency_us: us}: an emulated link for CPU-only machines
+    model:         the model's name in config.yaml (errors name models.<model>.target / .drafter)
     torch_device:  "cpu" | "cuda"       dtype: "float32" | "bfloat16" | "float16"
+    logits_dtype:  "model" | "float32" (final norm and LM head in fp32, see `specfit.models.precision`)
     limit_tokens:  input + output tokens per request     max_new_tokens: output tokens per request
     max_requests:  null (all prompts) or the first n     seed: fixes everything stochastic
     warmup_tokens: output tokens of the warm-up request
@@ -59,6 +61,7 @@ class StreamSpec:
     link: dict | None
     torch_device: str
     dtype: str
+    logits_dtype: str  # "model" or "float32" (`specfit.models.precision`)
     limit_tokens: int
     max_new_tokens: int
     seed: int
@@ -104,7 +107,7 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
     torch.manual_seed(spec.seed)
     keys = {name: f"models.{spec.model}.{name}" for name in ("target", "drafter")}
     check_checkpoints(inputs["target"], inputs.get("drafter"), spec.model)  # configs and headers, before any weight
-    model, _ = load_target(inputs["target"], spec.dtype, "cpu", key=keys["target"])
+    model, _ = load_target(inputs["target"], spec.dtype, "cpu", key=keys["target"], logits_dtype=spec.logits_dtype)
     engine = make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device)
     num_experts = engine.num_experts
     method = build_method(spec.method, inputs, spec.seed, num_experts)
