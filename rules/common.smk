@@ -4,6 +4,7 @@ import shlex
 
 from specfit import paths
 from specfit.questions import workload_source
+from specfit.speculative.config import ROUTED_RULES
 from specfit.workflow import (
     DecodeRun,
     code_hash,
@@ -173,7 +174,7 @@ def decode_inputs(w):
     kind = method_rule(config, w.method)
     if kind != "ar":
         inputs["drafter"] = drafter_dir(w)
-    if kind == "specfit":
+    if kind in ROUTED_RULES:
         inputs["coefficients"] = paths.calibration(w.model, w.device, run.cache)
         variant = paths.atlas_variant(w.method, w.slots)
         inputs["atlas"] = paths.atlas(w.model, w.device, w.workload, variant)

@@ -17,12 +17,20 @@ def spec(**kw):
             "coefficients": "fit", "protocol": PROTOCOL, "seed": 0, "model": "tiny", "logits_dtype": "model", **kw}
 
 
+def calibrated(files, out, **kw):
+    outputs = {"coefficients": out / "c.json", "points": out / "c.points.parquet"}
+    calibrate.run(spec(**kw), files, outputs)
+    return json.loads(outputs["coefficients"].read_text()), pq.read_table(outputs["points"]).to_pylist()
+
+
 @pytest.fixture(scope="module")
 def fitted(files, tmp_path_factory):
-    out = tmp_path_factory.mktemp("calibrate")
-    outputs = {"coefficients": out / "cache.json", "points": out / "cache.points.parquet"}
-    calibrate.run(spec(), files, outputs)
-    return json.loads(outputs["coefficients"].read_text()), pq.read_table(outputs["points"]).to_pylist()
+    return calibrated(files, tmp_path_factory.mktemp("calibrate"))
+
+
+@pytest.fixture(scope="module")
+def fitted_nocache(files, tmp_path_factory):
+    return calibrated(files, tmp_path_factory.mktemp("calibrate-nocache"), slots=0)
 
 
 def test_probe_points_follow_the_protocol(fitted):
@@ -50,6 +58,50 @@ def test_fit_is_nonnegative_with_diagnostics(fitted):
     assert coefficients["link_emulated"] is False
     pred = np.array(coefficients["b"])[[p["k"] for p in points]] + coefficients["beta"] * np.array([p["F"] for p in points])
     np.testing.assert_allclose([p["pred_ms"] for p in points], pred)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_probes_count_misses_and_hits(cache, fitted, fitted_nocache):
+    """Every repeat of every probe: the verify forward's misses + hits are the expert union F (drafting touches no
+    expert of the target); without the cache every expert is a miss."""
+    coefficients, points = fitted if cache else fitted_nocache
+    for p in points:
+        assert len(p["misses_repeats"]) == len(p["hits_repeats"]) == len(p["draft_repeats_ms"]) == 2
+        assert [m + h for m, h in zip(p["misses_repeats"], p["hits_repeats"])] == [p["F"], p["F"]]
+        assert (p["misses"], p["hits"]) == (p["misses_repeats"][0], p["hits_repeats"][0])
+        assert p["misses"] + p["hits"] == p["F"]
+        assert p["draft_ms"] == pytest.approx(np.mean(p["draft_repeats_ms"])) and p["draft_ms"] > 0
+        if not cache:
+            assert p["hits_repeats"] == [0, 0]
+    if cache:  # the second repeat finds what the first loaded
+        assert sum(p["hits"] for p in points) > 0
+        assert sum(sum(p["hits_repeats"]) for p in points) > 2 * sum(p["hits"] for p in points)
+    levels = sum(2 * p["levels"] for p in points)
+    assert coefficients["draft_level_ms"] == pytest.approx(sum(sum(p["draft_repeats_ms"]) for p in points) / levels)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_cache_aware_fit_in_the_json(cache, fitted, fitted_nocache):
+    coefficients, points = fitted if cache else fitted_nocache
+    ca = coefficients["cache_aware"]
+    assert ca["n_points"] == 2 * len(points) and ca["n_probes"] == len(points) and ca["fit_on"] == "repeats"
+    assert len(ca["b"]) == 8 and min(ca["b"]) >= 0 and ca["beta_miss"] >= 0 and ca["beta_hit"] >= 0
+    assert ca["r2"] <= 1.0 and ca["r2_means"] <= 1.0 and ca["rmse_ms"] >= 0 and ca["union_mismatches"] == 0
+    assert ca["beta_hit_identified"] is cache and ca["beta_miss_identified"] is True
+    if not cache:
+        assert ca["beta_hit"] == 0.0
+    # pred_ca_ms: the mean over the repeats of each repeat's prediction
+    for p in points:
+        per_repeat = [ca["b"][p["k"]] + ca["beta_miss"] * m + ca["beta_hit"] * h
+                      for m, h in zip(p["misses_repeats"], p["hits_repeats"])]
+        assert p["pred_ca_ms"] == pytest.approx(np.mean(per_repeat))
+    y, pred = np.array([p["y_ms"] for p in points]), np.array([p["pred_ca_ms"] for p in points])
+    assert ca["r2_means"] == pytest.approx(1 - np.sum((y - pred) ** 2) / np.sum((y - y.mean()) ** 2))
+    # the paper's model keeps its fit on the probe means
+    from specfit.coefficients import fit_nnls
+
+    paper = fit_nnls([p["k"] for p in points], [p["F"] for p in points], y)
+    assert coefficients["b"] == paper.b and coefficients["beta"] == paper.beta and coefficients["r2"] == paper.r2
 
 
 def test_probes_restore_the_state(target, drafter):
@@ -90,6 +142,7 @@ def test_preset_needs_no_probes(tmp_path):
     calibrate.run(spec(coefficients="paper-rtx4090", slots=0), {}, outputs)
     c = json.loads(outputs["coefficients"].read_text())
     assert c["beta"] == 0.781593955 and c["b"][0] == 151.724 and c["source"] == "paper-rtx4090"
+    assert c["cache_aware"] is None and c["draft_level_ms"] is None
     assert pq.read_table(outputs["points"]).num_rows == 0
 
 
@@ -97,3 +150,4 @@ def test_min_union_probe_is_the_exact_argmin():
     routes = np.array([[[0, 1]], [[0, 1]], [[2, 3]], [[0, 2]], [[1, 0]]])  # [5, 1 layer, top-2]
     pool = Pool([-1, 0, 0, 1, 1], [1.0, 0.6, 0.3, 0.2, 0.1], routes, num_experts=4)
     assert select_min_union(pool, 2).nodes == (1, 4)  # adds nothing to the root's {0, 1}
+

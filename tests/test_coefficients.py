@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specfit.coefficients import fit_nnls, predict_ms, preset
+from specfit.coefficients import fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset
 
 
 def test_nnls_recovers_known_coefficients():
@@ -38,6 +38,62 @@ def test_noisy_fit_reports_r2_and_residuals():
     assert 0.9 < fit.r2 < 1.0
     assert fit.beta == pytest.approx(0.4, abs=0.02)
     assert 0.3 < fit.rmse_ms < 0.7 and fit.max_abs_residual_ms >= fit.rmse_ms
+
+
+def ca_points(rng, with_hits=True):
+    """Calibration-like points: two repeats per probe, the second finding more of the union resident."""
+    k = np.repeat(np.arange(8), 18)  # 144 probes
+    union = rng.integers(100, 900, size=k.size)
+    hits = rng.integers(0, union // 2) if with_hits else np.zeros_like(union)
+    second = np.minimum(union, hits + rng.integers(0, 200, size=k.size)) if with_hits else hits
+    return np.tile(k, 2), np.concatenate([union - hits, union - second]), np.concatenate([hits, second])
+
+
+def test_nnls_ca_recovers_known_coefficients():
+    b = np.array([142.2, 147.5, 150.5, 152.3, 152.7, 163.2, 155.2, 156.1])
+    k, misses, hits = ca_points(np.random.default_rng(0))
+    y = predict_ca_ms(b, 0.61, 0.045, k, misses, hits)
+    fit = fit_nnls_ca(k, misses, hits, y)
+    np.testing.assert_allclose(fit.b, b, rtol=1e-9)
+    assert fit.beta_miss == pytest.approx(0.61, rel=1e-9) and fit.beta_hit == pytest.approx(0.045, rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0) and fit.rmse_ms < 1e-9 and fit.n_points == 288
+    assert fit.beta_miss_identified and fit.beta_hit_identified
+    assert set(fit.as_dict()) >= {"b", "beta_miss", "beta_hit", "r2", "rmse_ms", "n_points", "beta_hit_identified"}
+
+
+def test_nnls_ca_explains_what_the_union_cannot():
+    """Times that depend on copies, not on the union: the paper's model misses what the cache-aware one fits."""
+    rng = np.random.default_rng(2)
+    k, misses, hits = ca_points(rng)
+    y = predict_ca_ms(np.linspace(5, 9, 8), 0.4, 0.0, k, misses, hits) + rng.normal(0, 0.5, size=k.size)
+    fit = fit_nnls_ca(k, misses, hits, y)
+    assert fit.r2 > 0.99 and fit.beta_miss == pytest.approx(0.4, abs=0.01) and fit.beta_hit < 0.01
+    assert fit_nnls(k, misses + hits, y).r2 < 0.9
+
+
+def test_nnls_ca_without_hits_leaves_beta_hit_unidentified():
+    """No cache: every expert is a miss, H = 0; the fit runs, β_hit comes out 0 and says it means nothing."""
+    rng = np.random.default_rng(3)
+    k, misses, hits = ca_points(rng, with_hits=False)
+    b = np.linspace(20, 30, 8)
+    y = predict_ca_ms(b, 0.78, 0.0, k, misses, hits)
+    fit = fit_nnls_ca(k, misses, hits, y)
+    np.testing.assert_allclose(fit.b, b, rtol=1e-9)
+    assert fit.beta_miss == pytest.approx(0.78, rel=1e-9) and fit.beta_hit == 0.0
+    assert fit.beta_miss_identified and not fit.beta_hit_identified
+    # the same points as the paper's model: M = F, so both fits agree
+    paper = fit_nnls(k, misses, y)
+    assert paper.beta == pytest.approx(fit.beta_miss) and paper.r2 == pytest.approx(fit.r2)
+
+
+def test_nnls_ca_keeps_coefficients_nonnegative():
+    k = np.array([0, 0, 1, 1, 2, 2])
+    misses, hits = np.array([10, 20, 30, 40, 50, 60]), np.array([5, 1, 7, 2, 9, 3])
+    y = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])  # time falling with M: least squares would want β_miss < 0
+    fit = fit_nnls_ca(k, misses, hits, y, sizes=3)
+    assert fit.beta_miss == 0.0 and fit.beta_hit >= 0.0 and min(fit.b) >= 0.0
+    with pytest.raises(ValueError, match="probe sizes must lie in 0..2"):
+        fit_nnls_ca([3], [1], [1], [1.0], sizes=3)
 
 
 def test_paper_presets():

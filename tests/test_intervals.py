@@ -209,3 +209,10 @@ def test_stream_split_and_the_decode_metrics():
     assert m["tps_dec_low"] < m["tps_dec"] < m["tps_dec_high"]
     bare = stream_metrics(requests, table)
     assert bare["cycles_fresh"] is None and bare["committed_per_cycle_repeated"] is None
+    # the parts of a cycle (ms, means over cycles) and the cycles that drafted nothing (every one here: root only)
+    assert (m["verify_ms_per_cycle"], m["select_ms_per_cycle"], m["commit_ms_per_cycle"]) == (
+        pytest.approx(100.0), 0.0, 0.0)
+    assert m["cycles_without_draft"] == m["cycles"] == len(cycles)
+    drafted = table.set_column(table.schema.get_field_index("pool_token"), "pool_token",
+                               pa.array([[0, 7]] + [[0]] * (len(cycles) - 1), pa.list_(pa.int64())))
+    assert stream_metrics(requests, drafted)["cycles_without_draft"] == len(cycles) - 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from specfit.errors import SpecFitError
+from specfit.speculative.config import ROUTED_RULES
 from specfit.speculative.stream import StreamSpec, run_stream
 from specfit.stage import stage_main
 
@@ -25,8 +26,9 @@ from specfit.stage import stage_main
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     spec = StreamSpec.from_dict(spec)
     method = spec.method
-    if method.name != "specfit":
-        raise SpecFitError(f"an atlas is built for a specfit method, not {method.name!r}")
+    if method.name not in ROUTED_RULES:
+        raise SpecFitError(f"an atlas is built for a method that reads routes ({', '.join(ROUTED_RULES)}), "
+                           f"not {method.name!r}")
     if method.route_source.live:
         raise SpecFitError(f"an atlas is built for the routes a measured run reads, not {method.routes!r}")
     build = dataclasses.replace(method, routes=method.route_source.built_by.name)

@@ -1,4 +1,5 @@
-"""Calibration stage: probe cycles on EAGLE-3 states and the NNLS fit of T̂(S) = b_|S| + β·F(S) (Appendix B).
+"""Calibration stage: probe cycles on EAGLE-3 states and the NNLS fit of T̂(S) = b_|S| + β·F(S) (Appendix B), and of
+the cache-aware model T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) (issue 12) on the same probes.
 
 States: EAGLE-3's trajectory on the calibration questions (GSM8K 401-403) after 0, 4 and 8 cycles, with the full
 pool drafted (SpecFit's own trajectory would need the coefficients being fitted). In each state, for each size
@@ -11,12 +12,24 @@ are averaged, giving 9 × 8 × 2 = 144 points (k, F, y) with y in ms.
 The routes that give F come from a first, untimed pass over the same trajectory (one tree query per state), so
 that the route queries leave no trace in the expert cache the timed pass measures.
 
+Cache-aware model. Each repeat of a probe also records, from the offload engine's counters around the cycle, the
+union's experts the verify forward copied (misses M) and found resident (hits H), summed over layers (drafting
+runs no target forward, so the cycle's counters are the verify forward's: M + H = F), and the cycle's "draft"
+section (drafter catch-up and the drafted levels). The repeats of a probe meet different caches (the second finds
+what the first loaded), so M and H differ between them while k, F and the tree do not: that variation is what
+tells β_miss from β_hit, and averaging the repeats would blur it. So the cache-aware model is fitted on one row
+per repeat (``repeats`` × the probes), while the paper's model keeps its fit on the probe means. Both are scored
+on the probe means as well (``pred_ms``, ``pred_ca_ms`` against ``y_ms``), the points where they compare.
+``draft_level_ms`` is the drafting time of one level: Σ draft time / Σ drafted levels over every repeat.
+
 spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device", "max_inflight", "link",
        "slots" (0: the no-cache fit),
        "coefficients": "fit" | "paper-a100" | "paper-rtx4090", "seed",
        "protocol": {"cycle_boundaries", "sizes", "repeats", "limit_tokens"}}
 inputs: prompts (Parquet of the calibration questions), target, drafter
-outputs: coefficients (JSON: b, beta in ms, fit diagnostics), points (Parquet: one row per probe tree)
+outputs: coefficients (JSON: b, beta in ms, fit diagnostics; "cache_aware": {b, beta_miss, beta_hit, r2,
+         rmse_ms, n_points (per repeat), beta_hit_identified, r2_means, rmse_means_ms, ...} and "draft_level_ms",
+         both null for the paper's presets), points (Parquet: one row per probe tree)
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from specfit.coefficients import fit_nnls, predict_ms, preset
+from specfit.coefficients import fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset
 from specfit.engine import make_engine
 from specfit.errors import SpecFitError
 from specfit.io import write_json, write_parquet
@@ -157,19 +170,34 @@ def probe_trees(state: ProbeState, num_experts: int, sizes: int):
             yield k, tree, sel.nodes, pool.expert_union(sel.nodes)
 
 
-def probe_cycle(traj: Trajectory, expected: CandidatePool, nodes: tuple[int, ...]) -> tuple[float, int]:
-    """Seconds of one cycle that drafts min(depth(S) + 1, 5) levels, verifies S ∪ {s} and commits; then undo it."""
+@dataclass(frozen=True)
+class ProbeRun:
+    """One timed probe cycle: its time, its drafting, and the verify forward's expert misses and hits."""
+
+    cycle_s: float
+    draft_s: float  # the Session's "draft" section: drafter catch-up and the drafted levels
+    levels: int  # pool levels drafted
+    misses: int  # experts of the union copied by the cycle, summed over layers (M)
+    hits: int  # experts of the union resident when the cycle's forward met them (H)
+
+
+def probe_cycle(traj: Trajectory, expected: CandidatePool, nodes: tuple[int, ...]) -> ProbeRun:
+    """One cycle that drafts min(depth(S) + 1, 5) levels, verifies S ∪ {s} and commits; then undo it."""
     levels = min(max((expected.level[v] for v in nodes), default=0) + 1, expected.depth)
     session = traj.session
+    engine = session.target.engine
     snap = Snapshot.take(session)
-    times: dict[str, float] = {}
+    times: dict[str, float] = {"draft": 0.0}
+    before = engine.stats() if engine is not None else None
     with session.clock.section(times, "cycle"):
-        _, pool, decision = session.draft(Probe(nodes, levels), {})
+        _, pool, decision = session.draft(Probe(nodes, levels), times)
         session.commit(pool, session.verify(pool, decision.nodes, {}), {})
+    after = engine.stats() if engine is not None else None
     if pool.token != expected.token[: len(pool.token)]:
         raise SpecFitError(f"question {traj.question_id}, cycle {traj.cycle}: the probe drafted another pool")
     snap.restore(session)
-    return times["cycle"], levels
+    misses, hits = ((after[c] - before[c] for c in ("misses", "hits")) if engine is not None else (0, 0))
+    return ProbeRun(times["cycle"], times["draft"], decision.drafted_levels, misses, hits)
 
 
 def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol: dict, limits: Limits) -> dict:
@@ -186,17 +214,52 @@ def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol:
             state = todo.pop(traj.cycle, None)
             if state is not None:
                 for k, tree, nodes, union in probe_trees(state, engine.num_experts, protocol["sizes"]):
-                    times = []
-                    for _ in range(protocol["repeats"]):
-                        seconds, levels = probe_cycle(traj, state.pool, nodes)
-                        times.append(1e3 * seconds)
+                    probes = [probe_cycle(traj, state.pool, nodes) for _ in range(protocol["repeats"])]
+                    times = [1e3 * p.cycle_s for p in probes]
+                    draft = [1e3 * p.draft_s for p in probes]
                     for name, value in (("question_id", state.question_id), ("state", index), ("cycle", state.cycle),
-                                        ("k", k), ("tree", tree), ("nodes", list(nodes)), ("levels", levels),
-                                        ("F", union), ("y_ms", float(np.mean(times))), ("y_repeats_ms", times)):
+                                        ("k", k), ("tree", tree), ("nodes", list(nodes)), ("levels", probes[0].levels),
+                                        ("F", union), ("y_ms", float(np.mean(times))), ("y_repeats_ms", times),
+                                        ("misses", probes[0].misses), ("hits", probes[0].hits),
+                                        ("misses_repeats", [p.misses for p in probes]),
+                                        ("hits_repeats", [p.hits for p in probes]),
+                                        ("draft_ms", float(np.mean(draft))), ("draft_repeats_ms", draft)):
                         rows[name].append(value)
                 index += 1
             traj.step()
     return rows
+
+
+def score(y_ms, pred_ms) -> tuple[float, float]:
+    """R² and RMSE (ms) of predictions."""
+    y, residual = np.asarray(y_ms, dtype=np.float64), np.asarray(y_ms, dtype=np.float64) - np.asarray(pred_ms)
+    total = float(np.sum((y - y.mean()) ** 2))
+    return (1.0 - float(residual @ residual) / total if total > 0 else 1.0), float(np.sqrt(np.mean(residual**2)))
+
+
+def fit_cache_aware(rows: dict, sizes: int) -> tuple[dict, list[float], float]:
+    """The cache-aware fit on one row per repeat; its JSON entry, the prediction of every probe's mean time, and
+    the drafting time of one level (ms)."""
+    repeats = [len(t) for t in rows["y_repeats_ms"]]
+    k = np.repeat(rows["k"], repeats)  # [n * repeats]
+    misses = np.concatenate(rows["misses_repeats"])
+    hits = np.concatenate(rows["hits_repeats"])
+    fit = fit_nnls_ca(k, misses, hits, np.concatenate(rows["y_repeats_ms"]), sizes)
+    per_repeat = predict_ca_ms(fit.b, fit.beta_miss, fit.beta_hit, k, misses, hits)
+    pred = [float(np.mean(p)) for p in np.split(per_repeat, np.cumsum(repeats)[:-1])]
+    r2_means, rmse_means = score(rows["y_ms"], pred)
+    union = np.repeat(rows["F"], repeats)
+    draft_level_ms = float(np.sum(np.concatenate(rows["draft_repeats_ms"]))
+                           / np.sum(np.repeat(rows["levels"], repeats)))
+    # The same model without the probes' drafting (y - draft time): the part of a cycle the verified subtree
+    # decides. specfit-ca adds drafted levels x draft_level_ms itself, so drafting is counted once.
+    verify = fit_nnls_ca(k, misses, hits, np.concatenate(rows["y_repeats_ms"]) - np.concatenate(
+        rows["draft_repeats_ms"]), sizes)
+    entry = {**fit.as_dict(), "fit_on": "repeats", "r2_means": r2_means, "rmse_means_ms": rmse_means,
+             "n_probes": len(rows["k"]), "union_mismatches": int(np.sum(misses + hits != union)),
+             "without_drafting": {"b": verify.b, "beta_miss": verify.beta_miss, "beta_hit": verify.beta_hit,
+                                  "r2": verify.r2, "rmse_ms": verify.rmse_ms}}
+    return entry, pred, draft_level_ms
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
@@ -205,6 +268,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         coefficients = preset(spec["coefficients"], cache)
         write_parquet(POINTS_SCHEMA.empty_table(), outputs["points"])
         write_json({**coefficients, "source": spec["coefficients"], "cache": cache, "slots": spec["slots"],
+                    "cache_aware": None, "draft_level_ms": None,
                     "r2": None, "rmse_ms": None, "max_abs_residual_ms": None, "n_points": 0,
                     "link_emulated": False, "timing_label": "the paper's Appendix B"}, outputs["coefficients"])
         return
@@ -228,12 +292,22 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         rows = measure(model, drafter, engine, prompts, states, protocol, limits)
     fit = fit_nnls(rows["k"], rows["F"], rows["y_ms"], protocol["sizes"])
     rows["pred_ms"] = predict_ms(fit.b, fit.beta, rows["k"], rows["F"]).tolist()
+    cache_aware, rows["pred_ca_ms"], draft_level_ms = fit_cache_aware(rows, protocol["sizes"])
     write_parquet(pa.Table.from_pydict(rows, schema=POINTS_SCHEMA), outputs["points"])
     write_json({**fit.as_dict(), "source": "fit", "cache": cache, "slots": spec["slots"], "states": len(states),
+                "cache_aware": cache_aware, "draft_level_ms": draft_level_ms,
                 "link_emulated": engine.link_emulated, "timing_label": engine.timing_label,
                 "h2d_transfers": engine.stats()["h2d_transfers"]}, outputs["coefficients"])
     log.info("fit over %d points: b = %s ms, beta = %.4f ms, R^2 = %.3f (%s)", fit.n_points,
              [round(v, 3) for v in fit.b], fit.beta, fit.r2, engine.timing_label)
+    log.info("cache-aware fit over %d repeats: b = %s ms, beta_miss = %.4f ms, beta_hit = %.4f ms%s, R^2 = %.3f "
+             "(%.3f on the probe means); one drafted level %.3f ms", cache_aware["n_points"],
+             [round(v, 3) for v in cache_aware["b"]], cache_aware["beta_miss"], cache_aware["beta_hit"],
+             "" if cache_aware["beta_hit_identified"] else " (unidentified: no hits)", cache_aware["r2"],
+             cache_aware["r2_means"], draft_level_ms)
+    if cache_aware["union_mismatches"]:
+        log.warning("%d probe cycles had misses + hits != F: the verify forward routed differently from the route "
+                    "query (rounding at a router margin)", cache_aware["union_mismatches"])
 
 
 main = stage_main(run)

@@ -1,4 +1,10 @@
-"""SpecFit's cycle-time model T̂(S) = b_|S| + β·F(S) (Eq. 4): the NNLS fit and the paper's presets."""
+"""SpecFit's cycle-time model T̂(S) = b_|S| + β·F(S) (Eq. 4): the NNLS fit and the paper's presets; and the
+cache-aware model T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) (issue 12), fitted by NNLS from the same probes.
+
+M(S) counts the experts of the per-layer union (root + S) that the layer's cache does not hold when the verify
+forward starts (the copies it makes: the engine loads each missing expert once per forward), H(S) the resident
+ones; M + H = F.
+"""
 
 from __future__ import annotations
 
@@ -28,34 +34,88 @@ class Fit:
         return asdict(self)
 
 
+def _nnls(design: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+    """NNLS coefficients of ``design`` [n, p] for ``y`` [n]; R², RMSE and the largest absolute residual."""
+    coef, _ = nnls(design, y)
+    residual = y - design @ coef  # [n]
+    total = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(residual @ residual) / total if total > 0 else 1.0
+    return coef, r2, float(np.sqrt(np.mean(residual**2))), float(np.max(np.abs(residual)))
+
+
+def _size_design(k: np.ndarray, sizes: int, extra: int) -> np.ndarray:
+    """[n, sizes + extra]: one-hot probe size, then ``extra`` zero columns to fill."""
+    if k.size == 0 or k.min() < 0 or k.max() >= sizes:
+        raise ValueError(f"probe sizes must lie in 0..{sizes - 1}")
+    design = np.zeros((k.size, sizes + extra))
+    design[np.arange(k.size), k] = 1.0
+    return design
+
+
 def fit_nnls(k: np.ndarray, union: np.ndarray, y_ms: np.ndarray, sizes: int = 8) -> Fit:
     """Minimize Σ_i (y_i − b_{k_i} − β F_i)² subject to b, β ≥ 0 (Appendix B) with scipy's NNLS.
 
     ``k`` [n] probe sizes in 0..sizes-1, ``union`` [n] F of each probe tree, ``y_ms`` [n] cycle times.
     """
     k = np.asarray(k, dtype=np.int64)
-    union = np.asarray(union, dtype=np.float64)
-    y = np.asarray(y_ms, dtype=np.float64)
-    if k.size == 0 or k.min() < 0 or k.max() >= sizes:
-        raise ValueError(f"probe sizes must lie in 0..{sizes - 1}")
-    design = np.zeros((k.size, sizes + 1))  # [n, sizes + 1]: one-hot size, then F
-    design[np.arange(k.size), k] = 1.0
-    design[:, sizes] = union
-    coef, _ = nnls(design, y)
-    residual = y - design @ coef  # [n]
-    total = float(np.sum((y - y.mean()) ** 2))
-    return Fit(
-        b=[float(v) for v in coef[:sizes]],
-        beta=float(coef[sizes]),
-        r2=1.0 - float(residual @ residual) / total if total > 0 else 1.0,
-        rmse_ms=float(np.sqrt(np.mean(residual**2))),
-        max_abs_residual_ms=float(np.max(np.abs(residual))),
-        n_points=int(k.size),
-    )
+    design = _size_design(k, sizes, 1)  # [n, sizes + 1]: one-hot size, then F
+    design[:, sizes] = np.asarray(union, dtype=np.float64)
+    coef, r2, rmse, max_abs = _nnls(design, np.asarray(y_ms, dtype=np.float64))
+    return Fit(b=[float(v) for v in coef[:sizes]], beta=float(coef[sizes]), r2=r2, rmse_ms=rmse,
+               max_abs_residual_ms=max_abs, n_points=int(k.size))
+
+
+@dataclass(frozen=True)
+class FitCA:
+    """The cache-aware coefficients in milliseconds and how well they explain the probe times.
+
+    ``beta_*_identified``: whether the points determine the coefficient at all, i.e. its column is not a linear
+    combination of the others (without a cache every expert is a miss, H = 0: NNLS returns β_hit = 0, which
+    means nothing).
+    """
+
+    b: list[float]  # [sizes] intercepts b_0..b_{sizes-1}
+    beta_miss: float  # ms per expert copied by the verify forward
+    beta_hit: float  # ms per expert of the union already resident
+    r2: float
+    rmse_ms: float
+    max_abs_residual_ms: float
+    n_points: int
+    beta_miss_identified: bool
+    beta_hit_identified: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit_nnls_ca(k: np.ndarray, misses: np.ndarray, hits: np.ndarray, y_ms: np.ndarray, sizes: int = 8) -> FitCA:
+    """Minimize Σ_i (y_i − b_{k_i} − β_miss M_i − β_hit H_i)² subject to b, β_miss, β_hit ≥ 0 (scipy's NNLS).
+
+    ``k`` [n] probe sizes in 0..sizes-1, ``misses`` / ``hits`` [n] M and H of each point, ``y_ms`` [n] times.
+    """
+    k = np.asarray(k, dtype=np.int64)
+    design = _size_design(k, sizes, 2)  # [n, sizes + 2]: one-hot size, then M, then H
+    design[:, sizes] = np.asarray(misses, dtype=np.float64)
+    design[:, sizes + 1] = np.asarray(hits, dtype=np.float64)
+    coef, r2, rmse, max_abs = _nnls(design, np.asarray(y_ms, dtype=np.float64))
+    rank = np.linalg.matrix_rank(design)
+
+    def identified(column: int) -> bool:
+        return bool(np.any(design[:, column])) and np.linalg.matrix_rank(np.delete(design, column, axis=1)) < rank
+
+    return FitCA(b=[float(v) for v in coef[:sizes]], beta_miss=float(coef[sizes]), beta_hit=float(coef[sizes + 1]),
+                 r2=r2, rmse_ms=rmse, max_abs_residual_ms=max_abs, n_points=int(k.size),
+                 beta_miss_identified=identified(sizes), beta_hit_identified=identified(sizes + 1))
 
 
 def predict_ms(b, beta: float, k: np.ndarray, union: np.ndarray) -> np.ndarray:
     return np.asarray(b, dtype=np.float64)[np.asarray(k)] + beta * np.asarray(union, dtype=np.float64)
+
+
+def predict_ca_ms(b, beta_miss: float, beta_hit: float, k: np.ndarray, misses: np.ndarray,
+                  hits: np.ndarray) -> np.ndarray:
+    return (np.asarray(b, dtype=np.float64)[np.asarray(k)] + beta_miss * np.asarray(misses, dtype=np.float64)
+            + beta_hit * np.asarray(hits, dtype=np.float64))
 
 
 def paper_coefficients() -> dict:

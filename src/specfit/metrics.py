@@ -19,13 +19,14 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
     (`specfit.intervals.tps_interval`, seeded by ``seed``). With ``prompts`` (rows with ``request_id`` and
     ``prompt_ids``), cycles are split into fresh ones and ones that start inside a repeated output 4-gram
     (`specfit.ngrams`): ``committed_per_cycle_fresh`` / ``_repeated`` and ``cycles_fresh`` / ``_repeated``
-    (None without prompts).
+    (None without prompts). ``cycles_without_draft``: cycles whose pool holds the root alone (AR's every cycle; a
+    drafting method's at the length limit or where it chose not to draft).
     """
     n = sum(r["n_output"] for r in requests)
     t_req = sum(r["t_request_s"] for r in requests)
     t_dec = t_req - sum(r["t_prefill_s"] for r in requests)
     c = {name: np.asarray(cycles.column(name).to_pylist()) for name in (
-        "committed", "accepted", "drafted_levels", "t_draft_s", "t_select_s", "t_verify_s",
+        "committed", "accepted", "drafted_levels", "t_draft_s", "t_select_s", "t_verify_s", "t_commit_s",
     )}
     selected = np.asarray([len(s) for s in cycles.column("selected").to_pylist()])
     pool = np.asarray([len(p) - 1 for p in cycles.column("pool_token").to_pylist()])
@@ -51,6 +52,7 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
         "tps_req": n / t_req if t_req > 0 else None,
         "draft_nodes_per_cycle": mean(selected),
         "pool_nodes_per_cycle": mean(pool),
+        "cycles_without_draft": int((pool == 0).sum()),
         "drafted_levels_per_cycle": mean(c["drafted_levels"]),
         "accepted_per_cycle": mean(c["accepted"]),
         "committed_per_cycle": mean(c["committed"]),
@@ -58,6 +60,8 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
         "ms_per_cycle": 1e3 * t_dec / n_cycles if n_cycles else None,
         "draft_ms_per_cycle": 1e3 * mean(c["t_draft_s"]) if n_cycles else None,
         "verify_ms_per_cycle": 1e3 * mean(c["t_verify_s"]) if n_cycles else None,
+        "select_ms_per_cycle": 1e3 * mean(c["t_select_s"]) if n_cycles else None,
+        "commit_ms_per_cycle": 1e3 * mean(c["t_commit_s"]) if n_cycles else None,
         "select_ms_median": 1e3 * float(np.median(c["t_select_s"])) if n_cycles else None,
         "select_share_pct": 100.0 * float(c["t_select_s"].sum()) / t_dec if t_dec > 0 else None,
         "h2d_per_token": sum(r["h2d_transfers"] for r in requests) / n if n else None,

@@ -17,7 +17,7 @@ import jsonschema
 import yaml
 
 from specfit import paths
-from specfit.speculative.config import MethodConfig
+from specfit.speculative.config import ROUTED_RULES, MethodConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -107,7 +107,7 @@ def _check_references(config: dict) -> None:
         for method, device in itertools.product(block["methods"], block["devices"]):
             if method not in config["methods"] or device not in config["devices"]:
                 continue
-            if config["methods"][method]["rule"] == "specfit":
+            if config["methods"][method]["rule"] in ROUTED_RULES:
                 k_max = method_config(config, method).k_max
                 fit = config["devices"][device]["coefficients"] == "fit"
                 sizes = config["calibration"]["sizes"] if fit else 8  # the paper's presets: b_0..b_7

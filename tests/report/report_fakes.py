@@ -2,6 +2,7 @@
 files the report rule declares (as ``report_inputs`` in rules/common.smk builds them)."""
 
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE
         "specfit": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
         "specfit-noisy": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "noisy",
                           "accuracy": 0.6},
+        "specfit-ca": {"rule": "specfit-ca", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
     }
     return {
         "workloads": {workload: {"question_ids": {"start": 401, "stop": 402, "step": 1}, "limit_tokens": 512,
@@ -107,15 +109,42 @@ def fake_metrics(rng, run, spec, rows) -> dict:
     }
 
 
-def fake_root(root: Path, spec: dict, seed: int = 0) -> dict:
+def cycle_parts(run, spec, m: dict) -> dict:
+    """The metrics.json keys of issue 12 (select and commit ms per cycle, cycles that drafted nothing), from an rng
+    of the run's own so that the other fake numbers stay as they were."""
+    rng = np.random.default_rng(zlib.crc32(run.path.encode()))
+    ar = method_rule(spec, run.method) == "ar"
+    return {"select_ms_per_cycle": float(rng.uniform(0, 3)), "commit_ms_per_cycle": float(rng.uniform(0, 2)),
+            "cycles_without_draft": m["cycles"] if ar else int(rng.integers(0, m["cycles"] // 2)),
+            "pool_nodes_per_cycle": 0.0 if ar else float(rng.uniform(1, 14))}
+
+
+def cache_aware_fit(device: str, mode: str) -> dict:
+    """The calibration JSON's cache-aware keys (issue 12), from an rng of their own so that the other fake numbers
+    stay as they were; the with-cache fit meets the R² goal on the first device only."""
+    rng = np.random.default_rng(zlib.crc32(f"cache-aware {device} {mode}".encode()))
+    cache = mode == "cache"
+    r2 = (0.95 if device == DEVICE else 0.75) if cache else 0.9
+    return {"cache_aware": {"b": rng.uniform(1, 20, 8).tolist(), "beta_miss": float(rng.uniform(0.1, 1)),
+                            "beta_hit": float(rng.uniform(0, 0.1)) if cache else 0.0, "r2": r2 - 0.05,
+                            "rmse_ms": 1.25, "max_abs_residual_ms": 4.0, "n_points": 288, "n_probes": 144,
+                            "beta_miss_identified": True, "beta_hit_identified": cache, "fit_on": "repeats",
+                            "r2_means": r2, "rmse_means_ms": 0.75, "union_mismatches": 0},
+            "draft_level_ms": float(rng.uniform(0.1, 2))}
+
+
+def fake_root(root: Path, spec: dict, seed: int = 0, speeds: dict | None = None) -> dict:
     """Writes metrics (with requests.parquet beside), calibration and theory files under ``root``; returns what it
-    wrote, by path (a run's requests under ("requests", run))."""
+    wrote, by path (a run's requests under ("requests", run)). ``speeds``: (method, slots) -> the decode tokens per
+    second of that run on every device (others random)."""
     rng = np.random.default_rng(seed)
     lengths = [int(n) for n in rng.integers(8, 40, N_REQUESTS)]
     written = {}
     for run in decode_runs(spec):
-        rows = fake_requests(rng, lengths, speed=float(rng.uniform(2, 12)))
+        speed = float(rng.uniform(2, 12))
+        rows = fake_requests(rng, lengths, speed=(speeds or {}).get((run.method, run.slots), speed))
         written[run] = fake_metrics(rng, run, spec, rows)
+        written[run].update(cycle_parts(run, spec, written[run]))
         written["requests", run] = rows
         path = root / run.file("metrics.json")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,6 +156,7 @@ def fake_root(root: Path, spec: dict, seed: int = 0) -> dict:
             fit = {"b": rng.uniform(1, 20, 8).tolist(), "beta": float(rng.uniform(0.01, 1)), "source": "fit",
                    "r2": 0.97, "rmse_ms": 1.5, "n_points": 144, "slots": slots, "link_emulated": True,
                    "residuals": {"max_abs_ms": 3.0}}
+            fit.update(cache_aware_fit(device, mode))
             (root / paths.calibration("toy", device, mode)).write_text(json.dumps(fit))
             written[device, mode] = fit
             y = rng.uniform(10, 100, 16)

@@ -7,7 +7,7 @@ import pytest
 from report_fakes import DEVICE, declared, decode_tps, fake_root, request_tps, runs_by, tiny_spec, write_requests
 from report_md import assert_no_win_inside_a_tie, find, key_of, md_tables, pct_text, ratio_of, tps_text, x_text
 
-from specfit import report
+from specfit import paths, report
 from specfit.report.inputs import DRAFT_KEYS, METRICS, SPLIT_KEYS, TOKENS_PER_TRANSFER
 from specfit.report.page import EMULATED, interval_note
 
@@ -127,6 +127,30 @@ def test_theory_calibration_and_lossless(built):
     assert cells["β (ms per expert)"] == [f"{written[DEVICE, 'cache']['beta']:.4f}",
                                           f"{written[DEVICE, 'nocache']['beta']:.4f}", "0.2107", "0.4080"]
 
+    header, rows = find(tables, f"Cache-aware cost T(S) = b_|S| + β_miss M(S) + β_hit H(S) beside b_|S| + β F(S), "
+                                f"toy / {DEVICE} [{EMULATED}]")
+    assert header == ["Quantity", f"With cache (4 slots) [{EMULATED}]", f"Without cache (0 slots) [{EMULATED}]"]
+    cells = {row[0]: row[1:] for row in rows}
+    ca = {m: written[DEVICE, m]["cache_aware"] for m in ("cache", "nocache")}
+    for k in range(8):
+        assert cells[f"b_{k} (ms)"] == [f"{ca[m]['b'][k]:.3f}" for m in ("cache", "nocache")]
+    assert cells["β_miss (ms per copied expert)"] == [f"{ca[m]['beta_miss']:.4f}" for m in ("cache", "nocache")]
+    assert cells["β_hit (ms per resident expert)"] == [f"{ca['cache']['beta_hit']:.4f}",
+                                                        "0.0000 (not identified: no hits)"]
+    assert cells["R², cache-aware, on the probe means"] == ["0.9500", "0.9000"]
+    assert cells["R², b + β F, on the probe means"] == ["0.9700", "0.9700"]
+    assert cells["R², cache-aware, per repeat (fitted)"] == ["0.9000", "0.8500"]
+    assert cells["RMSE (ms), cache-aware, on the probe means"] == ["0.75", "0.75"]
+    assert cells["RMSE (ms), b + β F, on the probe means"] == ["1.50", "1.50"]
+    assert cells["Points (probes / repeats)"] == ["144 / 288", "144 / 288"]
+    assert cells["Drafting, one level (ms)"] == [f"{written[DEVICE, m]['draft_level_ms']:.3f}"
+                                                 for m in ("cache", "nocache")]
+    assert cells["Goal: R² ≥ 0.9 with the cache"] == ["met (R² 0.950)", "–"]
+    assert (f"Goal of issue 12, toy / {DEVICE}: the cache-aware model explains the with-cache probe times with "
+            "R² ≥ 0.9 on the probe means (the points of the paper model's R²): met (R² 0.950; b + β F: 0.970).") in (
+        out / "report.md").read_text()
+    assert len(find(tables, "Cost coefficients, toy")[1]) == 8 + 5  # the paper model's table stays as it was
+
     header, rows = find(tables, "Lossless check per run")
     by_run = {(row[1], row[2]): dict(zip(header, row)) for row in rows}
     fit, eagle = by_run["specfit", "Yes (4)"], by_run["eagle3", "No"]
@@ -141,6 +165,25 @@ def test_theory_calibration_and_lossless(built):
     assert fit["Reference"] == f"data/decode/toy/{DEVICE}/gsm8k/ar/slots0/requests.parquet"
     header, rows = find(tables, "Every divergence")
     assert rows == [["gsm8k", "specfit", "Yes (4)", "1", "7", "–", "–", "0.0123"]]
+
+
+def test_cache_aware_goal_not_met_and_presets(tree):
+    """The second device's fit misses the R² goal; a device on the paper's presets has no cache-aware fit."""
+    spec = tiny_spec(devices=(DEVICE, "cpu-4090link"))
+    written = fake_root(tree, spec)
+    preset = {**written["cpu-4090link", "nocache"], "source": "paper-rtx4090", "cache_aware": None,
+              "draft_level_ms": None, "r2": None, "rmse_ms": None, "n_points": 0}
+    (tree / paths.calibration("toy", "cpu-4090link", "nocache")).write_text(json.dumps(preset))
+    out = tree / "reports" / "all"
+    report.run(spec, declared(spec), {"report": str(out)})
+    md = (out / "report.md").read_text()
+    caption = "Cache-aware cost T(S) = b_|S| + β_miss M(S) + β_hit H(S) beside b_|S| + β F(S), toy / cpu-4090link"
+    header, rows = find(md_tables(md), caption)
+    cells = {row[0]: row[1:] for row in rows}
+    assert cells["Goal: R² ≥ 0.9 with the cache"] == ["not met (R² 0.750)", "–"]
+    assert cells["β_miss (ms per copied expert)"][1] == cells["Drafting, one level (ms)"][1] == "–"
+    assert "toy / cpu-4090link: the cache-aware model explains the with-cache probe times with R² ≥ 0.9" in md
+    assert "not met (R² 0.750; b + β F: 0.970)." in md
 
 
 def test_sweep_noisy_second_device_and_missing_inputs(tree):

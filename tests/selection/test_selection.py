@@ -233,3 +233,19 @@ def test_selectors_reject_bad_arguments():
         select_min_union(pool, 3)
     with pytest.raises(ValueError):
         select_specfit(pool, [1.0] * 8, 0.1, backend="cuda")
+
+
+@pytest.mark.parametrize("k_max", [1, 2])
+def test_pools_past_one_mask_word_match_the_brute_force(k_max):
+    """Past 63 draft nodes the traversal's node masks span several words; ids cross both word boundaries."""
+    rng = np.random.default_rng(1)
+    n = 150
+    parent = [-1] + [int(rng.integers(0, v)) if rng.random() < 0.6 else 0 for v in range(1, n + 1)]
+    prob = [1.0] + rng.choice(PROBS, n).tolist()
+    routes = rng.integers(-1, 130, size=(n + 1, 2, 2))
+    pool = Pool(parent, prob, routes, 130)
+    b, beta = [2.0, 2.0, 2.5], 0.1
+    assert max(v for v in range(1, n + 1) if parent[v] == 0) > 128  # root children in all three mask words
+    expected, visited = brute_force(pool, k_max, lambda s, r, f: r / (b[len(s)] + beta * f))
+    for backend in BACKENDS:
+        check(select_specfit(pool, b, beta, k_max, backend=backend), pool, expected, visited, b, beta)

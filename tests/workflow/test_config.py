@@ -82,8 +82,12 @@ def test_snakemake_stops_before_any_job(root, config, tmp_path):
 def test_decode_matrix(config, schema):
     validate_config(config, schema)
     runs = decode_runs(config)
-    assert len(runs) == len(set(runs)) == 23
+    assert len(runs) == len(set(runs)) == 33
     assert DecodeRun("toy", "cpu-a100link", "summarization", "specfit", 3) in runs
+    # specfit-ca in every cell of specfit, with AR beside it (the slot sweep too): its goal is per cell
+    cells = {(r.device, r.workload, r.slots) for r in runs if r.method == "specfit"}
+    for method in ("specfit-ca", "ar", "eagle3"):
+        assert cells <= {(r.device, r.workload, r.slots) for r in runs if r.method == method}, method
     run = DecodeRun("toy", "cpu-a100link", "gsm8k", "specfit-noisy", 12)
     assert reference_run(config, run) == DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 0)
     assert reference_run(config, DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 0)) is None
@@ -137,7 +141,7 @@ def test_k_max_beyond_the_fitted_intercepts_is_named(config, schema):
     with pytest.raises(ConfigError, match=r"'methods\.specfit\.k_max' is 7.*b_0\.\.b_5.*calibration\.sizes"):
         validate_config(config, schema)
     config["calibration"] = {"sizes": 8}
-    config["methods"]["specfit"]["k_max"] = 6
-    config["methods"]["specfit-noisy"]["k_max"] = 6
+    for method in ("specfit", "specfit-noisy", "specfit-ca"):
+        config["methods"][method]["k_max"] = 6
     config["calibration"]["sizes"] = 7
     validate_config(config, schema)

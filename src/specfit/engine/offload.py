@@ -42,6 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
@@ -534,6 +535,15 @@ class OffloadEngine:
             self._recorder.forwards.append(torch.stack(self._forward_routes, dim=1))  # [T, L, k]
 
     # ----- cache control --------------------------------------------------------------------------------------
+
+    def resident(self) -> np.ndarray:
+        """[L, N] bool: the experts each layer's cache holds now, which the next forward finds as hits. Without an
+        expert cache (slots 0, cleared before every forward) nothing is resident."""
+        resident = np.zeros((self.num_layers, self.num_experts), dtype=bool)  # [L, N]
+        if self.config.slots > 0:
+            for index, layer in enumerate(self.layers):
+                resident[index, list(layer.cache.slot_of)] = True
+        return resident
 
     def clear_cache(self) -> None:
         """Empty every layer's slots (timed into ``stats()["clear_s"]``)."""

@@ -24,7 +24,8 @@ inputs: metrics, requests (each decode run's metrics.json and requests.parquet),
 outputs: report (a folder)
 
 Modules: `inputs` (what the report reads, `Inputs` with the intervals), `sections` (per model and device, per
-model), `paper` (the paper's roles, figures and the section beside this run), `render` (figures, provenance,
+model), `paper` (the paper's roles, figures and the section beside this run), `beyond` (specfit-ca, beyond the
+paper, per cell against issue 12's goal, after the throughput section), `render` (figures, provenance,
 Jinja2), `page` (tables, sections and how a cell prints).
 """
 

@@ -76,7 +76,12 @@ def tokens_per_transfer(m: dict | None) -> float | None:
 TPS_MATCH_RTOL = 1e-6  # metrics.json's tps_dec (tps_req) and the one its requests.parquet gives must agree
 
 # paths.calibration and paths.calibration_points (specfit.calibrate)
-CALIBRATION_REQUIRED = ("b", "beta", "source", "r2", "rmse_ms", "n_points", "slots", "link_emulated")
+CALIBRATION_REQUIRED = ("b", "beta", "source", "r2", "rmse_ms", "n_points", "slots", "link_emulated", "cache_aware",
+                        "draft_level_ms")
+# the cache-aware fit ("cache_aware", null for the paper's presets): the keys the report reads
+CACHE_AWARE_REQUIRED = ("b", "beta_miss", "beta_hit", "beta_hit_identified", "r2", "rmse_ms", "n_points", "r2_means",
+                        "rmse_means_ms", "n_probes")
+CACHE_AWARE_R2_GOAL = 0.9  # issue 12: the cache-aware model with the cache, R² on the probe means
 POINTS_COLUMNS = ("k", "tree", "y_ms", "pred_ms")
 
 
@@ -310,6 +315,11 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
         for mode in paths.CACHE_MODES:
             data = _load_json(files.path("calibration", paths.calibration(model, device, mode)), CALIBRATION_REQUIRED)
             if data is not None:
+                lacking = [k for k in CACHE_AWARE_REQUIRED if data["cache_aware"] is not None
+                           and k not in data["cache_aware"]]
+                if lacking:
+                    raise SpecFitError(f"{paths.calibration(model, device, mode)}: cache_aware lacks "
+                                       f"{', '.join(lacking)} (the report reads these keys)")
                 calibration[model, device, mode] = data
             frame = _load_points(files.path("points", paths.calibration_points(model, device, mode)))
             if frame is not None:

@@ -27,12 +27,14 @@ PAPER_WORKLOADS = ("summarization", "gsm8k")  # the workload keys of paper_resul
 # ------------------------------------------------------------------------------------ roles of the methods
 @dataclass(frozen=True)
 class Roles:
-    """The config's methods in the paper's roles: AR, EAGLE-3, SpecFit (exact routes), SpecFit noisy routes."""
+    """The config's methods in the paper's roles: AR, EAGLE-3, SpecFit (exact routes), SpecFit noisy routes; and,
+    beyond the paper, the cache- and draft-aware SpecFit (rule specfit-ca; None: no such method, no section)."""
 
     ar: str | None
     eagle3: str | None
     specfit: str | None
     noisy: list[str]
+    specfit_ca: str | None = None
 
     @classmethod
     def of(cls, spec: dict) -> "Roles":
@@ -47,6 +49,7 @@ class Roles:
             eagle3=first(lambda m: method_rule(spec, m) == "eagle3"),
             specfit=first(lambda m: method_rule(spec, m) == "specfit" and routes(m) == "atlas"),
             noisy=[m for m in spec["methods"] if method_rule(spec, m) == "specfit" and routes(m) == "noisy"],
+            specfit_ca=first(lambda m: method_rule(spec, m) == "specfit-ca"),
         )
 
 

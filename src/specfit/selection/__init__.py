@@ -8,6 +8,7 @@ from specfit.selection.selectors import (
     select_min_union,
     select_parametric,
     select_specfit,
+    select_specfit_ca,
     select_top_prob,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "select_min_union",
     "select_parametric",
     "select_specfit",
+    "select_specfit_ca",
     "select_top_prob",
 ]

@@ -3,7 +3,8 @@ nodes, each parent before its children; ``token``, ``parent``, ``path_prob`` (p_
 the root) per node. Records store them as the columns pool_token, pool_parent, pool_prob, pool_level.
 
 - `CandidatePool`: the pool as the drafter grows it, level by level (Python lists).
-- `Pool`: the selector's frozen view of it, with every node's expert routes and their bitmaps.
+- `Pool`: the selector's frozen view of it, with every node's expert routes and their bitmaps, and the experts
+  resident in each layer's cache when the cycle selects (for the cache-aware cost).
 """
 
 from __future__ import annotations
@@ -50,11 +51,14 @@ class CandidatePool:
         self.level.append(self.level[parent] + 1)
         return self.n
 
-    def view(self, routes: np.ndarray | None = None, num_experts: int = 1) -> Pool:
-        """The selector's view; without ``routes`` [n+1, L, k] it carries no experts (probability rules)."""
+    def view(self, routes: np.ndarray | None = None, num_experts: int = 1, resident: np.ndarray | None = None) -> Pool:
+        """The selector's view; without ``routes`` [n+1, L, k] it carries no experts (probability rules).
+
+        ``resident`` [L, N] bool marks the experts each layer's cache holds (None: nothing resident).
+        """
         if routes is None:
             routes = np.empty((self.n + 1, 0, 1), dtype=np.int64)  # [n+1, 0 layers, 1]
-        pool = Pool(np.asarray(self.parent), np.asarray(self.path_prob), routes, num_experts)
+        pool = Pool(np.asarray(self.parent), np.asarray(self.path_prob), routes, num_experts, resident)
         pool.__dict__["level"] = np.asarray(self.level, dtype=np.int64)  # [n+1] known: no walk up the parents
         return pool
 
@@ -65,37 +69,57 @@ class Pool:
 
     routes[v, l] lists the experts E_l(v) of node v in MoE layer l. A repeated id counts once and a
     negative id is padding, so rows may route to fewer than top_k experts (the root may route to none).
+    resident[l, e] is True when expert e sits in layer l's cache as the cycle selects (None: nothing resident);
+    only the cache-aware cost reads it.
     """
 
     parent: np.ndarray  # [n+1] int64, parent[0] = -1 for the root s
     path_prob: np.ndarray  # [n+1] float64 path probabilities p_v; path_prob[0] is ignored
     routes: np.ndarray  # [n+1, L, top_k] int expert ids per node and layer
     num_experts: int  # N experts per layer
+    resident: np.ndarray | None = None  # [L, N] bool, expert e resident in layer l's cache; None = none resident
 
     def __post_init__(self):
         parent = np.asarray(self.parent, dtype=np.int64)
         path_prob = np.asarray(self.path_prob, dtype=np.float64)
         routes = np.asarray(self.routes)
-        n = parent.shape[0] - 1
-        if n < 0 or parent[0] != -1:
+        if parent.ndim != 1 or parent.shape[0] == 0 or parent[0] != -1:
             raise ValueError("parent[0] must be -1: node 0 is the root s")
-        if not all(0 <= u < v for v, u in enumerate(parent[1:].tolist(), start=1)):
+        n = parent.shape[0] - 1
+        if not _parents_precede(parent):
             raise ValueError("every draft node needs a parent with a smaller id: 0 <= parent[v] < v")
         if path_prob.shape != (n + 1,) or routes.ndim != 3 or routes.shape[0] != n + 1:
             raise ValueError(f"path_prob must be [{n + 1}] and routes [{n + 1}, L, top_k]")
         object.__setattr__(self, "parent", parent)
         object.__setattr__(self, "path_prob", path_prob)
         object.__setattr__(self, "routes", routes)
+        if self.resident is not None:
+            resident = np.asarray(self.resident, dtype=np.bool_)
+            if resident.shape != (routes.shape[1], self.num_experts):
+                raise ValueError(f"resident must be [L={routes.shape[1]}, N={self.num_experts}], got {resident.shape}")
+            object.__setattr__(self, "resident", resident)
 
     @property
     def n(self) -> int:
         """|V|, the number of draft nodes (the root excluded)."""
         return self.parent.shape[0] - 1
 
+    @property
+    def words_per_layer(self) -> int:
+        """W = ceil(N / 64) uint64 words per layer in `words` and `resident_words`."""
+        return (self.num_experts + WORD_BITS - 1) // WORD_BITS
+
     @cached_property
     def words(self) -> np.ndarray:
         """Expert bitmaps B_v of Algorithm 1: [n+1, L * ceil(N / 64)] uint64, layer l in its own words."""
         return _encode_routes(self.routes.astype(np.int64, copy=False), self.num_experts)
+
+    @cached_property
+    def resident_words(self) -> np.ndarray:
+        """The resident experts R_l as one row of `words`: [L * ceil(N / 64)] uint64, all zero without residency."""
+        if self.resident is None:
+            return np.zeros(self.routes.shape[1] * self.words_per_layer, dtype=np.uint64)
+        return _encode_resident(self.resident, self.words_per_layer)
 
     @cached_property
     def level(self) -> np.ndarray:
@@ -106,14 +130,16 @@ class Pool:
         return level
 
     def prefix(self, n: int) -> Pool:
-        """The pool of draft nodes 1..n, sharing this pool's arrays and encoded bitmaps."""
+        """The pool of draft nodes 1..n, sharing this pool's arrays, residency and encoded bitmaps."""
         if not 0 <= n <= self.n:
             raise ValueError(f"prefix of {n} nodes from a pool of {self.n}")
         end = n + 1
-        sub = Pool(self.parent[:end], self.path_prob[:end], self.routes[:end], self.num_experts)
+        sub = Pool(self.parent[:end], self.path_prob[:end], self.routes[:end], self.num_experts, self.resident)
         for name in ("words", "level"):  # computed once per cycle, not once per level
             if name in self.__dict__:
                 sub.__dict__[name] = self.__dict__[name][:end]
+        if "resident_words" in self.__dict__:
+            sub.__dict__["resident_words"] = self.__dict__["resident_words"]
         return sub
 
     def upto_level(self, depth: int) -> Pool:
@@ -123,10 +149,29 @@ class Pool:
             raise ValueError("node ids are not in level order, so V_<=d is not a prefix of V")
         return self.prefix(n)
 
+    def _union_words(self, nodes) -> np.ndarray:
+        return np.bitwise_or.reduce(self.words[[0, *nodes]], axis=0)  # [L * words per layer]
+
     def expert_union(self, nodes) -> int:
         """F(S) of Eq. 4: sum over layers of |E_l(s) ∪ ⋃_{v in S} E_l(v)|, the root's experts included."""
-        union = np.bitwise_or.reduce(self.words[[0, *nodes]], axis=0)  # [L * words per layer]
-        return int.from_bytes(union.tobytes(), "little").bit_count()
+        return _bit_count(self._union_words(nodes))
+
+    def expert_misses(self, nodes) -> int:
+        """M(S): sum over layers of |U_l(S) \\ R_l|, the experts of F(S) not resident (copies of the verify forward)."""
+        return _bit_count(self._union_words(nodes) & ~self.resident_words)
+
+
+def _bit_count(words: np.ndarray) -> int:
+    return int.from_bytes(words.tobytes(), "little").bit_count()
+
+
+@njit(cache=True)
+def _parents_precede(parent):
+    """0 <= parent[v] < v for every draft node v."""
+    for v in range(1, parent.shape[0]):
+        if not 0 <= parent[v] < v:
+            return False
+    return True
 
 
 @njit(cache=True)
@@ -144,4 +189,18 @@ def _encode_routes(routes, num_experts):
                 if e >= 0:
                     w = layer * per_layer + e // WORD_BITS
                     words[v, w] |= np.uint64(1) << np.uint64(e % WORD_BITS)
+    return words
+
+
+@njit(cache=True)
+def _encode_resident(resident, per_layer):
+    """resident [L, N] bool as [L * per_layer] uint64 words, each word ORed in a register (no branch per bit)."""
+    layers, num_experts = resident.shape
+    words = np.empty(layers * per_layer, dtype=np.uint64)
+    for layer in range(layers):
+        for w in range(per_layer):
+            acc = np.uint64(0)
+            for k in range(min(WORD_BITS, num_experts - w * WORD_BITS)):
+                acc |= np.uint64(resident[layer, w * WORD_BITS + k]) << np.uint64(k)
+            words[layer * per_layer + w] = acc
     return words

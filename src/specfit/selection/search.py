@@ -2,21 +2,30 @@
 
 The depth-first traversal adds draft nodes in increasing id, each only when its parent is in the
 subtree, so it reaches every ancestor-closed S with |S| <= K exactly once, in lexicographic order of
-the sorted node ids. It carries R̂ = ((1 + p_v1) + p_v2) + ... and the per-layer expert unions
-B(S) = B_s OR ... OR B_v from the parent state. A subtree replaces the incumbent only when strictly
-better, so among equal keys the first visited, the lexicographically smallest, wins.
+the sorted node ids. Each depth keeps a bitmask of the nodes it may still add (ids above the node it
+added last whose parent is in S): the next node is the mask's lowest bit, and adding v passes the rest of
+the mask, with v's children, to the next depth. It carries R̂ = ((1 + p_v1) + p_v2) + ... and the per-layer
+expert unions B(S) = B_s OR ... OR B_v from the parent state, and with each union its two popcounts: F(S)
+(all its bits) and M(S) (its bits outside the resident words R, the experts the verify forward copies). A
+subtree replaces the incumbent only when strictly better, so among equal keys the first visited, the
+lexicographically smallest, wins.
 
-The same traversal runs compiled (numba, bitmaps as uint64 words) and interpreted (Python, one
-integer bitmap per node): `_make_dfs` writes it once around each backend's union step.
+The same traversal runs compiled (numba, bitmaps and node masks as uint64 words) and interpreted (Python,
+one integer per bitmap and per mask): `_make_dfs` writes it once around each backend's union and mask steps.
 """
 
 import numpy as np
 from numba import njit
 
-# Objectives: the key compared is (primary, R̂, -F, -|S|), then the node-id rule above.
-RATIO = 0  # primary R̂ / T̂, Eq. 5
+from specfit.selection.pool import WORD_BITS
+
+# Objectives: the key compared is (primary, R̂, -M, -F, -|S|), then the node-id rule above. Only RATIO_CA
+# searches with the pool's residency; the others see nothing resident, so M = F and the key is (primary, R̂,
+# -F, -|S|).
+RATIO = 0  # primary R̂ / T̂, T̂ = b_|S| + β F, Eq. 5
 PARAMETRIC = 1  # primary R̂ - λ T̂, the S_λ of Eq. 9
 MIN_UNION = 2  # primary -F over subtrees of exactly k_max nodes (calibration probe trees)
+RATIO_CA = 3  # primary R̂ / T̂_CA, T̂_CA = b_|S| + β_miss M + β_hit (F - M): the cache-aware cost
 
 BACKENDS = ("numba", "python")
 
@@ -30,51 +39,104 @@ def _popcount(x):
     return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
 
 
-@njit(cache=True)
-def _extend_words(unions, row, words, v):
-    """unions[row] = unions[row - 1] OR B_v over all layer words; return its popcount, F."""
+# The steps are inlined into the traversal in numba's IR: as calls they cost a quarter of the search
+# (reference counting of their array arguments on every visit).
+@njit(cache=True, inline="always")
+def _extend_words(unions, row, words, v, resident):
+    """unions[row] = unions[row - 1] OR B_v over all layer words; return its popcounts (F, M), M outside the
+    resident words. resident None (nothing resident, M = F) compiles a specialization without the second count.
+    """
     f = 0
+    if resident is None:
+        for w in range(unions.shape[1]):
+            x = unions[row - 1, w] | words[v, w]
+            unions[row, w] = x
+            f += _popcount(x)
+        return f, f
+    miss = 0
     for w in range(unions.shape[1]):
         x = unions[row - 1, w] | words[v, w]
         unions[row, w] = x
         f += _popcount(x)
-    return f
+        miss += _popcount(x & ~resident[w])
+    return f, miss
 
 
-def _extend_int(unions, row, bitmaps, v):
-    """The same step on Python integers, one bitmap of L * N bits per node."""
+@njit(cache=True, inline="always")
+def _pop_words(masks, m):
+    """Remove the lowest node of masks[m] (a row of uint64 words) and return its id; -1 when empty."""
+    i = 0
+    x = masks[m, 0]  # pools of up to 63 draft nodes fit in this word
+    while x == 0:
+        i += 1
+        if i == masks.shape[1]:
+            return -1
+        x = masks[m, i]
+    low = x & (~x + np.uint64(1))
+    masks[m, i] = x ^ low
+    return i * WORD_BITS + _popcount(low - np.uint64(1))
+
+
+@njit(cache=True, inline="always")
+def _descend_words(masks, m, children, v):
+    """masks[m + 1] = masks[m] OR the children of v."""
+    masks[m + 1, 0] = masks[m, 0] | children[v, 0]
+    for i in range(1, masks.shape[1]):
+        masks[m + 1, i] = masks[m, i] | children[v, i]
+
+
+def _extend_int(unions, row, bitmaps, v, outside):
+    """The union step on Python integers, one bitmap of L * N bits per node; ``outside`` is the complement of
+    the resident bitmap, or None when nothing is resident."""
     x = unions[row - 1] | bitmaps[v]
     unions[row] = x
-    return x.bit_count()
+    f = x.bit_count()
+    return f, f if outside is None else (x & outside).bit_count()
 
 
-def _make_dfs(extend):
-    """The traversal for one backend; extend(unions, row, bitmaps, v) sets unions[row] to
-    unions[row - 1] OR B_v and returns its popcount, F.
+def _pop_int(masks, m):
+    x = masks[m]
+    if not x:
+        return -1
+    low = x & -x
+    masks[m] = x ^ low
+    return low.bit_length() - 1
+
+
+def _descend_int(masks, m, children, v):
+    masks[m + 1] = masks[m] | children[v]
+
+
+def _make_dfs(extend, pop, descend):
+    """The traversal for one backend. extend(unions, row, bitmaps, v, resident) sets unions[row] to
+    unions[row - 1] OR B_v and returns its popcounts (F, M); pop(masks, m) removes and returns the lowest
+    node of masks[m] (-1 if none); descend(masks, m, children, v) sets masks[m + 1] = masks[m] | children(v).
     """
 
-    def dfs(parent, prob, bitmaps, k_max, objective, b, beta, lam, work):
-        """Visit every legal subtree of at most k_max nodes; return (|S|, R̂, F, visited) of the best.
+    def dfs(children, prob, bitmaps, resident, k_max, objective, b, beta, beta_hit, lam, work):
+        """Visit every legal subtree of at most k_max nodes; return (|S|, R̂, F, M, visited) of the best.
 
-        work = (unions, on_path, path, stack_r, stack_f, best): unions row m + 1 holds B(S) of the
-        subtree at depth m (row 0 stays empty), path[1..m] its nodes, stack_r / stack_f its R̂ and F;
-        best[1..|S|] receives the best subtree's nodes.
+        children[u]: the mask of u's children. beta is β, or β_miss for RATIO_CA.
+        work = (unions, masks, path, stack_r, stack_f, stack_m, best): unions row m + 1 holds B(S) of the
+        subtree at depth m (row 0 stays empty), masks[m] the nodes depth m may still add, path[1..m] its
+        nodes, stack_r / stack_f / stack_m its R̂, F and M; best[1..|S|] receives the best subtree's nodes.
         """
-        unions, on_path, path, stack_r, stack_f, best = work
-        n = len(parent) - 1
+        unions, masks, path, stack_r, stack_f, stack_m, best = work
         m = 0
-        v = 1  # next candidate for depth m + 1
-        on_path[0] = True
+        masks[0] = children[0]
         stack_r[0] = 1.0
-        stack_f[0] = extend(unions, 1, bitmaps, 0)  # the root s is always verified
-        best_m, best_p, best_r, best_f = -1, 0.0, 0.0, 0
+        stack_f[0], stack_m[0] = extend(unions, 1, bitmaps, 0, resident)  # the root s is always verified
+        best_m, best_p, best_r, best_f, best_q = -1, 0.0, 0.0, 0, 0
         visited = 0
         while True:
             visited += 1
             r = stack_r[m]
             f = stack_f[m]
+            q = stack_m[m]
             if objective == RATIO:
                 p = r / (b[m] + beta * f)
+            elif objective == RATIO_CA:
+                p = r / (b[m] + beta * q + beta_hit * (f - q))
             elif objective == PARAMETRIC:
                 p = r - lam * (b[m] + beta * f)
             else:
@@ -83,75 +145,96 @@ def _make_dfs(extend):
                 if (
                     best_m < 0
                     or p > best_p
-                    or (p == best_p and (r > best_r or (r == best_r and (f < best_f or (f == best_f and m < best_m)))))
+                    or (
+                        p == best_p
+                        and (
+                            r > best_r
+                            or (
+                                r == best_r
+                                and (q < best_q or (q == best_q and (f < best_f or (f == best_f and m < best_m))))
+                            )
+                        )
+                    )
                 ):
-                    best_m, best_p, best_r, best_f = m, p, r, f
+                    best_m, best_p, best_r, best_f, best_q = m, p, r, f, q
                     for i in range(1, m + 1):
                         best[i] = path[i]
-            # Step to the next subtree in depth-first order: descend to the next addable node, or backtrack.
-            while True:
-                if m < k_max:
-                    while v <= n and not on_path[parent[v]]:
-                        v += 1
-                    if v <= n:
-                        m += 1
-                        path[m] = v
-                        on_path[v] = True
-                        stack_r[m] = stack_r[m - 1] + prob[v]
-                        stack_f[m] = extend(unions, m + 1, bitmaps, v)
-                        v += 1
-                        break
+            # Step to the next subtree in depth-first order: add the lowest addable node, or backtrack.
+            v = pop(masks, m) if m < k_max else -1
+            while v < 0:
                 if m == 0:
-                    return best_m, best_r, best_f, visited
-                v = path[m] + 1
-                on_path[path[m]] = False
+                    return best_m, best_r, best_f, best_q, visited
                 m -= 1
+                v = pop(masks, m)
+            descend(masks, m, children, v)
+            m += 1
+            path[m] = v
+            stack_r[m] = stack_r[m - 1] + prob[v]
+            stack_f[m], stack_m[m] = extend(unions, m + 1, bitmaps, v, resident)
 
     return dfs
 
 
 # A closure, not a function argument: numba caches callers of a bound dispatcher but not of a passed one.
-_dfs_words = njit(_make_dfs(_extend_words))
-_dfs_int = _make_dfs(_extend_int)
+_dfs_words = njit(_make_dfs(_extend_words, _pop_words, _descend_words))
+_dfs_int = _make_dfs(_extend_int, _pop_int, _descend_int)
 
 
 @njit(cache=True)
-def _search_words(parent, prob, words, k_max, objective, b, beta, lam):
-    """Compiled search over words [n+1, W] uint64; returns (nodes, R̂, F, visited)."""
-    depth = min(k_max, parent.shape[0] - 1)
+def _search_words(parent, prob, words, resident, k_max, objective, b, beta, beta_hit, lam):
+    """Compiled search over words [n+1, W] uint64 and resident words [W] uint64 or None (nothing resident);
+    returns (nodes, R̂, F, M, visited)."""
+    n1 = parent.shape[0]
+    depth = min(k_max, n1 - 1)
+    mask_words = (n1 + WORD_BITS - 1) // WORD_BITS
+    children = np.zeros((n1, mask_words), dtype=np.uint64)  # [n+1, mask words] children of each node
+    for v in range(1, n1):
+        children[parent[v], v // WORD_BITS] |= np.uint64(1) << np.uint64(v % WORD_BITS)
     work = (
         np.zeros((depth + 2, words.shape[1]), dtype=np.uint64),  # [depth+2, W] B(S) per depth
-        np.zeros(parent.shape[0], dtype=np.bool_),  # [n+1] node on the current path
+        np.zeros((depth + 2, mask_words), dtype=np.uint64),  # [depth+2, mask words] addable nodes per depth
         np.zeros(depth + 1, dtype=np.int64),  # [depth+1] nodes of the current subtree
         np.zeros(depth + 1, dtype=np.float64),  # [depth+1] R̂ per depth
         np.zeros(depth + 1, dtype=np.int64),  # [depth+1] F per depth
+        np.zeros(depth + 1, dtype=np.int64),  # [depth+1] M per depth
         np.zeros(depth + 1, dtype=np.int64),  # [depth+1] best subtree's nodes
     )
-    m, r, f, visited = _dfs_words(parent, prob, words, depth, objective, b, beta, lam, work)
-    return work[5][1 : m + 1].copy(), r, f, visited
+    m, r, f, q, visited = _dfs_words(children, prob, words, resident, depth, objective, b, beta, beta_hit, lam, work)
+    return work[6][1 : m + 1].copy(), r, f, q, visited
 
 
-def _search_int(parent, prob, words, k_max, objective, b, beta, lam):
+def _search_int(parent, prob, words, resident, k_max, objective, b, beta, beta_hit, lam):
     """Interpreted search with one Python-integer bitmap per node; same result as `_search_words`."""
     n = parent.shape[0] - 1
     depth = min(k_max, n)
     bitmaps = [int.from_bytes(row.tobytes(), "little") for row in words]
+    outside = None
+    if resident is not None:
+        outside = ((1 << (WORD_BITS * resident.shape[0])) - 1) ^ int.from_bytes(resident.tobytes(), "little")
+    children = [0] * (n + 1)
+    for v, u in enumerate(parent.tolist()[1:], start=1):
+        children[u] |= 1 << v
     work = (
         [0] * (depth + 2),  # B(S) per depth
-        [False] * (n + 1),  # node on the current path
+        [0] * (depth + 2),  # addable nodes per depth
         [0] * (depth + 1),  # nodes of the current subtree
         [0.0] * (depth + 1),  # R̂ per depth
         [0] * (depth + 1),  # F per depth
+        [0] * (depth + 1),  # M per depth
         [0] * (depth + 1),  # best subtree's nodes
     )
-    m, r, f, visited = _dfs_int(parent.tolist(), prob.tolist(), bitmaps, depth, objective, b.tolist(), beta, lam, work)
-    return work[5][1 : m + 1], r, f, visited
+    m, r, f, q, visited = _dfs_int(
+        children, prob.tolist(), bitmaps, outside, depth, objective, b.tolist(), beta, beta_hit, lam, work
+    )
+    return work[6][1 : m + 1], r, f, q, visited
 
 
-def search(pool, k_max, objective, b, beta, lam, backend="numba"):
+def search(pool, k_max, objective, b, beta, lam=0.0, backend="numba", beta_hit=0.0):
     """Best legal subtree of `pool` with at most k_max nodes (exactly k_max for MIN_UNION).
 
-    b: [>= min(k_max, n) + 1] float64 intercepts. Returns (sorted node ids, R̂, F, subtrees visited).
+    b: [>= min(k_max, n) + 1] float64 intercepts; beta is β_miss for RATIO_CA. Only RATIO_CA reads the pool's
+    residency (the others search as if nothing were resident). Returns (sorted node ids, R̂, F, M, subtrees
+    visited).
     """
     if backend == "numba":
         run = _search_words
@@ -159,5 +242,8 @@ def search(pool, k_max, objective, b, beta, lam, backend="numba"):
         run = _search_int
     else:
         raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-    nodes, r, f, visited = run(pool.parent, pool.path_prob, pool.words, k_max, objective, b, float(beta), float(lam))
-    return tuple(int(v) for v in nodes), float(r), int(f), int(visited)
+    resident = pool.resident_words if objective == RATIO_CA and pool.resident is not None else None
+    nodes, r, f, q, visited = run(
+        pool.parent, pool.path_prob, pool.words, resident, k_max, objective, b, float(beta), float(beta_hit), float(lam)
+    )
+    return tuple(nodes.tolist() if backend == "numba" else nodes), float(r), int(f), int(q), int(visited)

@@ -1,12 +1,12 @@
-"""Verification-subtree selectors: SpecFit's ratio rule (Eq. 5), its parametric form, the calibration
-probe trees and EAGLE-3's probability rule, all returning a `Selection`."""
+"""Verification-subtree selectors: SpecFit's ratio rule (Eq. 5), its cache-aware variant, its parametric form,
+the calibration probe trees and EAGLE-3's probability rule, all returning a `Selection`."""
 
 from dataclasses import dataclass
 
 import numpy as np
 
 from specfit.selection.pool import Pool
-from specfit.selection.search import MIN_UNION, PARAMETRIC, RATIO, search
+from specfit.selection.search import MIN_UNION, PARAMETRIC, RATIO, RATIO_CA, search
 
 
 @dataclass(frozen=True)
@@ -16,8 +16,9 @@ class Selection:
     nodes: tuple[int, ...]  # sorted draft node ids of S, the root s excluded
     reward: float  # R̂(S) = 1 + sum of p_v over S, Eq. 3, summed in increasing node id
     union: int | None  # F(S), Eq. 4; None where no expert demand was asked for
-    time: float | None  # T̂(S) = b_|S| + β F(S), Eq. 4; None without coefficients
+    time: float | None  # T̂(S) = b_|S| + β F(S), Eq. 4 (the cache-aware rule: T̂_CA); None without coefficients
     visited: int  # legal subtrees the search evaluated (0 for a rule without search)
+    misses: int | None = None  # M(S), experts of F(S) not resident; None for rules that do not compute it
 
 
 def _intercepts(b, size: int) -> np.ndarray:
@@ -27,11 +28,15 @@ def _intercepts(b, size: int) -> np.ndarray:
     return b
 
 
-def _selected(pool: Pool, k_max: int, objective: int, b, beta, lam, backend: str, timed: bool) -> Selection:
+def _selected(pool: Pool, k_max: int, objective: int, b, beta, lam, backend: str, timed: bool,
+              beta_hit: float = 0.0) -> Selection:
     if k_max < 0:
         raise ValueError(f"k_max must be >= 0, got {k_max}")
     b = _intercepts(b, min(k_max, pool.n))
-    nodes, reward, union, visited = search(pool, k_max, objective, b, beta, lam, backend)
+    nodes, reward, union, misses, visited = search(pool, k_max, objective, b, beta, lam, backend, beta_hit)
+    if objective == RATIO_CA:  # the kernel's float64 T̂_CA, term by term
+        time = float(b[len(nodes)]) + float(beta) * misses + float(beta_hit) * (union - misses)
+        return Selection(nodes, reward, union, time, visited, misses)
     time = float(b[len(nodes)]) + float(beta) * union if timed else None  # the kernel's float64 T̂
     return Selection(nodes, reward, union, time, visited)
 
@@ -43,6 +48,24 @@ def select_specfit(pool: Pool, b, beta: float, k_max: int = 7, backend: str = "n
     lexicographically smaller sorted node ids.
     """
     return _selected(pool, k_max, RATIO, b, beta, 0.0, backend, timed=True)
+
+
+def select_specfit_ca(
+    pool: Pool, b, beta_miss: float, beta_hit: float, k_max: int = 7, backend: str = "numba"
+) -> Selection:
+    """The cache-aware Ŝ: the legal subtree with |S| <= min(k_max, |V|) maximizing R̂(S) / T̂_CA(S),
+
+        T̂_CA(S) = b_|S| + β_miss M(S) + β_hit H(S),   M(S) = Σ_l |U_l(S) \\ R_l|,   H(S) = F(S) - M(S),
+
+    U_l(S) the layer-l expert union of F (root included) and R_l the experts resident in layer l's cache
+    (`Pool.resident`; nothing when None). T̂_CA is evaluated as b + β_miss·M + β_hit·(F - M) in float64, so with
+    nothing resident (M = F) and a finite β_hit it is the paper's T̂ with β = β_miss, bit for bit, and the selection
+    is `select_specfit`'s.
+
+    Ties: ratio (float64 r / t), then larger R̂, then smaller M, then smaller F, then fewer nodes, then the
+    lexicographically smaller sorted node ids. The selection's ``union`` is F, ``misses`` M and ``time`` T̂_CA.
+    """
+    return _selected(pool, k_max, RATIO_CA, b, beta_miss, 0.0, backend, timed=True, beta_hit=beta_hit)
 
 
 def select_parametric(pool: Pool, b, beta: float, lam: float, k_max: int = 7, backend: str = "numba") -> Selection:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -16,8 +17,8 @@ import numpy as np
 
 from specfit.errors import SpecFitError
 from specfit.io import read_json
-from specfit.selection.pool import CandidatePool
-from specfit.selection.selectors import holds_level, select_specfit, select_top_prob
+from specfit.selection.pool import CandidatePool, Pool
+from specfit.selection.selectors import Selection, holds_level, select_specfit, select_specfit_ca, select_top_prob
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
 from specfit.speculative.routes import LiveRoutes, find_source, route_source_for
@@ -51,6 +52,13 @@ class Method:
     def select(self, cycle: Cycle, pool: CandidatePool, final: bool) -> Decision | None:
         """After a level is drafted: the nodes to verify, or None to draft the next level. ``final``: no next."""
         raise NotImplementedError
+
+    def wants_draft(self, cycle: Cycle) -> bool:
+        """Before level 1: whether this cycle drafts at all (False: verify the root alone, drafter untouched)."""
+        return True
+
+    def committed(self, cycle: Cycle, decision: Decision, accepted: int) -> None:
+        """After the cycle committed: how many of the verified draft nodes the target accepted."""
 
 
 METHODS: dict[str, type[Method]] = {}
@@ -132,15 +140,129 @@ class SpecFit(Method):
         return cls(config, coefficients["b"], coefficients["beta"], routes, num_experts)
 
     def select(self, cycle, pool, final):
-        if pool.n == 0:  # at the length limit: nothing to choose, no routes to read
+        if pool.n == 0:  # at the length limit (or no drafting): nothing to choose, no routes to read
             return Decision((), 0)
         if self.route_source.full_pool and not final:
             return None
-        full = pool.view(self.route_source.routes(cycle, pool), self.num_experts)
+        full = self.view(cycle, pool)
         first = 1 if self.route_source.full_pool else pool.depth
         for depth in range(first, pool.depth + 1):
             view = full if depth == pool.depth else full.upto_level(depth)  # V<=d; the whole pool at its depth
-            chosen = select_specfit(view, self.b, self.beta, self.config.k_max)
-            if (final and depth == pool.depth) or not holds_level(view, chosen, depth):
-                return Decision(chosen.nodes, depth)
+            chosen = self.choose(view, depth)
+            if (final and depth == pool.depth) or not self.draft_on(view, chosen, depth):
+                return self.decided(view, chosen, depth)
         return None
+
+    def view(self, cycle: Cycle, pool: CandidatePool) -> Pool:
+        """The selector's view of the pool, with the route source's routes."""
+        return pool.view(self.route_source.routes(cycle, pool), self.num_experts)
+
+    def choose(self, view: Pool, depth: int) -> Selection:
+        """Ŝ over ``view``, the pool drafted to ``depth`` levels."""
+        return select_specfit(view, self.b, self.beta, self.config.k_max)
+
+    def draft_on(self, view: Pool, chosen: Selection, depth: int) -> bool:
+        """Adaptive depth: after level d, draft level d + 1 only if the selection holds a level-d node."""
+        return holds_level(view, chosen, depth)
+
+    def decided(self, view: Pool, chosen: Selection, depth: int) -> Decision:
+        return Decision(chosen.nodes, depth)
+
+
+@register_method("specfit-ca")
+class SpecFitCA(SpecFit):
+    """SpecFit that knows the expert cache and what drafting costs (beyond the paper; the paper's is `specfit`).
+
+    **Cost.** T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) + d·c: M counts the experts of the per-layer union that the
+    layer's cache does not hold when the cycle selects (each is one host-to-device copy of the verify forward), H
+    those it holds, d the levels drafted and c the calibrated time of one drafted level. The residency is read
+    from the offload engine once per cycle; the search stays exact (`specfit.selection.select_specfit_ca`, with
+    intercepts b_k + d·c). Coefficients: the calibration's cache-aware NNLS fit to cycle times without their
+    drafting (``cache_aware.without_drafting``), so drafting is counted once, by d·c.
+
+    **Depth.** After level d with selection Ŝ_d of ratio ρ_d, level d + 1 is drafted only if Ŝ_d holds a level-d
+    node (the paper's rule) and level d + 1 could pay for itself. A subtree S of V<=d+1 is S' ∪ N with S' ⊆ V<=d
+    and N at most w² new nodes (top-w expansion), each with path probability at most p_max, the largest of level
+    d: R̂(S) <= R̂(S') + ΔR, ΔR = min(w², K)·p_max. Drafting the level costs c (the calibrated ms of one level)
+    and the new nodes change T̂ by at least -Δb, Δb = max over i < j <= K of (b_i - b_j) (NNLS intercepts need not
+    grow with |S|), so T(S) >= T̂(S') + c', c' = c - Δb. Since R̂(S') <= ρ_d·T̂(S') for every S',
+    (R̂(S') + ΔR) / (T̂(S') + c') <= ρ_d whenever ΔR <= ρ_d·c': then no subtree of V<=d+1 beats Ŝ_d, and drafting
+    stops. (With c' <= 0 the rule is the paper's.)
+
+    **Skipping.** Before level 1, a cycle drafts only if speculation has paid lately: over the last `HISTORY`
+    drafted cycles, the committed tokens per predicted ms, Σ(1 + accepted) / Σ(T̂(Ŝ) + levels·c), must exceed
+    the root-only throughput the same cycles predicted, n / Σ T̂(∅). Otherwise the cycle verifies the root alone
+    (the drafter catches up later in one pass). Every `PROBE_EVERY`-th skipped cycle drafts anyway, so the
+    estimate follows the text; the first `MIN_HISTORY` cycles always draft. Everything it reads is known before
+    verification (predicted times, accepted counts of earlier cycles): the output is AR's whatever it decides.
+    """
+
+    HISTORY = 16
+    MIN_HISTORY = 4
+    PROBE_EVERY = 8
+
+    def __init__(self, config: MethodConfig, b, beta_miss: float, beta_hit: float, level_ms: float, routes,
+                 num_experts: int):
+        super().__init__(config, b, beta_miss, routes, num_experts)
+        self.beta_miss, self.beta_hit, self.level_ms = float(beta_miss), float(beta_hit), float(level_ms)
+        k = min(config.k_max, len(self.b) - 1)
+        self.delta_b = max((float(self.b[i] - self.b[j]) for i in range(k + 1) for j in range(i + 1, k + 1)),
+                           default=0.0)
+        self.history: deque[tuple[float, float, int, int]] = deque(maxlen=self.HISTORY)  # (T̂(∅), T̂(Ŝ), d, acc.)
+        self.skipped = 0
+        self._resident: tuple[Cycle | None, np.ndarray | None] = (None, None)
+        self._last: tuple[float, float, int] | None = None  # (T̂(∅), T̂(Ŝ), levels) of the cycle being decided
+
+    @classmethod
+    def from_inputs(cls, config, inputs, seed, num_experts):
+        if "coefficients" not in inputs:
+            raise SpecFitError("method specfit-ca needs the `coefficients` input (the calibration's fits)")
+        c = read_json(inputs["coefficients"])
+        fit = c.get("cache_aware")  # null for the paper's presets: the paper's model, β for both, no level cost
+        if fit:
+            verify = fit["without_drafting"]
+            b, beta_miss, beta_hit, level_ms = verify["b"], verify["beta_miss"], verify["beta_hit"], c["draft_level_ms"]
+        else:
+            b, beta_miss, beta_hit, level_ms = c["b"], c["beta"], c["beta"], 0.0
+        routes = route_source_for(config, inputs, seed, num_experts)
+        return cls(config, b, beta_miss, beta_hit, level_ms, routes, num_experts)
+
+    def wants_draft(self, cycle):
+        if len(self.history) < self.MIN_HISTORY or self.skipped >= self.PROBE_EVERY:
+            self.skipped = 0
+            return True
+        t_root = sum(h[0] for h in self.history)
+        t_spec = sum(h[1] + h[2] * self.level_ms for h in self.history)
+        committed = sum(1 + h[3] for h in self.history)
+        if len(self.history) / t_root >= committed / t_spec:
+            self.skipped += 1
+            return False
+        return True
+
+    def committed(self, cycle, decision, accepted):
+        if self._last is not None and decision.drafted_levels > 0:
+            t_root, t_sel, levels = self._last
+            self.history.append((t_root, t_sel, levels, accepted))
+        self._last = None
+
+    def view(self, cycle, pool):
+        if self._resident[0] is not cycle:  # once per cycle: the cache does not change while the pool grows
+            engine = cycle.target.engine if cycle.target is not None else None
+            self._resident = (cycle, engine.resident() if engine is not None else None)
+        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1])
+
+    def choose(self, view, depth):
+        return select_specfit_ca(view, self.b + depth * self.level_ms, self.beta_miss, self.beta_hit, self.config.k_max)
+
+    def draft_on(self, view, chosen, depth):
+        if not holds_level(view, chosen, depth):
+            return False
+        p_max = max(float(view.path_prob[v]) for v in range(1, view.n + 1) if view.level[v] == depth)
+        gain = min(self.config.top_k_expand ** 2, self.config.k_max) * p_max
+        return gain > chosen.reward / chosen.time * (self.level_ms - self.delta_b)
+
+    def decided(self, view, chosen, depth):
+        root_only = float(self.b[0]) + self.beta_miss * view.expert_misses(()) + self.beta_hit * (
+            view.expert_union(()) - view.expert_misses(()))
+        self._last = (root_only, chosen.time - depth * self.level_ms, depth)  # T̂ of verification alone
+        return Decision(chosen.nodes, depth)

@@ -89,6 +89,10 @@ class Session:
         commits the root, so a deeper node could never be kept)."""
         cycle = self.cycle()
         depth_cap = min(method.max_depth, self.room - 1) if self.drafter is not None else 0
+        if depth_cap > 0:
+            with self.clock.section(times, "select"):
+                if not method.wants_draft(cycle):
+                    depth_cap = 0  # the root alone; the drafter catches up on the committed tokens later
         pool = CandidatePool.root_only(self.output[-1])
         if depth_cap > 0 and self.state.pending is not None:
             with self.clock.section(times, "draft"):
@@ -113,8 +117,12 @@ class Session:
         with self.clock.section(times, "commit"):
             self.target.commit(verdict)
             new = [pool.token[v] for v in verdict.accepted] + [verdict.next_root]
-            if self.state is not None:  # the drafter catches up on these at the start of the next cycle
-                self.state.pending = (new, verdict.aux)
+            if self.state is not None:  # the drafter catches up on these at the start of the next drafted cycle
+                if self.state.pending is None:
+                    self.state.pending = (new, verdict.aux)
+                else:  # a cycle that did not draft: its tokens wait with the earlier ones, in order
+                    tokens, aux = self.state.pending
+                    self.state.pending = (tokens + new, torch.cat([aux, verdict.aux], dim=1))  # [1, T + T', 3H]
             new = new[: self.room]
             eos = next((i for i, t in enumerate(new) if t in self.limits.eos_ids), None)
             if eos is not None:
@@ -131,6 +139,7 @@ class Session:
         cycle, pool, decision = self.draft(method, times)
         verdict = self.verify(pool, decision.nodes, times)
         committed = self.commit(pool, verdict, times)
+        method.committed(cycle, decision, len(verdict.accepted))
         return {
             "request_id": cycle.request_id, "cycle": cycle.index, "prefix_len": cycle.prefix_len,
             **pool_columns(pool), "selected": list(decision.nodes), "drafted_levels": decision.drafted_levels,

@@ -1,0 +1,146 @@
+"""specfit-ca: the cache-aware cost read from the engine, draft-aware depth, skipped drafting; always lossless."""
+
+import copy
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from specfit.engine import make_engine
+from specfit.io import write_parquet
+from specfit.records import ATLAS_SCHEMA
+from specfit.selection.pool import CandidatePool
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.methods import SpecFit, SpecFitCA, build_method
+from specfit.speculative.request import decode_request
+from specfit.speculative.routes import AtlasRoutes, LiveRoutes
+
+B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
+CONFIG = MethodConfig("specfit-ca")
+
+
+def ca(routes, beta_miss=0.05, beta_hit=0.01, level_ms=0.0, b=B):
+    return SpecFitCA(CONFIG, b, beta_miss, beta_hit, level_ms, routes, num_experts=8)
+
+
+@pytest.fixture(scope="module")
+def offloaded(target):
+    """The tiny target offloaded with 3 of its 8 experts per layer cached (a copy: other tests use it plain)."""
+    model = copy.deepcopy(target)
+    return model, make_engine(model, slots=3)
+
+
+def run(model, drafter, method, prompts, limits, engine, reference=None):
+    out = []
+    for i, prompt in enumerate(prompts):
+        if reference is not None:
+            drafter.sequence = prompt + reference[i]
+        out.append(decode_request(model, drafter, method, prompt, request_id=i, question_id=i, limits=limits,
+                                  engine=engine))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ar(offloaded, prompts, limits):
+    model, engine = offloaded
+    return [r.request["output_ids"] for r in run(model, None, build_method({"name": "ar"}), prompts, limits, engine)]
+
+
+def test_lossless_with_the_cache_live_and_from_its_atlas(offloaded, oracle, prompts, limits, ar, tmp_path):
+    model, engine = offloaded
+    live = LiveRoutes()
+    built = run(model, oracle, ca(live), prompts, limits, engine, ar)
+    assert [r.request["output_ids"] for r in built] == ar
+    path = tmp_path / "atlas.parquet"
+    write_parquet(pa.Table.from_pylist(live.rows, schema=ATLAS_SCHEMA), path)
+    measured = run(model, oracle, ca(AtlasRoutes(path)), prompts, limits, engine, ar)
+    assert [r.request["output_ids"] for r in measured] == ar
+    assert sum(c["accepted"] for r in measured for c in r.cycles) > 0
+
+
+def test_residency_is_read_from_the_engine_once_per_cycle(offloaded, oracle, prompts, limits, ar, monkeypatch):
+    model, engine = offloaded
+    reads = []
+    real = engine.resident
+    monkeypatch.setattr(engine, "resident", lambda: reads.append(1) or real())
+    results = run(model, oracle, ca(LiveRoutes()), prompts[:1], limits, engine, ar)
+    drafted = sum(1 for c in results[0].cycles if len(c["pool_token"]) > 1)
+    assert len(reads) == drafted and drafted > 0
+
+
+def test_without_residency_and_costs_it_is_the_papers_specfit(target, oracle, prompts, limits):
+    """No engine (nothing resident), β_miss = β, no level cost, drafting every cycle: the same cycles as SpecFit."""
+    from specfit.speculative.methods import SpecFit
+
+    ar_out = [r.request["output_ids"] for r in run(target, None, build_method({"name": "ar"}), prompts, limits, None)]
+    paper = run(target, oracle, SpecFit(MethodConfig("specfit"), B, 0.05, LiveRoutes(), 8), prompts, limits, None,
+                ar_out)
+    mine = ca(LiveRoutes(), beta_miss=0.05, beta_hit=0.3)
+    mine.MIN_HISTORY = 10**9  # never skip
+    ours = run(target, oracle, mine, prompts, limits, None, ar_out)
+    for p, o in zip(paper, ours):
+        assert [c["selected"] for c in o.cycles] == [c["selected"] for c in p.cycles]
+        assert [c["drafted_levels"] for c in o.cycles] == [c["drafted_levels"] for c in p.cycles]
+
+
+def test_a_level_that_cannot_pay_is_not_drafted():
+    """ΔR = min(w², K)·p_max <= ρ_d·(c - Δb) stops drafting even when the selection holds a level-d node."""
+    pool = CandidatePool([5])
+    for token, prob in ((6, 0.2), (7, 0.1)):
+        pool.add(0, token, prob)
+    routes = np.zeros((3, 1, 1), dtype=np.int64)  # [3, 1 layer, top-1]: one shared expert, F = 1 always
+    view = pool.view(routes, num_experts=8)
+    b = [1.0] * 8  # Δb = 0
+    cheap, dear = ca(None, level_ms=0.0, b=b), ca(None, level_ms=10.0, b=b)
+    for method in (cheap, dear):
+        chosen = method.choose(view, 1)
+        assert chosen.nodes == (1, 2)  # both level-1 nodes pay for themselves: the paper's rule would draft on
+    assert cheap.draft_on(view, cheap.choose(view, 1), 1)  # c = 0: the paper's rule
+    chosen = dear.choose(view, 1)  # ρ = 1.3 / (1 + 10 + 0.05) = 0.118; ΔR = 4 · 0.2 = 0.8 <= ρ · 10 = 1.18
+    assert chosen.time == pytest.approx(1.0 + 10.0 + 0.05) and not dear.draft_on(view, chosen, 1)
+
+
+def test_skipping_drafting_when_speculation_has_not_paid(target, drafter, prompts, limits):
+    """A history in which drafted cycles committed 1 token each at twice the root-only time: cycles verify the root
+    alone, every PROBE_EVERY + 1-th drafts; the drafter then catches up on every skipped token in one pass and
+    drafts exactly the pool a fresh prefill of the same prefix drafts. The output is AR's."""
+    import torch
+
+    from specfit.speculative.draft import draft_level
+    from specfit.speculative.request import Limits, Session
+
+    ar_out = [r.request["output_ids"] for r in run(target, None, build_method({"name": "ar"}), prompts, limits, None)]
+    method = ca(LiveRoutes(), level_ms=0.0)
+    method.history.extend([(1.0, 2.0, 1, 0)] * method.MIN_HISTORY)
+    method.committed = lambda cycle, decision, accepted: None  # keep the planted history
+    result = run(target, drafter, method, prompts[:1], limits, None)[0]
+    assert result.request["output_ids"] == ar_out[0]
+    pools = [len(c["pool_token"]) - 1 for c in result.cycles]
+    every = method.PROBE_EVERY
+    assert pools[:every] == [0] * every and pools[every] > 0
+    probe = result.cycles[every]
+    prefix = prompts[0] + result.request["output_ids"][: every + 1]  # the prompt, then the output up to the root
+    fresh = Session(target, drafter, prefix[:-1], Limits(10_000, 10_000, frozenset()))
+    with torch.inference_mode():
+        fresh.prefill()
+        assert fresh.output == [prefix[-1]]  # the target's own next token: the probe cycle's root
+        pool = CandidatePool.root_only(prefix[-1])
+        for _ in range(max(probe["pool_level"])):  # live routes draft the whole pool
+            draft_level(drafter, fresh.state, pool)
+    assert probe["pool_token"] == pool.token
+    assert probe["pool_prob"] == pytest.approx(pool.path_prob, rel=1e-5)
+
+
+def test_built_from_coefficients(tmp_path):
+    import json
+
+    (tmp_path / "c.json").write_text(json.dumps({
+        "b": B, "beta": 0.2, "draft_level_ms": 0.7,
+        "cache_aware": {"b": [3.0] * 8, "beta_miss": 0.4, "beta_hit": 0.02, "r2": 0.95,
+                        "without_drafting": {"b": [2.0] * 8, "beta_miss": 0.3, "beta_hit": 0.01}}}))
+    (tmp_path / "p.json").write_text(json.dumps({"b": B, "beta": 0.2, "cache_aware": None, "draft_level_ms": None}))
+    fit = build_method({"name": "specfit-ca", "routes": "live"}, {"coefficients": tmp_path / "c.json"}, 0, 8)
+    assert (fit.beta_miss, fit.beta_hit, fit.level_ms, list(fit.b)) == (0.3, 0.01, 0.7, [2.0] * 8)
+    preset = build_method({"name": "specfit-ca", "routes": "live"}, {"coefficients": tmp_path / "p.json"}, 0, 8)
+    assert (preset.beta_miss, preset.beta_hit, preset.level_ms) == (0.2, 0.2, 0.0)
+    assert isinstance(preset, SpecFit)
