@@ -84,16 +84,17 @@ def test_a_crashed_stream_resumes(files, tmp_path, monkeypatch):
     assert pq.read_table(run["requests"]).column("request_id").to_pylist() == [0, 1]
 
 
-def test_the_warm_up_leaves_no_trace_in_a_measured_specfit_run(files, tmp_path):
+@pytest.mark.parametrize("method", [{"name": "specfit", "routes": "noisy"}, {"name": "specfit-ca"}])
+def test_the_warm_up_leaves_no_trace_in_a_measured_specfit_run(files, tmp_path, method):
     """The warm-up decodes the first request under a shorter limit, so its last cycles draft fewer levels than the
     atlas holds and may select differently; the measured stream must be the same as after a full-length warm-up,
     with the same atlas counters (reset after the warm-up) and no error."""
     build = outs(tmp_path, "build")
-    atlas.run(spec("specfit", routes="noisy"), files, build)
+    atlas.run(spec(**method), files, build)
     runs = {}
     for warmup in (3, 12):
         run = outs(tmp_path, f"warm{warmup}")
-        decode.run(dict(spec("specfit", routes="noisy"), warmup_tokens=warmup), dict(files, atlas=build["atlas"]), run)
+        decode.run(dict(spec(**method), warmup_tokens=warmup), dict(files, atlas=build["atlas"]), run)
         cycles = pq.read_table(run["cycles"]).drop_columns([c for c in CYCLE_SCHEMA.names if c.startswith("t_")])
         metrics = json.loads(run["metrics"].read_text())
         runs[warmup] = (cycles.to_pylist(), {k: v for k, v in metrics.items() if k.startswith("atlas_")})

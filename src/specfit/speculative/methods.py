@@ -60,6 +60,9 @@ class Method:
     def committed(self, cycle: Cycle, decision: Decision, accepted: int) -> None:
         """After the cycle committed: how many of the verified draft nodes the target accepted."""
 
+    def reset(self) -> None:
+        """Forget what earlier requests taught (the stream calls it after its warm-up request)."""
+
 
 METHODS: dict[str, type[Method]] = {}
 
@@ -208,6 +211,9 @@ class SpecFitCA(SpecFit):
         k = min(config.k_max, len(self.b) - 1)
         self.delta_b = max((float(self.b[i] - self.b[j]) for i in range(k + 1) for j in range(i + 1, k + 1)),
                            default=0.0)
+        self.reset()
+
+    def reset(self):
         self.history: deque[tuple[float, float, int, int]] = deque(maxlen=self.HISTORY)  # (T̂(∅), T̂(Ŝ), d, acc.)
         self.skipped = 0
         self._resident: tuple[Cycle | None, np.ndarray | None] = (None, None)

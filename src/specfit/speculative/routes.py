@@ -93,9 +93,10 @@ class AtlasRoutes:
     far (`Cycle.output`). Atlas rows are keyed by (request_id, prefix_len), nodes within a row by their token path
     from the root. What must match:
 
-    - exactly: the request must be in the atlas, and its first cycle's prefix_len must be the atlas's first row's
-      (the prompt), else `SpecFitError`; a node is found only by its exact token path, and then gets the atlas's
-      routes bit for bit.
+    - exactly: the request must be in the atlas, else `SpecFitError`; a node is found only by its exact token path,
+      and then gets the atlas's routes bit for bit. Rows exist only for cycles the build drafted in (a method may
+      verify the root alone), so a cycle's prefix need not have a row; an atlas built for other prompts shows as
+      misses.
     - within `PROB_RTOL` (relative): the path probability of a node found in the row of the same prefix. A larger
       difference is logged and counted (``prob_mismatches``), never fatal.
     - nothing else: the drafted count, node ids and parents may differ; cycle indices are not compared.
@@ -154,9 +155,6 @@ class AtlasRoutes:
         if rid not in self._at:
             raise SpecFitError(f"{self._where(cycle)}: the atlas has no rows for this request (built for other prompts?)")
         prefixes = self._prefixes[rid]
-        if q < prefixes[0] or (cycle.index == 0 and q != prefixes[0]):
-            raise SpecFitError(f"{self._where(cycle)}: prefix_len {q} here, the atlas's first row has {prefixes[0]} "
-                               "(built for other prompts?)")
         row = self._at[rid].get(q)
         own = _Frame(row, self._children_of(row), [0]) if row is not None and row["pool_token"][0] == root else None
         match = _CycleMatch(cycle, own, token=[root], parent=[-1])
@@ -169,7 +167,8 @@ class AtlasRoutes:
             match.answer.append(earlier[0].row["routes"][earlier[0].node[0]])
             match.found.append(True)
         else:  # a boundary no row holds, or this run's root differs from the atlas's
-            floor = self._at[rid][prefixes[bisect.bisect_right(prefixes, q) - 1]]
+            # the nearest row at or before q (the first row when the build drafted nothing before q)
+            floor = self._at[rid][prefixes[max(bisect.bisect_right(prefixes, q) - 1, 0)]]
             self._miss(f"{self._where(cycle)}: root {root} at prefix_len {q} is in no atlas row; using the routes "
                        f"of the root at prefix_len {floor['prefix_len']}")
             match.answer.append(floor["routes"][0])

@@ -143,6 +143,7 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
         decode(todo[0], warmup)
         engine.clear_cache()
         engine.reset_stats()
+        method.reset()
         if atlas is not None:
             atlas.reset_counts()
     progress = tqdm(total=len(prompts), initial=len(prompts) - len(todo), unit="req", desc=spec.method.name)
