@@ -19,6 +19,15 @@ B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
 CONFIG = MethodConfig("specfit-ca")
 
 
+class SharedExpert:
+    """A route source that routes every node of the tiny target to experts 0 and 1 in both layers."""
+
+    full_pool = False
+
+    def routes(self, cycle, pool):
+        return np.tile(np.array([0, 1]), (pool.n + 1, 2, 1))  # [n+1, L=2, k=2]
+
+
 def ca(routes, beta_miss=0.05, beta_hit=0.01, level_ms=0.0, b=B):
     return SpecFitCA(CONFIG, b, beta_miss, beta_hit, level_ms, routes, num_experts=8)
 
@@ -110,7 +119,7 @@ def test_skipping_drafting_when_speculation_has_not_paid(target, drafter, prompt
     from specfit.speculative.request import Limits, Session
 
     ar_out = [r.request["output_ids"] for r in run(target, None, build_method({"name": "ar"}), prompts, limits, None)]
-    method = ca(LiveRoutes(), level_ms=0.0)
+    method = ca(SharedExpert(), level_ms=0.0)  # a measured run's source (not live): skipped cycles draft nothing
     method.history.extend([(1.0, 2.0, 1, 0)] * method.MIN_HISTORY)
     method.committed = lambda cycle, decision, accepted: None  # keep the planted history
     result = run(target, drafter, method, prompts[:1], limits, None)[0]
@@ -144,3 +153,19 @@ def test_built_from_coefficients(tmp_path):
     preset = build_method({"name": "specfit-ca", "routes": "live"}, {"coefficients": tmp_path / "p.json"}, 0, 8)
     assert (preset.beta_miss, preset.beta_hit, preset.level_ms) == (0.2, 0.2, 0.0)
     assert isinstance(preset, SpecFit)
+
+
+def test_an_atlas_build_records_the_cycles_it_verifies_the_root_alone_in(target, drafter, prompts, limits):
+    """Measured runs skip in other cycles than the build (their cache differs): the build drafts and records a
+    pool in every cycle, skipped or not, while verifying the root alone where the method says so."""
+    ar_out = [r.request["output_ids"] for r in run(target, None, build_method({"name": "ar"}), prompts, limits, None)]
+    live = LiveRoutes()
+    method = ca(live, level_ms=0.0)
+    method.history.extend([(1.0, 2.0, 1, 0)] * method.MIN_HISTORY)
+    method.committed = lambda cycle, decision, accepted: None  # keep the planted history: skip 8 of every 9
+    result = run(target, drafter, method, prompts[:1], limits, None)[0]
+    assert result.request["output_ids"] == ar_out[0]
+    drafted = [c for c in result.cycles if len(c["pool_token"]) > 1]
+    assert len(live.rows) == len(drafted) >= len(result.cycles) - 1  # every cycle with room for a level
+    skipped = [c for c in drafted if c["drafted_levels"] == 0]  # drafted and recorded, the root verified alone
+    assert len(skipped) >= method.PROBE_EVERY and all(c["selected"] == [] for c in skipped)

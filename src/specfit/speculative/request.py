@@ -89,10 +89,19 @@ class Session:
         commits the root, so a deeper node could never be kept)."""
         cycle = self.cycle()
         depth_cap = min(method.max_depth, self.room - 1) if self.drafter is not None else 0
+        root_only = False  # the method verifies the root alone this cycle
         if depth_cap > 0:
             with self.clock.section(times, "select"):
-                if not method.wants_draft(cycle):
-                    depth_cap = 0  # the root alone; the drafter catches up on the committed tokens later
+                root_only = not method.wants_draft(cycle)
+            if root_only and method.live is None:
+                depth_cap = 0  # nothing drafted; the drafter catches up on the committed tokens later
+            # an atlas build (live routes) drafts and records the pool anyway, so that measured runs, whose cache
+            # and so whose decisions differ, find this prefix in the atlas
+        pool, decision = self._draft_levels(method, cycle, depth_cap, times)
+        return cycle, pool, (Decision((), 0) if root_only else decision)
+
+    def _draft_levels(self, method: Method, cycle: Cycle, depth_cap: int, times: dict):
+        """The pool drafted level by level, at most ``depth_cap`` levels, and the method's decision."""
         pool = CandidatePool.root_only(self.output[-1])
         if depth_cap > 0 and self.state.pending is not None:
             with self.clock.section(times, "draft"):
@@ -103,9 +112,9 @@ class Session:
             with self.clock.section(times, "select"):
                 decision = method.select(cycle, pool, final=depth == depth_cap)
             if decision is not None:
-                return cycle, pool, decision
+                return pool, decision
         with self.clock.section(times, "select"):
-            return cycle, pool, method.select(cycle, pool, final=True)
+            return pool, method.select(cycle, pool, final=True)
 
     def verify(self, pool: CandidatePool, nodes: tuple[int, ...], times: dict) -> Verdict:
         with self.clock.section(times, "verify"):
