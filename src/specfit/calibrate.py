@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from specfit.coefficients import fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset
+from specfit.coefficients import fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset, score
 from specfit.engine import make_engine
 from specfit.errors import SpecFitError
 from specfit.io import write_json, write_parquet
@@ -228,13 +228,6 @@ def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol:
                 index += 1
             traj.step()
     return rows
-
-
-def score(y_ms, pred_ms) -> tuple[float, float]:
-    """R² and RMSE (ms) of predictions."""
-    y, residual = np.asarray(y_ms, dtype=np.float64), np.asarray(y_ms, dtype=np.float64) - np.asarray(pred_ms)
-    total = float(np.sum((y - y.mean()) ** 2))
-    return (1.0 - float(residual @ residual) / total if total > 0 else 1.0), float(np.sqrt(np.mean(residual**2)))
 
 
 def fit_cache_aware(rows: dict, sizes: int) -> tuple[dict, list[float], float]:

@@ -34,13 +34,20 @@ class Fit:
         return asdict(self)
 
 
+def score(y_ms, pred_ms) -> tuple[float, float]:
+    """R² and RMSE (ms) of predictions ``pred_ms`` of ``y_ms``."""
+    y = np.asarray(y_ms, dtype=np.float64)
+    residual = y - np.asarray(pred_ms, dtype=np.float64)  # [n]
+    total = float(np.sum((y - y.mean()) ** 2))
+    return (1.0 - float(residual @ residual) / total if total > 0 else 1.0), float(np.sqrt(np.mean(residual**2)))
+
+
 def _nnls(design: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float, float]:
     """NNLS coefficients of ``design`` [n, p] for ``y`` [n]; R², RMSE and the largest absolute residual."""
     coef, _ = nnls(design, y)
-    residual = y - design @ coef  # [n]
-    total = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1.0 - float(residual @ residual) / total if total > 0 else 1.0
-    return coef, r2, float(np.sqrt(np.mean(residual**2))), float(np.max(np.abs(residual)))
+    pred = design @ coef  # [n]
+    r2, rmse = score(y, pred)
+    return coef, r2, rmse, float(np.max(np.abs(y - pred)))
 
 
 def _size_design(k: np.ndarray, sizes: int, extra: int) -> np.ndarray:

@@ -18,16 +18,9 @@ DEPTH = [0, 1, 1, 2, 2, 2, 3]
 
 
 @pytest.fixture(scope="module")
-def bf16_target():
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=256, attn_implementation="sdpa",
-    )
-    return Qwen3MoeForCausalLM(config).eval().to(torch.bfloat16)
+def bf16_target(target):
+    """The shared tiny Qwen3-MoE target (tests/conftest.py) in bf16."""
+    return copy.deepcopy(target).to(torch.bfloat16)
 
 
 def three_forwards(model, **kwargs):

@@ -248,45 +248,36 @@ class Inputs:
 
     def speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> dict | None:
         """TPS(num) / TPS(den) with a paired bootstrap interval over the request ids both runs hold."""
-        a, b = self.metrics.get(num), self.metrics.get(den)
-        if a is None or b is None or a["tps_dec"] is None or not b["tps_dec"]:
-            return None
-        if num not in self.requests or den not in self.requests:
-            return est(ratio(a["tps_dec"], b["tps_dec"]))
-        key = ("ratio", num, den)
-        if key not in self._intervals:
-            for run in (num, den):
-                self.tps(run)  # its requests.parquet agrees with its metrics.json
-            try:
-                self._intervals[key] = intervals.ratio_interval(self.requests[num], self.requests[den],
-                                                                seed=self.seed)
-            except ValueError as err:
-                raise SpecFitError(f"{num.path} over {den.path}: {err}") from err
-        ci = self._intervals[key]
-        return est(ci["value"], ci)
+        return self._ratio(num, den, "tps_dec", lambda rows: rows)
 
     def request_speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> dict | None:
         """TPS_req(num) / TPS_req(den), prefill included (Eq. 10), with the same paired bootstrap as `speedup`."""
+        return self._ratio(num, den, "tps_req", whole_requests)
+
+    def _ratio(self, num, den, key: str, rows_of) -> dict | None:
+        """metrics.json's ``key`` of num over den; the interval resamples ``rows_of(requests)``, whose decode TPS
+        (`specfit.intervals`) is that key, after checking each run's requests.parquet gives its metrics.json's."""
         a, b = self.metrics.get(num), self.metrics.get(den)
-        if a is None or b is None or a["tps_req"] is None or not b["tps_req"]:
+        if a is None or b is None or a[key] is None or not b[key]:
             return None
         if num not in self.requests or den not in self.requests:
-            return est(ratio(a["tps_req"], b["tps_req"]))
-        key = ("request ratio", num, den)
-        if key not in self._intervals:
+            return est(ratio(a[key], b[key]))
+        cache_key = (key, num, den)
+        if cache_key not in self._intervals:
+            rows = {}
             for run in (num, den):
-                self.tps(run)  # its requests.parquet agrees with its metrics.json
-                rows = self.requests[run]
-                tps_req = sum(r["n_output"] for r in rows) / sum(r["t_request_s"] for r in rows)
-                if not math.isclose(tps_req, self.metrics[run]["tps_req"], rel_tol=TPS_MATCH_RTOL):
-                    raise SpecFitError(f"{run.path}: metrics.json has tps_req {self.metrics[run]['tps_req']}, its "
-                                       f"requests.parquet gives {tps_req}: the two files come from different runs")
+                self.tps(run)  # its requests.parquet agrees with its metrics.json's tps_dec
+                rows[run] = rows_of(self.requests[run])
+                tokens, seconds = intervals.decode_sums(rows[run])  # [requests] each
+                value = float(tokens.sum() / seconds.sum())
+                if not math.isclose(value, self.metrics[run][key], rel_tol=TPS_MATCH_RTOL):
+                    raise SpecFitError(f"{run.path}: metrics.json has {key} {self.metrics[run][key]}, its "
+                                       f"requests.parquet gives {value}: the two files come from different runs")
             try:
-                self._intervals[key] = intervals.ratio_interval(whole_requests(self.requests[num]),
-                                                                whole_requests(self.requests[den]), seed=self.seed)
+                self._intervals[cache_key] = intervals.ratio_interval(rows[num], rows[den], seed=self.seed)
             except ValueError as err:
                 raise SpecFitError(f"{num.path} over {den.path}: {err}") from err
-        ci = self._intervals[key]
+        ci = self._intervals[cache_key]
         return est(ci["value"], ci)
 
 
