@@ -6,16 +6,15 @@ import re
 import sys
 import tomllib
 
-from conftest import ROOT
 
 DISTRIBUTION = {"yaml": "pyyaml"}  # import name -> distribution name, where they differ
 
 
-def test_every_imported_package_is_declared():
+def test_every_imported_package_is_declared(root):
     declared = {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower().replace("-", "_")
-                for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+                for d in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]}
     imported = set()
-    for path in (ROOT / "src" / "specfit").rglob("*.py"):
+    for path in (root / "src" / "specfit").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported.update(a.name.split(".")[0] for a in node.names)
