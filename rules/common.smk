@@ -11,9 +11,12 @@ from specfit.workflow import (
     decode_runs,
     evaluated_question_ids,
     method_config,
+    predictor_question_ids,
     method_rule,
     reference_run,
     spec_json,
+    theory_cost,
+    theory_file,
     theory_runs,
     workload_ids,
 )
@@ -73,6 +76,12 @@ def extract_spec(w):
         ids, limit, requests = (
             config["calibration"]["question_ids"],
             config["calibration"]["limit_tokens"],
+            None,
+        )
+    elif w.workload == "predictor":
+        ids, limit, requests = (
+            predictor_question_ids(config),
+            config["predictor"]["limit_tokens"],
             None,
         )
     else:
@@ -176,12 +185,43 @@ def decode_inputs(w):
         inputs["drafter"] = drafter_dir(w)
     if kind in ROUTED_RULES:
         inputs["coefficients"] = paths.calibration(w.model, w.device, run.cache)
-        variant = paths.atlas_variant(w.method, w.slots)
-        inputs["atlas"] = paths.atlas(w.model, w.device, w.workload, variant)
+        if method_config(config, w.method).route_source.learned:
+            inputs["predictor"] = paths.predictor(w.model)
+        else:
+            variant = paths.atlas_variant(w.method, w.slots)
+            inputs["atlas"] = paths.atlas(w.model, w.device, w.workload, variant)
     reference = reference_run(config, run)
     if reference is not None:
         inputs["reference"] = reference.file("requests.parquet")
     return inputs
+
+
+def predictor_device(w):
+    """The device the model's first decode run uses: the predictor trains and is timed there."""
+    return config["devices"][next(r.device for r in RUNS if r.model == w.model)]
+
+
+def predictor_spec(w):
+    p = config["predictor"]
+    drafting = method_config(config, p["method"])
+    return spec_json(
+        {
+            "model": w.model,
+            "dtype": config["models"][w.model]["dtype"],
+            "logits_dtype": config["models"][w.model]["logits_dtype"],
+            "torch_device": predictor_device(w)["torch_device"],
+            "limit_tokens": p["limit_tokens"],
+            "max_new_tokens": p["max_new_tokens"],
+            "k_max": drafting.k_max,
+            "max_depth": drafting.max_depth,
+            "top_k_expand": drafting.top_k_expand,
+            "validation_requests": p["validation_requests"],
+            "steps": p["steps"],
+            "batch_size": p["batch_size"],
+            "lr": p["lr"],
+            "seed": config["seed"],
+        }
+    )
 
 
 def atlas_inputs(w):
@@ -194,12 +234,10 @@ def atlas_inputs(w):
 
 
 def theory_run(w):
-    runs = [
-        r
-        for r in theory_runs(config)
-        if (r.model, r.device, r.workload) == (w.model, w.device, w.workload)
-    ]
-    return runs[0]
+    """The run whose Table 5 the job writes: the paper SpecFit's (rule theory), or the method's its file names
+    (rule theory_cache_aware)."""
+    path = paths.theory(w.model, w.device, w.workload, w.get("method"))
+    return next(r for r in theory_runs(config) if theory_file(config, r) == path)
 
 
 def theory_inputs(w):
@@ -214,7 +252,8 @@ def theory_inputs(w):
 
 
 def theory_spec(w):
-    method = method_config(config, theory_run(w).method)
+    run = theory_run(w)
+    method = method_config(config, run.method)
     wl = config["workloads"][w.workload]
     return spec_json(
         {
@@ -224,12 +263,15 @@ def theory_spec(w):
             # the decode run's limits (as stream_spec gives them): each cycle's depth cap near the length limit
             "limit_tokens": wl["limit_tokens"],
             "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"],
+            # "paper" (b + β F) for SpecFit, "cache_aware" for specfit-ca (beyond the paper)
+            "cost": theory_cost(config, run),
         }
     )
 
 
 def report_inputs(w):
-    """Every file the report reads: each run's metrics and requests, the fits and their points, the theory."""
+    """Every file the report reads: each run's metrics and requests, the fits and their points, the theory, the
+    learned route predictors (folders: the report reads their metrics.json)."""
     pairs = sorted({(r.model, r.device) for r in RUNS})
     return {
         "metrics": [r.file("metrics.json") for r in RUNS],
@@ -242,8 +284,15 @@ def report_inputs(w):
             for m, d in pairs
             for c in paths.CACHE_MODES
         ],
-        "theory": sorted(
-            {paths.theory(r.model, r.device, r.workload) for r in theory_runs(config)}
+        "theory": sorted({theory_file(config, r) for r in theory_runs(config)}),
+        # the learned route predictors that decode runs read (their metrics.json)
+        "predictor": sorted(
+            {
+                paths.predictor(r.model)
+                for r in RUNS
+                if method_rule(config, r.method) in ROUTED_RULES
+                and method_config(config, r.method).route_source.learned
+            }
         ),
     }
 

@@ -28,7 +28,7 @@ rule extract:
     log:
         paths.log("extract", "{model}", "{workload}"),
     wildcard_constraints:
-        workload="|".join([*config["workloads"], "calibration"]),
+        workload="|".join([*config["workloads"], "calibration", "predictor"]),
     conda:
         CONDA_ENV
     params:

@@ -7,7 +7,8 @@
 #      EAGLE-3 and SpecFit, lossless against AR or diverging only at a bf16 near-tie (the margin is asserted);
 #   3. the stage tests on cuda: the warm-up leaves no trace in a measured SpecFit run, no stage allocates
 #      more slots than asked, a crashed stream resumes, Table 5 on a real run; the fp32-logits option;
-#   4. the engine benchmark on the device.
+#   4. the learned route predictor on the device: trained, then SpecFit with learned routes lossless (tests);
+#   5. the engine benchmark, and the route predictor's cost at Qwen3-30B-A3B's size, on the device.
 # GPU_CHECK_DEVICE=cpu runs the same steps on the CPU (to check the script itself where there is no GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ PY
   python -m pytest -m gpu tests/engine -q -rs
 fi
 SPECFIT_TEST_DEVICE="$device" python -m pytest -q -rs tests/compat tests/test_decode.py tests/test_theory_stage.py \
-  tests/models/test_precision.py
+  tests/models/test_precision.py tests/test_predictor.py
 python - "$device" <<'PY'
 import json, pathlib, sys
 # the lossless verdicts the compat suite's stages recorded, with every divergence's margin
@@ -34,3 +35,4 @@ for path in sorted(folders[-1].glob("*.metrics.json")) if folders else []:
           f"margins {[d['margin'] for d in check.get('divergences', [])]} slot rows {m.get('slot_rows_allocated')}")
 PY
 python -m specfit.bench engine --device "$device"
+python -m specfit.bench predictor --device "$device" --dtype bfloat16 --repeats 50

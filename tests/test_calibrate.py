@@ -80,6 +80,24 @@ def test_probes_count_misses_and_hits(cache, fitted, fitted_nocache):
     assert coefficients["draft_level_ms"] == pytest.approx(sum(sum(p["draft_repeats_ms"]) for p in points) / levels)
 
 
+def test_drafting_fit_in_the_json(fitted):
+    """specfit-ca's drafting model: start + (levels - 1)·level over the probes that caught the drafter up (the
+    states right after prefill have nothing to catch up on), and one timed selection."""
+    from specfit.coefficients import DraftCost, fit_drafting
+
+    coefficients, points = fitted
+    assert {p["caught_up"] == 0 for p in points} == {True, False}  # cycle 0 states: none; later ones: the commits
+    assert all(p["caught_up"] >= 1 for p in points if p["cycle"] > 0)
+    used = [p for p in points if p["caught_up"] > 0]
+    levels = np.repeat([p["levels"] for p in used], 2)
+    start, level, r2 = fit_drafting(levels, np.concatenate([p["draft_repeats_ms"] for p in used]))
+    d = coefficients["drafting"]
+    assert (d["start_ms"], d["level_ms"], d["r2"], d["n_points"]) == pytest.approx((start, level, r2, 2 * len(used)))
+    assert d["select_ms"] > 0
+    cost = DraftCost.of(coefficients)
+    assert cost(0) == 0 and cost(2) == pytest.approx(d["start_ms"] + d["level_ms"] + 2 * d["select_ms"])
+
+
 @pytest.mark.parametrize("cache", [True, False])
 def test_cache_aware_fit_in_the_json(cache, fitted, fitted_nocache):
     coefficients, points = fitted if cache else fitted_nocache
@@ -111,6 +129,9 @@ def test_probes_restore_the_state(target, drafter):
     from specfit.engine import make_engine
     from specfit.speculative.request import Limits
 
+    import copy
+
+    target = copy.deepcopy(target)  # offloaded below: the shared fixture stays plain for other tests
     engine = make_engine(target, slots=4)
     limits = Limits(60, 60, frozenset())
     prompt = [3, 5, 7, 11, 13]
@@ -142,7 +163,7 @@ def test_preset_needs_no_probes(tmp_path):
     calibrate.run(spec(coefficients="paper-rtx4090", slots=0), {}, outputs)
     c = json.loads(outputs["coefficients"].read_text())
     assert c["beta"] == 0.781593955 and c["b"][0] == 151.724 and c["source"] == "paper-rtx4090"
-    assert c["cache_aware"] is None and c["draft_level_ms"] is None
+    assert c["cache_aware"] is None and c["draft_level_ms"] is None and c["drafting"] is None
     assert pq.read_table(outputs["points"]).num_rows == 0
 
 

@@ -102,3 +102,15 @@ def test_paper_presets():
     assert preset("paper-rtx4090", cache=False)["beta"] == 0.781593955
     with pytest.raises(ValueError, match="unknown coefficient preset 'h100'"):
         preset("h100", cache=True)
+
+
+def test_draft_cost_and_its_fit():
+    from specfit.coefficients import DraftCost, fit_drafting
+
+    cost = DraftCost(start_ms=0.7, level_ms=0.4, select_ms=0.1)
+    assert [cost(d) for d in range(4)] == pytest.approx([0.0, 0.8, 1.3, 1.8])
+    assert cost.next_level_ms == pytest.approx(cost(3) - cost(2))
+    assert DraftCost.of({"drafting": None}) == DraftCost(0.0, 0.0, 0.0)  # the paper's presets: drafting is free
+    levels = np.array([1, 1, 2, 3, 5])
+    start, level, r2 = fit_drafting(levels, 0.7 + 0.4 * (levels - 1))
+    assert (start, level, r2) == pytest.approx((0.7, 0.4, 1.0))

@@ -1,4 +1,5 @@
-"""Proposition 1 and Dinkelbach's iteration on random and hand-computed recorded cycles."""
+"""Proposition 1 and Dinkelbach's iteration on random and hand-computed recorded cycles, under the paper's cost and
+under specfit-ca's cache-aware cost."""
 
 import sys
 from pathlib import Path
@@ -9,21 +10,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent / "selection"))  # run alone, before pytest collects that folder
+from test_cache_aware import ca_time, misses, resident_pools  # noqa: E402
 from test_selection import legal_subtrees, pools, reward, union  # noqa: E402
 
+from specfit.coefficients import DraftCost  # noqa: E402
 from specfit.errors import SpecFitError  # noqa: E402
-from specfit.selection import Pool, select_specfit, select_top_prob  # noqa: E402
-from specfit.theory import (RecordedCycle, committed, depth_cap, dinkelbach, parametric_value,  # noqa: E402
-                            recorded_cycles, selection_theory)
+from specfit.selection import Pool, select_specfit, select_specfit_ca, select_top_prob  # noqa: E402
+from specfit.theory import (CacheAwareCost, RecordedCycle, cache_aware_theory, committed, depth_cap,  # noqa: E402
+                            dinkelbach, parametric_value, recorded_cycles, selection_theory)
 
 B = [1.0, 1.1, 1.3, 1.4, 1.6, 1.8, 1.9, 2.1]
 
 
+def shallow(pool) -> bool:
+    """At most max_depth = 5 levels: a pool a cycle can draft."""
+    return pool.level.max() <= 5
+
+
 @st.composite
 def cycles(draw, beta):
-    """Recorded cycles whose Ŝ is the ratio rule's and whose accepted path is a random root path."""
+    """Recorded cycles whose Ŝ is the ratio rule's and whose accepted path is a random root path; pools of at most
+    max_depth = 5 levels, all drafted."""
     recorded = []
-    for pool in draw(st.lists(pools(max_nodes=7), min_size=1, max_size=6)):
+    for pool in draw(st.lists(pools(max_nodes=7).filter(shallow), min_size=1, max_size=6)):
         path, node = [], 0
         while draw(st.booleans()):
             children = [v for v in range(1, pool.n + 1) if pool.parent[v] == node]
@@ -223,3 +232,133 @@ def test_recorded_cycles_keep_empty_pools_and_know_the_cap():
     rows[1] = dict(rows[1], prefix_len=14)
     with pytest.raises(SpecFitError, match="prompt of 11 tokens"):
         recorded_cycles(rows, requests, _Atlas(), {"limit_tokens": 100, "max_new_tokens": 5})
+
+
+# ------------------------------------------------------------------ the cache-aware cost (beyond the paper)
+def _cycles_from(pools_, levels, select):
+    """Recorded cycles over ``pools_`` whose Ŝ is ``select(pool, d)`` and whose accepted path is empty."""
+    return [RecordedCycle(p, select(p, d).nodes, 0, (), d) for p, d in zip(pools_, levels)]
+
+
+def test_cache_aware_two_hand_computed_cycles():
+    # One layer, top-1: the root routes to expert 0, node 1 to expert 1; b_k + D(1) = 1 + 0.5, β_miss 1, β_hit 0.5.
+    # A: p = 1, expert 1 resident: T(∅) = 1.5 + 1 = 2.5, T({1}) = 1.5 + 1 + 0.5 = 3; ratios 0.4 < 2 / 3.
+    # B: p = 0.5, nothing resident: T(∅) = 2.5, T({1}) = 1.5 + 2 = 3.5; ratios 0.4 < 1.5 / 3.5.
+    routes = np.array([[[0]], [[1]]])
+    a = RecordedCycle(Pool([-1, 0], [1.0, 1.0], routes, 2, np.array([[False, True]])), (1,), 1, (1,), 1)
+    b = RecordedCycle(Pool([-1, 0], [1.0, 0.5], routes, 2, np.zeros((1, 2), bool)), (1,), 0, (), 1)
+    table = cache_aware_theory([a, b], CacheAwareCost([1.0] * 8, 1.0, 0.5, DraftCost(0.5, 0.25, 0.0)))
+    # Θ = 3.5 / 6.5; at λ = Θ > 1 / 2 B drops {1} (1.5 - 3.5 λ < 1 - 2.5 λ), A keeps it: λ* = 3 / 5.5.
+    theta, lam = 3.5 / 6.5, 3 / 5.5
+    rho = np.array([2 / 3, 1.5 / 3.5])
+    expected = {
+        "cycles": 2,
+        "beta_multiplier": 2.0,
+        "lambda_star": lam,
+        "theta": theta,
+        "gap_pct": 100 * (lam - theta) / lam,
+        "bound_pct": 100 * (0.5 * (rho[1] - lam) * (2.5 - 3.5) / 3.25) / lam,
+        "s_star_differs_pct": 50.0,
+        "rho_cv": rho.std() / rho.mean(),
+        "s_star_gain_pct": 100 * ((3 / 5.5) / (3 / 6.5) - 1),
+        "union_per_reward_beta": (2 / 2 + 2 / 1.5) / 2,
+        # at 2β (β_miss 2, β_hit 1): A keeps {1} (2 / 4.5 > 1 / 3.5), B the root alone (1.5 / 5.5 < 1 / 3.5)
+        "union_per_reward_2beta": (2 / 2 + 1 / 1) / 2,
+        "selected_nodes_beta": 1.0,
+        "selected_nodes_2beta": 0.5,
+        "drafted_levels_mean": 1.0,
+        "stopped_early_pct": 100.0,
+        "length_limited_cycles": 0,
+        "empty_pool_cycles": 0,
+        "dinkelbach_iterations": 2,
+        "recorded_selection_differs_pct": 0.0,
+        "misses_per_reward_beta": (1 / 2 + 2 / 1.5) / 2,
+        "misses_per_reward_2beta": (1 / 2 + 1 / 1) / 2,
+        "cycles_without_residency": 0,
+    }
+    assert table.keys() == expected.keys()
+    for key, value in expected.items():
+        assert table[key] == pytest.approx(value, rel=1e-12), key
+    # the paper's cost (b_k = 1, β = 1) on the same pools sees neither the residency nor the drafted level
+    assert selection_theory([a, b], [1.0] * 8, 1.0)["lambda_star"] == pytest.approx(3 / 5)
+
+
+@settings(deadline=None, max_examples=60)
+@given(data=st.data(), beta=st.sampled_from([0.01, 0.1, 0.5]), beta_hit=st.sampled_from([0.0, 0.02, 0.3]))
+def test_nothing_resident_and_no_level_cost_is_the_papers_table(data, beta, beta_hit):
+    recorded = data.draw(cycles(beta))
+    paper = selection_theory(recorded, B, beta)
+    ca = cache_aware_theory(recorded, CacheAwareCost(B, beta, beta_hit, DraftCost(0.0, 0.0, 0.0)))
+    assert {k: ca[k] for k in paper} == paper
+    assert ca["misses_per_reward_beta"] == paper["union_per_reward_beta"]
+    assert ca["cycles_without_residency"] == len(recorded)
+
+
+@settings(deadline=None, max_examples=60)
+@given(data=st.data(), coef=st.tuples(st.sampled_from([0.05, 0.5]), st.sampled_from([0.0, 0.01, 0.2])),
+       drafting=st.sampled_from([DraftCost(0.0, 0.0, 0.0), DraftCost(0.4, 0.3, 0.05)]))
+def test_cache_aware_gap_bound_and_lambda_star(data, coef, drafting):
+    """0 <= gap <= the bound of Eq. 7 and h(λ*) = 0 by brute force, with random residencies and drafted levels."""
+    beta_miss, beta_hit = coef
+    pools_ = data.draw(st.lists(resident_pools(max_nodes=6).filter(shallow), min_size=1, max_size=5))
+    levels = [int(p.level.max()) for p in pools_]
+    cost = CacheAwareCost(B, beta_miss, beta_hit, drafting)
+    recorded = _cycles_from(pools_, levels, lambda p, d: select_specfit_ca(p, np.add(B, drafting(d)), beta_miss,
+                                                                           beta_hit))
+    table = cache_aware_theory(recorded, cost)
+    assert -1e-9 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
+    assert table["theta"] <= table["lambda_star"] * (1 + 1e-12)
+    assert table["recorded_selection_differs_pct"] == 0.0
+    lam = table["lambda_star"]
+
+    def best(p, d):  # max over legal S of R̂(S) - λ* T̂(S), T̂ the cache-aware cost with intercepts b_k + D(d)
+        b = np.add(B, drafting(d))
+        return max(reward(p, s) - lam * ca_time(b, beta_miss, beta_hit, s, union(p, s), misses(p, s))
+                   for s in legal_subtrees(p, 7))
+
+    assert abs(np.mean([best(p, d) for p, d in zip(pools_, levels)])) <= 1e-9 * (1 + lam)
+    # the paper's rule, priced with the cache-aware cost, predicts at most λ*
+    paper = [select_specfit(p, B, beta_miss).nodes for p in pools_]
+    r = sum(reward(p, s) for p, s in zip(pools_, paper))
+    t = sum(ca_time(np.add(B, drafting(d)), beta_miss, beta_hit, s, union(p, s), misses(p, s))
+            for p, d, s in zip(pools_, levels, paper))
+    assert r / t <= lam * (1 + 1e-12)
+
+
+def test_cache_aware_coefficients_are_specfit_cas(tmp_path):
+    import json
+
+    from specfit.speculative.methods import build_method
+
+    fit = {"b": B, "beta": 0.2, "drafting": {"start_ms": 0.9, "level_ms": 0.7, "select_ms": 0.05},
+           "cache_aware": {"b": [3.0] * 8, "beta_miss": 0.4, "beta_hit": 0.02,
+                           "without_drafting": {"b": [2.0] * 8, "beta_miss": 0.3, "beta_hit": 0.01}}}
+    preset = {"b": B, "beta": 0.2, "cache_aware": None, "drafting": None}
+    for coefficients in (fit, preset):
+        (tmp_path / "c.json").write_text(json.dumps(coefficients))
+        method = build_method({"name": "specfit-ca", "routes": "live"}, {"coefficients": tmp_path / "c.json"}, 0, 8)
+        cost = CacheAwareCost.from_coefficients(coefficients)
+        assert (cost.beta_miss, cost.beta_hit, cost.drafting) == (method.beta_miss, method.beta_hit, method.drafting)
+        for d in range(4):
+            assert np.array_equal(cost.intercepts(RecordedCycle(None, (), 0, (), d)), method.b + method.drafting(d))
+
+
+def test_recorded_cycles_read_the_recorded_residency():
+    rows = [_cycle_row(0, 0, 10, [-1, 0, 1], [7, 8, 9], (1, 2), 2, 3, (1, 2)),
+            _cycle_row(0, 1, 13, [-1], [3], (), 0, 1)]
+    rows[0]["resident"] = [[0, 5, 9], []]  # expert 9: resident, routed by no atlas row
+    rows[1]["resident"] = None  # root only: the method read no residency
+    requests = [{"request_id": 0, "output_ids": [7, 8, 9, 3, 4]}]
+    drafted, root_only = recorded_cycles(rows, requests, _Atlas(), {"limit_tokens": 100, "max_new_tokens": 5})
+    assert drafted.pool.num_experts == root_only.pool.num_experts == 10
+    assert np.array_equal(np.argwhere(drafted.pool.resident), [[0, 0], [0, 5], [0, 9]])
+    assert root_only.pool.resident is None
+    # routes by node v: layer 0 {v, v + 1}, layer 1 {v + 2, v + 3} (mod 6); the root's union: 4 experts, 0 resident
+    assert (drafted.pool.expert_union(()), drafted.pool.expert_misses(())) == (4, 3)
+    table = cache_aware_theory([drafted, root_only], CacheAwareCost([1.0] * 8, 1.0, 0.25, DraftCost(0.0, 0.0, 0.0)))
+    assert table["cycles_without_residency"] == 1
+    # the root alone is priced with its 2 x 2 experts missed: b_0 + β_miss · 4
+    t_root = 1.0 + 1.0 * 4
+    t_drafted = 1.0 + 1.0 * drafted.pool.expert_misses(drafted.selected) + 0.25 * (
+        drafted.pool.expert_union(drafted.selected) - drafted.pool.expert_misses(drafted.selected))
+    assert table["theta"] == pytest.approx((1 + 2 * 0.5 + 1) / (t_drafted + t_root))

@@ -1,4 +1,5 @@
-"""The theory stage on a real SpecFit run: atlas build, measured run with atlas routes, Table 5."""
+"""The theory stage on a real SpecFit run (atlas build, measured run with atlas routes, Table 5) and, beyond the
+paper, on a real specfit-ca run under its cache-aware cost."""
 
 import json
 import os
@@ -11,10 +12,9 @@ from specfit import atlas, decode, theory
 DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: cuda
 
 
-@pytest.fixture(scope="module")
-def run(files, tmp_path_factory):
-    out = tmp_path_factory.mktemp("theory")
-    spec = {"method": {"name": "specfit"}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": DEVICE,
+def theory_of(files, out, method: str, cost: str):
+    """Atlas build, measured run and the theory stage on it; returns the measured run's files and the table."""
+    spec = {"method": {"name": method}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": DEVICE,
             "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 16, "seed": 0, "warmup_tokens": 3,
             "model": "tiny", "logits_dtype": "model"}
     build = {k: out / f"build.{k}" for k in ("atlas", "requests", "cycles", "metrics")}
@@ -23,10 +23,27 @@ def run(files, tmp_path_factory):
     decode.run(spec, dict(files, atlas=build["atlas"]), measured)
     table = out / "theory.json"
     theory.run({"beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": spec["limit_tokens"],
-                "max_new_tokens": spec["max_new_tokens"]}, {"cycles": measured["cycles"], "requests": measured["requests"],
-                                          "atlas": build["atlas"], "coefficients": files["coefficients"]},
-               {"theory": table})
+                "max_new_tokens": spec["max_new_tokens"], "cost": cost},
+               {"cycles": measured["cycles"], "requests": measured["requests"], "atlas": build["atlas"],
+                "coefficients": files["coefficients"]}, {"theory": table})
     return measured, json.loads(table.read_text())
+
+
+@pytest.fixture(scope="module")
+def run(files, tmp_path_factory):
+    return theory_of(files, tmp_path_factory.mktemp("theory"), "specfit", "paper")
+
+
+@pytest.fixture(scope="module")
+def run_ca(files, tmp_path_factory):
+    """specfit-ca with a cache-aware fit (hits cheaper than misses) and a drafting fit."""
+    out = tmp_path_factory.mktemp("theory_ca")
+    coefficients = out / "coefficients.json"
+    fit = {"b": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7], "beta_miss": 0.08, "beta_hit": 0.01}
+    drafting = {"start_ms": 0.3, "level_ms": 0.2, "select_ms": 0.05}
+    coefficients.write_text(json.dumps({**json.loads(files["coefficients"].read_text()), "drafting": drafting,
+                                        "cache_aware": {**fit, "without_drafting": fit}}))
+    return theory_of(dict(files, coefficients=coefficients), out, "specfit-ca", "cache_aware")
 
 
 def test_table_5_on_recorded_pools(run):
@@ -50,6 +67,22 @@ def test_table_5_on_recorded_pools(run):
     assert table["length_limited_cycles"] == sum(cap < 5 for cap in caps) > 0
     assert all(lv <= cap for lv, cap in zip(levels, caps))
     assert table["stopped_early_pct"] == pytest.approx(100 * sum(lv < cap for lv, cap in zip(levels, caps)) / len(levels))
+
+
+def test_table_5_under_the_cache_aware_cost(run_ca):
+    measured, table = run_ca
+    cycles = pq.read_table(measured["cycles"]).to_pylist()
+    assert table["cost"] == "cache_aware" and (table["beta_miss"], table["beta_hit"], table["drafting"]) == (
+        0.08, 0.01, {"start_ms": 0.3, "level_ms": 0.2, "select_ms": 0.05})
+    assert table["cycles"] == len(cycles) > 0
+    drafted = [c for c in cycles if len(c["pool_parent"]) > 1]
+    assert drafted and all(c["resident"] is not None for c in drafted)
+    assert table["cycles_without_residency"] == table["empty_pool_cycles"] == len(cycles) - len(drafted)
+    # the recorded residency, intercepts b_k + D(d) and coefficients reproduce every selection specfit-ca made
+    assert table["recorded_selection_differs_pct"] == 0.0
+    assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
+    assert table["theta"] <= table["lambda_star"]
+    assert 0.0 <= table["misses_per_reward_beta"] <= table["union_per_reward_beta"]
 
 
 def test_accepted_paths_extend_past_the_verified_subtree():

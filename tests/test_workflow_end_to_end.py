@@ -113,6 +113,10 @@ def test_theory_and_calibration_outputs(workflow):
         table = json.loads((workdir / f"data/theory/toy/cpu-a100link/{workload}.json").read_text())
         assert table["recorded_selection_differs_pct"] == 0.0  # the selector reproduces every recorded choice
         assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
+    # beyond the paper: specfit-ca's pools under its cache-aware cost, with the residency each cycle recorded
+    table = json.loads((workdir / "data/theory/toy/cpu-a100link/gsm8k.specfit-ca.json").read_text())
+    assert table["cost"] == "cache_aware" and table["recorded_selection_differs_pct"] == 0.0
+    assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
     for mode in ("cache", "nocache"):
         fit = json.loads((workdir / f"data/calibration/toy/cpu-a100link/{mode}.json").read_text())
         assert len(fit["b"]) == 8 and fit["beta"] >= 0 and fit["r2"] is not None

@@ -21,6 +21,10 @@ tells β_miss from β_hit, and averaging the repeats would blur it. So the cache
 per repeat (``repeats`` × the probes), while the paper's model keeps its fit on the probe means. Both are scored
 on the probe means as well (``pred_ms``, ``pred_ca_ms`` against ``y_ms``), the points where they compare.
 ``draft_level_ms`` is the drafting time of one level: Σ draft time / Σ drafted levels over every repeat.
+``drafting`` is specfit-ca's model of it (`specfit.coefficients.DraftCost`): a drafted cycle's "draft" section is
+start + (levels - 1)·level (NNLS over the probes that caught the drafter up: level 1 reads the catch-up forward's
+logits, so the first level costs what the catch-up costs), and ``select_ms`` one cache-aware selection, timed on
+the probe states' pools cut at every level.
 
 spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device", "max_inflight", "link",
        "slots" (0: the no-cache fit),
@@ -28,27 +32,29 @@ spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device
        "protocol": {"cycle_boundaries", "sizes", "repeats", "limit_tokens"}}
 inputs: prompts (Parquet of the calibration questions), target, drafter
 outputs: coefficients (JSON: b, beta in ms, fit diagnostics; "cache_aware": {b, beta_miss, beta_hit, r2,
-         rmse_ms, n_points (per repeat), beta_hit_identified, r2_means, rmse_means_ms, ...} and "draft_level_ms",
-         both null for the paper's presets), points (Parquet: one row per probe tree)
+         rmse_ms, n_points (per repeat), beta_hit_identified, r2_means, rmse_means_ms, ...}, "draft_level_ms" and
+         "drafting": {start_ms, level_ms, select_ms, r2, n_points}, all null for the paper's presets), points
+         (Parquet: one row per probe tree)
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from specfit.coefficients import fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset, score
+from specfit.coefficients import fit_drafting, fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset, score
 from specfit.engine import make_engine
 from specfit.errors import SpecFitError
 from specfit.io import write_json, write_parquet
 from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import POINTS_SCHEMA, read_prompts
 from specfit.selection.pool import CandidatePool
-from specfit.selection.selectors import select_min_union, select_top_prob
+from specfit.selection.selectors import select_min_union, select_specfit_ca, select_top_prob
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import Decision, Method, build_method
 from specfit.speculative.request import Limits, Session
@@ -177,6 +183,7 @@ class ProbeRun:
     cycle_s: float
     draft_s: float  # the Session's "draft" section: drafter catch-up and the drafted levels
     levels: int  # pool levels drafted
+    caught_up: int  # committed tokens the drafter caught up on first (0 right after prefill)
     misses: int  # experts of the union copied by the cycle, summed over layers (M)
     hits: int  # experts of the union resident when the cycle's forward met them (H)
 
@@ -187,6 +194,7 @@ def probe_cycle(traj: Trajectory, expected: CandidatePool, nodes: tuple[int, ...
     session = traj.session
     engine = session.target.engine
     snap = Snapshot.take(session)
+    caught_up = len(session.state.pending[0]) if session.state.pending is not None else 0
     times: dict[str, float] = {"draft": 0.0}
     before = engine.stats() if engine is not None else None
     with session.clock.section(times, "cycle"):
@@ -197,7 +205,7 @@ def probe_cycle(traj: Trajectory, expected: CandidatePool, nodes: tuple[int, ...
         raise SpecFitError(f"question {traj.question_id}, cycle {traj.cycle}: the probe drafted another pool")
     snap.restore(session)
     misses, hits = ((after[c] - before[c] for c in ("misses", "hits")) if engine is not None else (0, 0))
-    return ProbeRun(times["cycle"], times["draft"], decision.drafted_levels, misses, hits)
+    return ProbeRun(times["cycle"], times["draft"], decision.drafted_levels, caught_up, misses, hits)
 
 
 def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol: dict, limits: Limits) -> dict:
@@ -223,16 +231,49 @@ def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol:
                                         ("misses", probes[0].misses), ("hits", probes[0].hits),
                                         ("misses_repeats", [p.misses for p in probes]),
                                         ("hits_repeats", [p.hits for p in probes]),
-                                        ("draft_ms", float(np.mean(draft))), ("draft_repeats_ms", draft)):
+                                        ("draft_ms", float(np.mean(draft))), ("draft_repeats_ms", draft),
+                                        ("caught_up", probes[0].caught_up)):
                         rows[name].append(value)
                 index += 1
             traj.step()
     return rows
 
 
+def fit_draft_cost(rows: dict) -> dict:
+    """`specfit.coefficients.DraftCost`'s drafting terms from the probes' "draft" sections (one row per repeat):
+    start and level by NNLS over the probes that caught the drafter up (those right after prefill do not; all probes
+    when none did). Its ``select_ms`` is timed apart (`time_selection`)."""
+    repeats = [len(t) for t in rows["draft_repeats_ms"]]
+    levels = np.repeat(rows["levels"], repeats)  # [n * repeats]
+    draft = np.concatenate(rows["draft_repeats_ms"])
+    caught = np.repeat(rows["caught_up"], repeats) > 0
+    use = caught if caught.any() else np.ones_like(caught)
+    start, level, r2 = fit_drafting(levels[use], draft[use])
+    return {"start_ms": start, "level_ms": level, "r2": r2, "n_points": int(use.sum())}
+
+
+def time_selection(states: list[ProbeState], engine, fit: dict, k_max: int, repeats: int = 5) -> float:
+    """Median ms of one specfit-ca selection (pool view with routes and residency, route encoding, exact search)
+    over the probe states' pools cut at every level, with the cache as it stands."""
+    b, beta_miss, beta_hit = np.asarray(fit["b"], dtype=np.float64), fit["beta_miss"], fit["beta_hit"]
+    resident = engine.resident()  # [L, N]
+    times = []
+    for state in states:
+        for depth in range(1, state.pool.depth + 1):
+            n = sum(1 for v in range(1, state.pool.n + 1) if state.pool.level[v] <= depth)
+            cut = CandidatePool(state.pool.token[: n + 1], state.pool.parent[: n + 1], state.pool.path_prob[: n + 1],
+                                state.pool.level[: n + 1])
+            for _ in range(repeats):
+                start = time.perf_counter()
+                select_specfit_ca(cut.view(state.routes[: n + 1], engine.num_experts, resident), b[: k_max + 1],
+                                  beta_miss, beta_hit, min(k_max, len(b) - 1))
+                times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times)) if times else 0.0
+
+
 def fit_cache_aware(rows: dict, sizes: int) -> tuple[dict, list[float], float]:
     """The cache-aware fit on one row per repeat; its JSON entry, the prediction of every probe's mean time, and
-    the drafting time of one level (ms)."""
+    the mean drafting time per drafted level (ms)."""
     repeats = [len(t) for t in rows["y_repeats_ms"]]
     k = np.repeat(rows["k"], repeats)  # [n * repeats]
     misses = np.concatenate(rows["misses_repeats"])
@@ -261,7 +302,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         coefficients = preset(spec["coefficients"], cache)
         write_parquet(POINTS_SCHEMA.empty_table(), outputs["points"])
         write_json({**coefficients, "source": spec["coefficients"], "cache": cache, "slots": spec["slots"],
-                    "cache_aware": None, "draft_level_ms": None,
+                    "cache_aware": None, "draft_level_ms": None, "drafting": None,
                     "r2": None, "rmse_ms": None, "max_abs_residual_ms": None, "n_points": 0,
                     "link_emulated": False, "timing_label": "the paper's Appendix B"}, outputs["coefficients"])
         return
@@ -286,9 +327,11 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     fit = fit_nnls(rows["k"], rows["F"], rows["y_ms"], protocol["sizes"])
     rows["pred_ms"] = predict_ms(fit.b, fit.beta, rows["k"], rows["F"]).tolist()
     cache_aware, rows["pred_ca_ms"], draft_level_ms = fit_cache_aware(rows, protocol["sizes"])
+    drafting = fit_draft_cost(rows)
+    drafting["select_ms"] = time_selection(states, engine, cache_aware["without_drafting"], protocol["sizes"] - 1)
     write_parquet(pa.Table.from_pydict(rows, schema=POINTS_SCHEMA), outputs["points"])
     write_json({**fit.as_dict(), "source": "fit", "cache": cache, "slots": spec["slots"], "states": len(states),
-                "cache_aware": cache_aware, "draft_level_ms": draft_level_ms,
+                "cache_aware": cache_aware, "draft_level_ms": draft_level_ms, "drafting": drafting,
                 "link_emulated": engine.link_emulated, "timing_label": engine.timing_label,
                 "h2d_transfers": engine.stats()["h2d_transfers"]}, outputs["coefficients"])
     log.info("fit over %d points: b = %s ms, beta = %.4f ms, R^2 = %.3f (%s)", fit.n_points,
@@ -298,6 +341,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
              [round(v, 3) for v in cache_aware["b"]], cache_aware["beta_miss"], cache_aware["beta_hit"],
              "" if cache_aware["beta_hit_identified"] else " (unidentified: no hits)", cache_aware["r2"],
              cache_aware["r2_means"], draft_level_ms)
+    log.info("drafting: start %.3f ms, each further level %.3f ms (R^2 %.3f), one selection %.4f ms",
+             drafting["start_ms"], drafting["level_ms"], drafting["r2"], drafting["select_ms"])
     if cache_aware["union_mismatches"]:
         log.warning("%d probe cycles had misses + hits != F: the verify forward routed differently from the route "
                     "query (rounding at a router margin)", cache_aware["union_mismatches"])

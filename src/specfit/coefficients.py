@@ -115,6 +115,49 @@ def fit_nnls_ca(k: np.ndarray, misses: np.ndarray, hits: np.ndarray, y_ms: np.nd
                  beta_miss_identified=identified(sizes), beta_hit_identified=identified(sizes + 1))
 
 
+@dataclass(frozen=True)
+class DraftCost:
+    """What drafting d levels adds to a cycle's time (ms), as specfit-ca predicts it (beyond the paper).
+
+    A drafted cycle first catches the drafter up on the tokens committed since it last drafted (one drafter forward)
+    and expands level 1 from that forward's logits; each further level is one drafter forward over the frontier;
+    after every level the method selects over the pool so far::
+
+        cost(0) = 0,    cost(d) = start_ms + (d - 1)·level_ms + d·select_ms
+    """
+
+    start_ms: float  # drafter catch-up + level 1
+    level_ms: float  # one further level: a drafter forward over the frontier
+    select_ms: float  # one selection over the pool drafted so far (pool view, route encoding, exact search)
+
+    def __call__(self, depth: int) -> float:
+        return 0.0 if depth == 0 else self.start_ms + (depth - 1) * self.level_ms + depth * self.select_ms
+
+    @property
+    def next_level_ms(self) -> float:
+        """What drafting one more level costs once drafting has started."""
+        return self.level_ms + self.select_ms
+
+    @classmethod
+    def of(cls, coefficients: dict) -> DraftCost:
+        """From a calibration's coefficients JSON; the paper's presets (no drafting fit) cost nothing."""
+        if coefficients.get("drafting") is None:
+            return cls(0.0, 0.0, 0.0)
+        d = coefficients["drafting"]
+        return cls(d["start_ms"], d["level_ms"], d["select_ms"])
+
+
+def fit_drafting(levels: np.ndarray, draft_ms: np.ndarray) -> tuple[float, float, float]:
+    """NNLS of the "draft" section time on the levels drafted: draft_ms ≈ start + (levels - 1)·level.
+
+    ``levels`` [n] >= 1 and ``draft_ms`` [n] of probe cycles that caught the drafter up. Returns (start_ms,
+    level_ms, R²)."""
+    levels = np.asarray(levels, dtype=np.float64)
+    design = np.stack([np.ones_like(levels), levels - 1], axis=1)  # [n, 2]
+    coef, r2, _, _ = _nnls(design, np.asarray(draft_ms, dtype=np.float64))
+    return float(coef[0]), float(coef[1]), r2
+
+
 def predict_ms(b, beta: float, k: np.ndarray, union: np.ndarray) -> np.ndarray:
     return np.asarray(b, dtype=np.float64)[np.asarray(k)] + beta * np.asarray(union, dtype=np.float64)
 

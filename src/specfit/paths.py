@@ -10,8 +10,9 @@ find files through them. Torch-free, so that ``snakemake -n`` stays fast.
     data/models/{model}/{tokenizer,target,drafter}/                   toy models
     data/calibration/{model}/{device}/{cache}.json, .points.parquet   calibrate
     data/atlas/{model}/{device}/{workload}/{method}-{cache}/          atlas
+    data/predictor/{model}/                                           predictor (learned routes)
     data/decode/{model}/{device}/{workload}/{method}/slots{slots}/    decode
-    data/theory/{model}/{device}/{workload}.json                      theory
+    data/theory/{model}/{device}/{workload}[.{method}].json           theory (a method: beyond the paper)
     reports/all/                                                      report
     data/logs/{rule}/...                                              every rule's log
 """
@@ -65,6 +66,11 @@ def atlas(model: str, device: str, workload: str, variant: str, name: str = "atl
     return f"{atlas_dir(model, device, workload, variant)}/{_one_of(name, ATLAS_FILES)}"
 
 
+def predictor(model: str) -> str:
+    """The folder of a model's learned route predictor (`specfit.predictor`)."""
+    return f"data/predictor/{model}"
+
+
 def decode_dir(model: str, device: str, workload: str, method: str, slots) -> str:
     return f"data/decode/{model}/{device}/{workload}/{method}/slots{slots}"
 
@@ -74,8 +80,10 @@ def decode(model: str, device: str, workload: str, method: str, slots, name: str
     return f"{decode_dir(model, device, workload, method, slots)}/{_one_of(name, RUN_FILES)}"
 
 
-def theory(model: str, device: str, workload: str) -> str:
-    return f"data/theory/{model}/{device}/{workload}.json"
+def theory(model: str, device: str, workload: str, method: str | None = None) -> str:
+    """Table 5 on one run's recorded pools: the paper's SpecFit under the workload's name (``method`` None), another
+    method's (specfit-ca under its cache-aware cost, beyond the paper) with the method's name after it."""
+    return f"data/theory/{model}/{device}/{workload}{'' if method is None else '.' + method}.json"
 
 
 def log(rule: str, *parts: str) -> str:

@@ -63,6 +63,10 @@ CYCLE_SCHEMA = pa.schema([
     ("t_verify_s", pa.float64()),
     ("t_commit_s", pa.float64()),
     ("h2d_transfers", pa.int64()),
+    # the experts each layer's cache held when the cycle selected, as the method read them (`resident_ids`): per layer
+    # the resident expert ids; null where the method read no cache (every method but specfit-ca, and specfit-ca's
+    # cycles that evaluated no pool: root only)
+    ("resident", pa.list_(pa.list_(pa.int16()))),
 ])
 
 ATLAS_SCHEMA = pa.schema([
@@ -94,6 +98,7 @@ POINTS_SCHEMA = pa.schema([
     ("hits_repeats", pa.list_(pa.int64())),  # H of every repeat
     ("draft_ms", pa.float64()),  # the cycle's "draft" section (drafter catch-up + levels), mean of the repeats
     ("draft_repeats_ms", pa.list_(pa.float64())),
+    ("caught_up", pa.int64()),  # committed tokens the drafter caught up on before drafting (0 right after prefill)
     ("pred_ca_ms", pa.float64()),  # mean over the repeats of b_k + β_miss·M + β_hit·H (fitted on the repeats)
 ])
 
@@ -102,6 +107,21 @@ def pool_columns(pool) -> dict:
     """The `POOL_FIELDS` of a row, from a `specfit.selection.CandidatePool`."""
     return {"pool_parent": list(pool.parent), "pool_token": list(pool.token), "pool_prob": list(pool.path_prob),
             "pool_level": list(pool.level)}
+
+
+def resident_ids(resident: np.ndarray | None) -> list[list[int]] | None:
+    """The ``resident`` column of a cycle row from a residency [L, N] bool: per layer, its resident expert ids."""
+    return None if resident is None else [np.flatnonzero(layer).tolist() for layer in resident]
+
+
+def resident_mask(ids: list[list[int]] | None, num_experts: int) -> np.ndarray | None:
+    """A cycle row's ``resident`` column as a residency [L, N] bool (None stays None)."""
+    if ids is None:
+        return None
+    mask = np.zeros((len(ids), num_experts), dtype=np.bool_)  # [L, N]
+    for layer, experts in enumerate(ids):
+        mask[layer, experts] = True
+    return mask
 
 
 def atlas_row(request_id: int, cycle: int, prefix_len: int, pool, routes: np.ndarray) -> dict:

@@ -3,9 +3,15 @@
 Expectations are means over the recorded cycles with the trajectory held fixed: each cycle's legal
 family is that of the pool it drafted, and the same pools are reselected at β and at 2β.
 
-The stage reads the cycles of SpecFit's run with the cache (pools, selections, drafted levels), the
+The stage reads the cycles of one run with the cache (pools, selections, drafted levels), the
 routes of every pool node from that run's atlas, the output tokens (for each cycle's accepted path in
 the whole drafted pool, not only in the verified subtree) and the with-cache coefficients.
+
+Two cost models (spec ``cost``): the paper's, T̂(S) = b_|S| + β F(S) (`PaperCost`), on SpecFit's cycles; and,
+beyond the paper, specfit-ca's cache-aware cost T̂(S) = b_|S| + D(d) + β_miss M(S) + β_hit H(S) (`CacheAwareCost`)
+on specfit-ca's cycles, each with the residency the cycle recorded (the ``resident`` column) and the cost D(d) of
+its own d drafted levels. The quantities are the same under both; "2β" multiplies every expert coefficient (β, or
+β_miss and β_hit), not the intercepts.
 
 Every recorded cycle counts, the root-only ones at the length limit included (the paper's Table 5 has as many
 cycles as its Table 2). Near the length limit a cycle may draft at most ``room - 1`` levels
@@ -13,21 +19,25 @@ cycles as its Table 2). Near the length limit a cycle may draft at most ``room -
 ``prefix_len`` (the prompt plus the output before its root) and the output committed before it, and a cycle that
 drafted up to a cap below ``max_depth`` did not stop early, the limit stopped it.
 
-spec: {"beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 128}
-      (the limits as the decode run had them: input + output tokens, output tokens)
+spec: {"beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 128,
+       "cost": "paper"}
+      (the limits as the decode run had them: input + output tokens, output tokens; cost: "paper" or
+      "cache_aware")
 inputs: cycles, requests (Parquet of the decode run), atlas (Parquet), coefficients (JSON)
-outputs: theory (JSON: the quantities of Table 5)
+outputs: theory (JSON: the quantities of Table 5, and the coefficients they used)
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from specfit.coefficients import DraftCost
 from specfit.errors import SpecFitError
 from specfit.io import read_json, write_json
-from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, read_table
+from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, read_table, resident_mask
 from specfit.selection.pool import CandidatePool, Pool
-from specfit.selection.selectors import Selection, select_parametric, select_specfit
+from specfit.selection.selectors import (Selection, select_parametric, select_parametric_ca, select_specfit,
+                                         select_specfit_ca)
 from specfit.speculative.cycle import Cycle
 from specfit.speculative.routes import AtlasRoutes
 from specfit.stage import stage_main
@@ -37,7 +47,7 @@ from specfit.stage import stage_main
 class RecordedCycle:
     """One verification cycle of a SpecFit run."""
 
-    pool: Pool  # the drafted pool: V_<=d when drafting stopped after level d
+    pool: Pool  # the drafted pool: V_<=d when drafting stopped after level d; its residency as the cycle selected
     selected: tuple[int, ...]  # Ŝ the run verified
     accepted: int  # draft nodes of Ŝ the target accepted
     accepted_path: tuple[int, ...]  # longest root path of the pool matching the target's greedy tokens, root excluded
@@ -63,15 +73,81 @@ def parametric_value(selections: list[Selection], lam: float) -> float:
     return float(np.mean([s.reward - lam * s.time for s in selections]))
 
 
+@dataclass(frozen=True)
+class PaperCost:
+    """The paper's cost model, T̂(S) = b_|S| + β F(S) (Eq. 4)."""
+
+    b: list[float]  # b_0, b_1, ...
+    beta: float
+
+    def ratio_rule(self, cycle: RecordedCycle, k_max: int, multiplier: float = 1.0) -> Selection:
+        """Ŝ of Eq. 5 over the cycle's pool, with β at ``multiplier`` times its value."""
+        return select_specfit(cycle.pool, self.b, multiplier * self.beta, k_max)
+
+    def parametric(self, cycle: RecordedCycle, lam: float, k_max: int) -> Selection:
+        """S_λ of Eq. 9 over the cycle's pool."""
+        return select_parametric(cycle.pool, self.b, self.beta, lam, k_max)
+
+
+@dataclass(frozen=True)
+class CacheAwareCost:
+    """specfit-ca's cost model (beyond the paper), as `specfit.speculative.methods.SpecFitCA` selects with it:
+
+        T̂(S) = b_|S| + D(d) + β_miss M(S) + β_hit H(S),
+
+    M(S) the experts of the per-layer union of root ∪ S that the layer's cache did not hold as the cycle selected,
+    H(S) = F(S) - M(S) those it held, and D(d) what drafting the cycle's d levels cost (`DraftCost`).
+    """
+
+    b: list[float]  # b_0, b_1, ... of the fit without drafting
+    beta_miss: float
+    beta_hit: float
+    drafting: DraftCost
+
+    @classmethod
+    def from_coefficients(cls, coefficients: dict) -> "CacheAwareCost":
+        """The coefficients specfit-ca reads (`SpecFitCA.from_inputs`): the cache-aware fit without drafting and the
+        drafting fit; for the paper's presets (no cache-aware fit) b and β for both kinds, and free drafting."""
+        fit = coefficients.get("cache_aware")
+        drafting = DraftCost.of(coefficients)
+        if not fit:
+            return cls(coefficients["b"], coefficients["beta"], coefficients["beta"], drafting)
+        verify = fit["without_drafting"]
+        return cls(verify["b"], verify["beta_miss"], verify["beta_hit"], drafting)
+
+    def intercepts(self, cycle: RecordedCycle) -> np.ndarray:
+        """[len(b)] b_k + D(d): the cycle's drafting counts once, whichever subtree it verifies."""
+        return np.asarray(self.b, dtype=np.float64) + self.drafting(cycle.drafted_levels)
+
+    def ratio_rule(self, cycle: RecordedCycle, k_max: int, multiplier: float = 1.0) -> Selection:
+        """The cache-aware Ŝ over the cycle's pool, with β_miss and β_hit at ``multiplier`` times their values."""
+        return select_specfit_ca(cycle.pool, self.intercepts(cycle), multiplier * self.beta_miss,
+                                 multiplier * self.beta_hit, k_max)
+
+    def parametric(self, cycle: RecordedCycle, lam: float, k_max: int) -> Selection:
+        """S_λ of Eq. 9 under the cache-aware cost, over the cycle's pool."""
+        return select_parametric_ca(cycle.pool, self.intercepts(cycle), self.beta_miss, self.beta_hit, lam, k_max)
+
+    def coefficients(self) -> dict:
+        return {"b": list(self.b), "beta_miss": self.beta_miss, "beta_hit": self.beta_hit,
+                "drafting": asdict(self.drafting)}
+
+
 def dinkelbach(pools: list[Pool], b, beta: float, k_max: int = 7, lam: float = 0.0, max_iter: int = 100):
+    """λ* under the paper's cost (`solve_dinkelbach`) over ``pools``. Returns (λ*, S* per cycle, iterations)."""
+    return solve_dinkelbach(lambda lam: [select_parametric(pool, b, beta, lam, k_max) for pool in pools], lam,
+                            max_iter)
+
+
+def solve_dinkelbach(select, lam: float = 0.0, max_iter: int = 100):
     """λ* = max over rules of Θ, the root of h (Eq. 9), by Dinkelbach's iteration from a λ <= λ*.
 
-    Each step selects S_λ in every cycle and moves λ to E[R̂(S_λ)] / E[T̂(S_λ)]; λ rises until the
+    ``select(λ)`` gives S_λ in every cycle; each step moves λ to E[R̂(S_λ)] / E[T̂(S_λ)], and λ rises until the
     selections reproduce it, which a finite family reaches in finitely many steps.
     Returns (λ*, S* per cycle, iterations).
     """
     for iteration in range(1, max_iter + 1):
-        selections = [select_parametric(pool, b, beta, lam, k_max) for pool in pools]
+        selections = select(lam)
         ratio = sum(s.reward for s in selections) / sum(s.time for s in selections)
         if ratio <= lam:
             return lam, selections, iteration
@@ -90,13 +166,37 @@ def _figures(selections: list[Selection]):
 def selection_theory(
     cycles: list[RecordedCycle], b, beta: float, k_max: int = 7, max_depth: int = 5, beta_multiplier: float = 2.0
 ) -> dict:
-    """Table 5 for one workload: the ratio rule Ŝ (Eq. 5) against the throughput-optimal S* (Eq. 7).
+    """Table 5 for one workload under the paper's cost (`table_5` with `PaperCost`)."""
+    table, _ = table_5(cycles, PaperCost(b, beta), k_max, max_depth, beta_multiplier)
+    return table
+
+
+def cache_aware_theory(cycles: list[RecordedCycle], cost: CacheAwareCost, k_max: int = 7, max_depth: int = 5,
+                       beta_multiplier: float = 2.0) -> dict:
+    """Table 5 for one workload under specfit-ca's cache-aware cost (`table_5` with `CacheAwareCost`), beyond the
+    paper, with two more quantities: the mean M(Ŝ)/R̂(Ŝ) at β and 2β (experts copied per unit of predicted reward),
+    and the cycles priced with nothing resident, those that recorded no residency (root only: the method read none).
+    """
+    table, (at_beta, at_2beta) = table_5(cycles, cost, k_max, max_depth, beta_multiplier)
+    return {
+        **table,
+        "misses_per_reward_beta": float(np.mean([s.misses / s.reward for s in at_beta])),
+        "misses_per_reward_2beta": float(np.mean([s.misses / s.reward for s in at_2beta])),
+        "cycles_without_residency": int(sum(cycle.pool.resident is None for cycle in cycles)),
+    }
+
+
+def table_5(cycles: list[RecordedCycle], cost, k_max: int = 7, max_depth: int = 5, beta_multiplier: float = 2.0):
+    """Table 5 for one workload: the ratio rule Ŝ (Eq. 5) against the throughput-optimal S* (Eq. 7), under
+    ``cost`` (`PaperCost` or `CacheAwareCost`).
 
     Percentages of λ* refer to predicted throughput. The gain of S* counts committed tokens from the
     recorded accepted paths per unit of predicted time. The coefficient of variation of ρ uses the
     population standard deviation. A cycle stopped early when it drafted fewer levels than it could have
     (its ``depth_cap``, at most ``max_depth``): a cycle the length limit capped below ``max_depth`` that drafted
     up to its cap is no adaptive stop. ``stopped_early_pct`` is a percentage of all cycles.
+
+    Returns the table and the ratio rule's selections at β and at ``beta_multiplier`` times β.
     """
     if not cycles:
         raise ValueError("no recorded cycles")
@@ -108,14 +208,13 @@ def selection_theory(
         if not 0 <= cycle.drafted_levels <= cap:
             raise ValueError(f"cycle {i}: {cycle.drafted_levels} drafted levels, but it could draft at most {cap}")
         caps.append(cap)
-    pools = [cycle.pool for cycle in cycles]
     paths = [cycle.accepted_path for cycle in cycles]
 
-    ratio_rule = [select_specfit(pool, b, beta, k_max) for pool in pools]
+    ratio_rule = [cost.ratio_rule(cycle, k_max) for cycle in cycles]
     reward, time, union, nodes = _figures(ratio_rule)
     theta = reward.sum() / time.sum()
     rho = reward / time  # [cycles] largest ratio per cycle
-    lam, optimal, iterations = dinkelbach(pools, b, beta, k_max, lam=theta)
+    lam, optimal, iterations = solve_dinkelbach(lambda at: [cost.parametric(c, at, k_max) for c in cycles], theta)
     _, time_star, _, _ = _figures(optimal)
     bound = np.mean((rho - lam) * (time_star - time)) / np.mean(time)
 
@@ -123,7 +222,8 @@ def selection_theory(
     commits_star = np.array([committed(s.nodes, path) for s, path in zip(optimal, paths)])  # [cycles]
     gain = (commits_star.sum() / time_star.sum()) / (commits.sum() / time.sum()) - 1.0
 
-    reward_2, _, union_2, nodes_2 = _figures([select_specfit(pool, b, beta_multiplier * beta, k_max) for pool in pools])
+    ratio_rule_2 = [cost.ratio_rule(cycle, k_max, beta_multiplier) for cycle in cycles]
+    reward_2, _, union_2, nodes_2 = _figures(ratio_rule_2)
     levels = np.array([cycle.drafted_levels for cycle in cycles])  # [cycles]
     caps = np.array(caps)  # [cycles] the deepest level each cycle could reach
     return {
@@ -148,7 +248,7 @@ def selection_theory(
         "recorded_selection_differs_pct": float(
             100.0 * np.mean([tuple(sorted(c.selected)) != h.nodes for c, h in zip(cycles, ratio_rule)])
         ),
-    }
+    }, (ratio_rule, ratio_rule_2)
 
 
 def accepted_path_in_pool(parent: list[int], token: list[int], continuation: list[int]) -> tuple[int, ...]:
@@ -182,9 +282,13 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas, limits: dic
     greedy continuation, which gives the accepted path of any subtree, verified or not. At the end of a
     request the output is cut at EOS or the limit: there the recorded path is the longer one.
 
-    A cycle at the length limit that drafted nothing keeps the root alone: its pool is the root, whose routes no
-    run read (SpecFit reads none for an empty pool); one token's union is ``top_k`` experts in each layer
-    whichever they are, so it gets experts 0..top_k-1, which gives T̂ exactly.
+    A cycle that drafted nothing (at the length limit, or a specfit-ca cycle that skipped drafting) keeps the root
+    alone: its pool is the root, whose routes no run read (SpecFit reads none for an empty pool); one token's
+    union is ``top_k`` experts in each layer whichever they are, so it gets experts 0..top_k-1, which gives the
+    paper's T̂ exactly. Its residency is unknown (specfit-ca reads none without a pool), so the cache-aware cost
+    takes nothing as resident: all ``top_k`` experts of a layer missed, the most a root alone can copy.
+
+    A drafted cycle's pool carries the residency the cycle recorded (the ``resident`` column; none when null).
 
     ``limits`` ({"limit_tokens", "max_new_tokens"}: the decode run's) give each cycle's depth cap (`depth_cap`);
     without them no cycle is taken as capped. A prompt length that changes within a request (``prefix_len`` minus
@@ -194,7 +298,7 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas, limits: dic
     looked them up (a node the atlas lacks gets the same fallback, counted in ``atlas.nodes_missed``).
     """
     outputs = {r["request_id"]: r["output_ids"] for r in requests}
-    num_experts = 1 + max(int(row["routes"].max()) for row in atlas.rows.values())
+    num_experts = _num_experts(atlas, cycles)
     _, n_layers, top_k = next(iter(atlas.rows.values()))["routes"].shape
     root_routes = np.broadcast_to(np.arange(top_k, dtype=np.int64), (1, n_layers, top_k))  # [1, L, k]
     recorded, position, prompt_len = [], {}, {}
@@ -220,22 +324,41 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas, limits: dic
         if len(path) < len(c["accepted_path"]):
             path = tuple(c["accepted_path"])
         cycle = Cycle(key[0], key[1], c["prefix_len"], output[: start + 1])
-        pool = candidates.view(atlas.routes(cycle, candidates), num_experts)
+        resident = resident_mask(c.get("resident"), num_experts)  # [L, N] or None
+        pool = candidates.view(atlas.routes(cycle, candidates), num_experts, resident)
         recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], path, c["drafted_levels"], cap))
     return recorded
 
 
+def _num_experts(atlas, cycles: list[dict]) -> int:
+    """N: one more than the largest expert id the atlas routes to or a recorded cache held (ids above it change no
+    union)."""
+    routed = max(int(row["routes"].max()) for row in atlas.rows.values())
+    held = max((e for c in cycles for layer in c.get("resident") or () for e in layer), default=-1)
+    return 1 + max(routed, held)
+
+
+COSTS = ("paper", "cache_aware")
+
+
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
+    if spec["cost"] not in COSTS:
+        raise SpecFitError(f"theory spec: cost {spec['cost']!r} is not one of {COSTS}")
     cycles = read_table(inputs["cycles"], CYCLE_SCHEMA, "cycles").to_pylist()
     requests = read_table(inputs["requests"], REQUEST_SCHEMA, "requests").to_pylist()
     coefficients = read_json(inputs["coefficients"])
     atlas = AtlasRoutes(inputs["atlas"])
     limits = {k: spec[k] for k in ("limit_tokens", "max_new_tokens")}
     recorded = recorded_cycles(cycles, requests, atlas, limits, spec["max_depth"])
-    table = selection_theory(recorded, coefficients["b"], coefficients["beta"], spec["k_max"], spec["max_depth"],
-                             spec["beta_multiplier"])
-    write_json({**table, "b": coefficients["b"], "beta": coefficients["beta"],
-                "atlas_nodes": atlas.nodes_looked_up, "atlas_nodes_missed": atlas.nodes_missed}, outputs["theory"])
+    shape = (spec["k_max"], spec["max_depth"], spec["beta_multiplier"])
+    if spec["cost"] == "cache_aware":
+        cost = CacheAwareCost.from_coefficients(coefficients)
+        table = {**cache_aware_theory(recorded, cost, *shape), "cost": "cache_aware", **cost.coefficients()}
+    else:
+        table = {**selection_theory(recorded, coefficients["b"], coefficients["beta"], *shape),
+                 "b": coefficients["b"], "beta": coefficients["beta"]}
+    write_json({**table, "atlas_nodes": atlas.nodes_looked_up, "atlas_nodes_missed": atlas.nodes_missed},
+               outputs["theory"])
 
 
 main = stage_main(run)

@@ -117,6 +117,14 @@ def _check_references(config: dict) -> None:
                         f"b_0..b_{sizes - 1} only ({'calibration.sizes' if fit else 'the paper preset'}): "
                         f"{'set calibration.sizes to at least k_max + 1' if fit else 'use k_max <= 7'}"
                     )
+    overlap = sorted(set(predictor_question_ids(config)) & set(evaluated_question_ids(config)))
+    if overlap:
+        problems.append(f"config key 'predictor.question_ids' holds questions a workload evaluates or calibration "
+                        f"probes ({', '.join(map(str, overlap[:8]))}{', ...' if len(overlap) > 8 else ''}): the route "
+                        "predictor must train on other questions")
+    if config["predictor"]["method"] not in config["methods"]:
+        problems.append(f"config key 'predictor.method' names {config['predictor']['method']!r}, which is not defined "
+                        "under 'methods'")
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
 
@@ -168,6 +176,11 @@ def workload_ids(config: dict, workload: str) -> list[int]:
     return list(range(q["start"], q["stop"] + 1, q.get("step", 1)))
 
 
+def predictor_question_ids(config: dict) -> list[int]:
+    """The Spec-Bench question ids the route predictor trains on, in order."""
+    return [i for q in config["predictor"]["question_ids"] for i in range(q["start"], q["stop"] + 1, q.get("step", 1))]
+
+
 def evaluated_question_ids(config: dict) -> list[int]:
     """Every Spec-Bench question id some workload evaluates or calibration probes: the toy models never train on
     these. A workload whose ``source`` is another dataset evaluates no Spec-Bench question, so its ids (ids of
@@ -189,11 +202,34 @@ def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:
     return None if reference == run else reference
 
 
+# The cost model each theory run's Table 5 is computed under (`specfit.theory`), by the rule of its method: the
+# paper's for SpecFit, the cache-aware cost for specfit-ca (beyond the paper).
+THEORY_COSTS = {"specfit": "paper", "specfit-ca": "cache_aware"}
+
+
 def theory_runs(config: dict) -> list[DecodeRun]:
-    """SpecFit with the cache at the model's main slot count, exact routes: the pools of Table 5."""
-    return [r for r in decode_runs(config) if method_rule(config, r.method) == "specfit"
-            and method_config(config, r.method).route_source.name == "atlas"
-            and r.slots == config["models"][r.model]["main_slots"][r.device]]
+    """The pools of Table 5: per (model, device, workload), the run with the cache at the model's main slot count
+    and exact routes of SpecFit (the paper's cost) and of specfit-ca (its cache-aware cost), the first method of
+    each rule where several are configured."""
+    runs = {}
+    for r in decode_runs(config):
+        if (method_rule(config, r.method) in THEORY_COSTS
+                and method_config(config, r.method).route_source.name == "atlas"
+                and r.slots == config["models"][r.model]["main_slots"][r.device]):
+            runs.setdefault((r.model, r.device, r.workload, theory_cost(config, r)), r)
+    return list(runs.values())
+
+
+def theory_cost(config: dict, run: DecodeRun) -> str:
+    """The cost model of a theory run's Table 5: "paper" or "cache_aware" (`THEORY_COSTS`)."""
+    return THEORY_COSTS[method_rule(config, run.method)]
+
+
+def theory_file(config: dict, run: DecodeRun) -> str:
+    """A theory run's Table 5 (`specfit.paths.theory`): under the paper's cost the workload's file, under another
+    the method's beside it."""
+    method = None if theory_cost(config, run) == "paper" else run.method
+    return paths.theory(run.model, run.device, run.workload, method)
 
 
 # --------------------------------------------------------------------------------------------- rule params

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specfit import paths
-from specfit.workflow import DecodeRun, decode_runs, method_rule, theory_runs
+from specfit.report.inputs import learned_methods
+from specfit.workflow import DecodeRun, decode_runs, method_rule, theory_cost, theory_file, theory_runs
 
 DEVICE = "cpu-a100link"
 N_REQUESTS = 6  # per fake run; the same request ids and output lengths in every run (lossless methods)
@@ -26,6 +27,7 @@ def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE
         "specfit-noisy": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "noisy",
                           "accuracy": 0.6},
         "specfit-ca": {"rule": "specfit-ca", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
+        "specfit-learned": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "learned"},
     }
     return {
         "workloads": {workload: {"question_ids": {"start": 401, "stop": 402, "step": 1}, "limit_tokens": 512,
@@ -54,7 +56,8 @@ def declared(spec: dict) -> dict[str, list[str]]:
         "requests": [r.file("requests.parquet") for r in runs],
         "calibration": [paths.calibration(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
         "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
-        "theory": sorted({paths.theory(r.model, r.device, r.workload) for r in theory_runs(spec)}),
+        "theory": sorted({theory_file(spec, r) for r in theory_runs(spec)}),
+        "predictor": sorted({paths.predictor(r.model) for r in runs if r.method in learned_methods(spec)}),
     }
 
 
@@ -169,12 +172,17 @@ def fake_root(root: Path, spec: dict, seed: int = 0, speeds: dict | None = None)
                   "union_per_reward_2beta": 31.25, "selected_nodes_beta": 2.5, "selected_nodes_2beta": 2.0,
                   "drafted_levels_mean": 3.1, "stopped_early_pct": 55.5, "length_limited_cycles": 7,
                   "empty_pool_cycles": 2, "dinkelbach_iterations": 3, "recorded_selection_differs_pct": 0.0}
+        # specfit-ca's, under its cache-aware cost (beyond the paper): other numbers and the keys it adds
+        theory_ca = {**theory, "cycles": 98, "lambda_star": 0.0512345, "theta": 0.05, "gap_pct": 2.41,
+                     "bound_pct": 3.75, "misses_per_reward_beta": 4.25, "misses_per_reward_2beta": 3.5,
+                     "cycles_without_residency": 11}
         for run in theory_runs(spec):
             if run.device == device:
-                path = root / paths.theory("toy", device, run.workload)
+                path = root / theory_file(spec, run)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(theory))
+                path.write_text(json.dumps(theory if theory_cost(spec, run) == "paper" else theory_ca))
         written[device, "theory"] = theory
+        written[device, "theory_ca"] = theory_ca
     return written
 
 

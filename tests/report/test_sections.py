@@ -186,6 +186,41 @@ def test_cache_aware_goal_not_met_and_presets(tree):
     assert "not met (R² 0.750; b + β F: 0.970)." in md
 
 
+def test_theory_under_the_cache_aware_cost_beside_the_papers(tree):
+    """specfit-ca's Table 5 (beyond the paper) follows SpecFit's in the theory section, with the rows it adds; a
+    device whose file is absent lists it as missing and shows SpecFit's table alone."""
+    spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-ca"), devices=(DEVICE, "cpu-4090link"))
+    written = fake_root(tree, spec)
+    (tree / "data/theory/toy/cpu-4090link/gsm8k.specfit-ca.json").unlink()
+    out = tree / "reports" / "all"
+    report.run(spec, declared(spec), {"report": str(out)})
+    md = (out / "report.md").read_text()
+    tables = md_tables(md)
+    caption = (f"Beyond the paper: theory on the pools specfit-ca recorded with the cache (4 slots) under the "
+               f"cache-aware cost T(S) = b_|S| + D(d) + β_miss M(S) + β_hit H(S), toy / {DEVICE}")
+    header, rows = find(tables, caption)
+    assert header == ["Quantity", "gsm8k"]
+    cells = {row[0]: row[1] for row in rows}
+    ca = written[DEVICE, "theory_ca"]
+    assert (cells["Cycles"], cells["λ* − Θ (% of λ*)"], cells["Bound of Equation 7 (% of λ*)"]) == ("98", "2.41",
+                                                                                                       "3.75")
+    assert cells["Mean M(Ŝ)/R̂(Ŝ) at β / 2β (experts copied)"] == "4.2 / 3.5"
+    assert cells["Cycles priced with nothing resident (root only: no residency read)"] == "11"
+    assert cells["Mean F(Ŝ)/R̂(Ŝ) at β / 2β"] == f"{ca['union_per_reward_beta']:.1f} / 31.2"
+    theory = section(md, "Selection theory on the recorded pools (Table 5)")
+    assert theory.index("Theory on the pools SpecFit recorded") < theory.index(caption)
+    assert "Beyond the paper: the quantities of Table 5 under the cost specfit-ca selects with" in theory
+    header, rows = find(tables, f"Theory on the pools SpecFit recorded with the cache (4 slots), toy / {DEVICE}")
+    assert {row[0]: row[1] for row in rows}["Cycles"] == "123"  # the paper model's file, SpecFit's pools
+    assert "data/theory/toy/cpu-4090link/gsm8k.specfit-ca.json" in md
+    assert not any(c.startswith("Beyond the paper: theory") and c.endswith("cpu-4090link") for c, _, _ in tables)
+    find(tables, "Theory on the pools SpecFit recorded with the cache (4 slots), toy / cpu-4090link")
+
+
+def section(md: str, title: str) -> str:
+    return next(s for s in md.split("\n### ")[1:] if s.startswith(title))
+
+
 def test_sweep_noisy_second_device_and_missing_inputs(tree):
     spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-noisy"), slots=(0, 2, 4),
                      devices=(DEVICE, "cpu-4090link"))

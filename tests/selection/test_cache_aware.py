@@ -1,5 +1,6 @@
-"""The cache-aware selector (T̂ = b_|S| + β_miss M + β_hit H) against a brute force over all ancestor-closed
-subsets with Python sets, on both backends, and the pool's residency encoding."""
+"""The cache-aware selectors (T̂ = b_|S| + β_miss M + β_hit H: the ratio rule and its parametric form) against a
+brute force over all ancestor-closed subsets with Python sets, on both backends, and the pool's residency
+encoding."""
 
 import numpy as np
 import pytest
@@ -7,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_selection import BETAS, INTERCEPTS, legal_subtrees, pools, reward, union
 
-from specfit.selection import BACKENDS, Pool, select_specfit, select_specfit_ca
+from specfit.selection import BACKENDS, Pool, select_parametric, select_specfit, select_specfit_ca
 from specfit.selection.pool import CandidatePool
+from specfit.selection.selectors import select_parametric_ca
 
 
 @st.composite
@@ -45,13 +47,15 @@ def ca_time(b, beta_miss, beta_hit, s, f, m):
     return b[len(s)] + beta_miss * m + beta_hit * (f - m)
 
 
-def brute_force_ca(pool, k_max, b, beta_miss, beta_hit):
-    """Maximize (ratio, R̂, -M, -F, -|S|); the first in lexicographic order of sorted node ids wins ties."""
+def brute_force_ca(pool, k_max, b, beta_miss, beta_hit, lam=None):
+    """Maximize (ratio, R̂, -M, -F, -|S|), or with ``lam`` (R̂ - λ T̂, R̂, -M, -F, -|S|); the first in lexicographic
+    order of sorted node ids wins ties."""
     best, best_key = None, None
     legal = legal_subtrees(pool, k_max)
     for s in legal:
         r, f, m = reward(pool, s), union(pool, s), misses(pool, s)
-        key = (r / ca_time(b, beta_miss, beta_hit, s, f, m), r, -m, -f, -len(s))
+        t = ca_time(b, beta_miss, beta_hit, s, f, m)
+        key = (r / t if lam is None else r - lam * t, r, -m, -f, -len(s))
         if best is None or key > best_key:
             best, best_key = s, key
     return best, len(legal)
@@ -81,11 +85,28 @@ def test_specfit_ca_is_the_brute_force_argmax(backend, pool, coef, k_max):
     assert pool.expert_union(sel.nodes) == f and pool.expert_misses(sel.nodes) == m
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(deadline=None, max_examples=200)
+@given(pool=resident_pools(), coef=ca_coefficients, k_max=st.integers(0, 7),
+       lam=st.sampled_from([0.0, 0.2, 0.5, 1.0, 3.0]))
+def test_parametric_ca_is_the_brute_force_argmax(backend, pool, coef, k_max, lam):
+    b, beta_miss, beta_hit = coef
+    expected, visited = brute_force_ca(pool, k_max, b, beta_miss, beta_hit, lam)
+    sel = select_parametric_ca(pool, b, beta_miss, beta_hit, lam, k_max, backend=backend)
+    f, m = union(pool, expected), misses(pool, expected)
+    assert (sel.nodes, sel.reward, sel.union, sel.misses, sel.visited) == (
+        expected, reward(pool, expected), f, m, visited
+    )
+    assert sel.time == ca_time(b, beta_miss, beta_hit, expected, f, m)
+
+
 @settings(deadline=None, max_examples=100)
-@given(pool=resident_pools(), coef=ca_coefficients, k_max=st.integers(0, 7))
-def test_backends_agree(pool, coef, k_max):
+@given(pool=resident_pools(), coef=ca_coefficients, k_max=st.integers(0, 7), lam=st.floats(0, 5))
+def test_backends_agree(pool, coef, k_max, lam):
     b, beta_miss, beta_hit = coef
     fast, slow = (select_specfit_ca(pool, b, beta_miss, beta_hit, k_max, backend=x) for x in BACKENDS)
+    assert fast == slow
+    fast, slow = (select_parametric_ca(pool, b, beta_miss, beta_hit, lam, k_max, backend=x) for x in BACKENDS)
     assert fast == slow
 
 
@@ -107,6 +128,9 @@ def test_nothing_resident_is_the_paper_objective(pool, coef, beta_hit, k_max, em
         ca = select_specfit_ca(pool, b, beta, beta_hit, k_max, backend=backend)
         assert figures(ca) == figures(paper)
         assert ca.misses == ca.union and paper.misses is None
+        paper = select_parametric(pool, b, beta, 0.5, k_max, backend=backend)
+        ca = select_parametric_ca(pool, b, beta, beta_hit, 0.5, k_max, backend=backend)
+        assert figures(ca) == figures(paper)
 
 
 @settings(deadline=None, max_examples=100)

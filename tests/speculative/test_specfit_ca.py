@@ -6,9 +6,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from specfit.coefficients import DraftCost
 from specfit.engine import make_engine
 from specfit.io import write_parquet
-from specfit.records import ATLAS_SCHEMA
+from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, resident_ids, resident_mask
 from specfit.selection.pool import CandidatePool
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import SpecFit, SpecFitCA, build_method
@@ -29,7 +30,8 @@ class SharedExpert:
 
 
 def ca(routes, beta_miss=0.05, beta_hit=0.01, level_ms=0.0, b=B):
-    return SpecFitCA(CONFIG, b, beta_miss, beta_hit, level_ms, routes, num_experts=8)
+    """specfit-ca whose drafting costs ``level_ms`` per level (catch-up and level 1 included), selections nothing."""
+    return SpecFitCA(CONFIG, b, beta_miss, beta_hit, DraftCost(level_ms, level_ms, 0.0), routes, num_experts=8)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +77,37 @@ def test_residency_is_read_from_the_engine_once_per_cycle(offloaded, oracle, pro
     results = run(model, oracle, ca(LiveRoutes()), prompts[:1], limits, engine, ar)
     drafted = sum(1 for c in results[0].cycles if len(c["pool_token"]) > 1)
     assert len(reads) == drafted and drafted > 0
+
+
+def test_cycle_rows_record_the_residency_specfit_ca_read(offloaded, oracle, prompts, limits, ar, monkeypatch):
+    """The ``resident`` column holds, per layer, the experts engine.resident() gave the cycle's selection, and
+    survives CYCLE_SCHEMA; null in cycles that evaluated no pool and for methods that read no cache, which query
+    nothing."""
+    model, engine = offloaded
+    reads = []
+    real = engine.resident
+    monkeypatch.setattr(engine, "resident", lambda: reads.append(real()) or reads[-1])
+    method = ca(SharedExpert())  # a measured run's source: skipped cycles draft nothing
+    method.history.extend([(1.0, 2.0, 1, 0)] * method.MIN_HISTORY)  # speculation has not paid: skip 8 of every 9
+    method.committed = lambda cycle, decision, accepted: None  # keep the planted history
+    cycles = [c for r in run(model, oracle, method, prompts[:2], limits, engine, ar) for c in r.cycles]
+    drafted = [c for c in cycles if len(c["pool_token"]) > 1]
+    assert len(reads) == len(drafted) > 0 and len(drafted) < len(cycles)
+    for c, resident in zip(drafted, reads):
+        assert c["resident"] == [np.flatnonzero(layer).tolist() for layer in resident]
+        assert len(c["resident"]) == 2 and all(len(layer) <= 3 for layer in c["resident"])
+    assert sum(len(layer) for c in drafted for layer in c["resident"]) > 0  # the cache held something
+    assert all(c["resident"] is None for c in cycles if len(c["pool_token"]) == 1)
+    table = pa.Table.from_pylist(cycles, schema=CYCLE_SCHEMA)
+    for c, back in zip(cycles, table.column("resident").to_pylist()):
+        mask = resident_mask(back, 8)
+        assert (mask is None and c["resident"] is None) or resident_ids(mask) == c["resident"]
+    reads.clear()
+    paper = SpecFit(MethodConfig("specfit"), B, 0.05, SharedExpert(), 8)
+    for method in (paper, build_method({"name": "ar"})):
+        rows = [c for r in run(model, oracle, method, prompts[:1], limits, engine, ar) for c in r.cycles]
+        assert rows and all(c["resident"] is None for c in rows)
+    assert reads == []
 
 
 def test_without_residency_and_costs_it_is_the_papers_specfit(target, oracle, prompts, limits):
@@ -145,13 +178,15 @@ def test_built_from_coefficients(tmp_path):
 
     (tmp_path / "c.json").write_text(json.dumps({
         "b": B, "beta": 0.2, "draft_level_ms": 0.7,
+        "drafting": {"start_ms": 0.9, "level_ms": 0.6, "select_ms": 0.1, "r2": 0.9, "n_points": 10},
         "cache_aware": {"b": [3.0] * 8, "beta_miss": 0.4, "beta_hit": 0.02, "r2": 0.95,
                         "without_drafting": {"b": [2.0] * 8, "beta_miss": 0.3, "beta_hit": 0.01}}}))
-    (tmp_path / "p.json").write_text(json.dumps({"b": B, "beta": 0.2, "cache_aware": None, "draft_level_ms": None}))
+    (tmp_path / "p.json").write_text(json.dumps({"b": B, "beta": 0.2, "cache_aware": None, "draft_level_ms": None,
+                                                 "drafting": None}))
     fit = build_method({"name": "specfit-ca", "routes": "live"}, {"coefficients": tmp_path / "c.json"}, 0, 8)
-    assert (fit.beta_miss, fit.beta_hit, fit.level_ms, list(fit.b)) == (0.3, 0.01, 0.7, [2.0] * 8)
+    assert (fit.beta_miss, fit.beta_hit, fit.drafting, list(fit.b)) == (0.3, 0.01, DraftCost(0.9, 0.6, 0.1), [2.0] * 8)
     preset = build_method({"name": "specfit-ca", "routes": "live"}, {"coefficients": tmp_path / "p.json"}, 0, 8)
-    assert (preset.beta_miss, preset.beta_hit, preset.level_ms) == (0.2, 0.2, 0.0)
+    assert (preset.beta_miss, preset.beta_hit, preset.drafting) == (0.2, 0.2, DraftCost(0.0, 0.0, 0.0))
     assert isinstance(preset, SpecFit)
 
 
@@ -169,3 +204,30 @@ def test_an_atlas_build_records_the_cycles_it_verifies_the_root_alone_in(target,
     assert len(live.rows) == len(drafted) >= len(result.cycles) - 1  # every cycle with room for a level
     skipped = [c for c in drafted if c["drafted_levels"] == 0]  # drafted and recorded, the root verified alone
     assert len(skipped) >= method.PROBE_EVERY and all(c["selected"] == [] for c in skipped)
+
+
+def test_probes_back_off_while_drafting_does_not_pay_and_reset_when_it_does():
+    """Skipped cycles before each probe: PROBE_EVERY, then doubling up to MAX_PROBE_EVERY while the probes commit
+    nothing; a probe after which drafting pays brings back PROBE_EVERY."""
+    from specfit.speculative.methods import Decision
+
+    method = ca(None)
+    method.history.extend([(1.0, 2.0, 1, 0)] * method.HISTORY)  # drafting took twice the time for the same token
+
+    def cycles(n, accepted):
+        drafted = []
+        for i in range(n):
+            if method.wants_draft(None):
+                drafted.append(i)
+                method._last = (1.0, 1.0, 1)  # T̂(∅), T̂(Ŝ) of verification, one level (drafting is free here)
+                method.committed(None, Decision((1,), 1), accepted)
+        return drafted
+
+    drafted = cycles(300, accepted=0)
+    gaps = [b - a - 1 for a, b in zip([-1] + drafted, drafted)]
+    assert gaps == [8, 16, 32, 64, 64, 64][: len(gaps)] and len(gaps) == 6
+    assert method.probe_every == method.MAX_PROBE_EVERY
+    method.history.extend([(1.0, 1.0, 1, 3)] * method.HISTORY)  # the text turned predictable: 4 tokens per cycle
+    method.skipped = method.probe_every  # the next cycle probes, and drafting pays after it
+    assert cycles(5, accepted=3) == [0, 1, 2, 3, 4]
+    assert method.probe_every == method.PROBE_EVERY

@@ -14,6 +14,8 @@ from specfit.workflow import (
     code_hash,
     decode_runs,
     reference_run,
+    theory_cost,
+    theory_file,
     theory_runs,
     validate_config,
 )
@@ -82,7 +84,7 @@ def test_snakemake_stops_before_any_job(root, config, tmp_path):
 def test_decode_matrix(config, schema):
     validate_config(config, schema)
     runs = decode_runs(config)
-    assert len(runs) == len(set(runs)) == 33
+    assert len(runs) == len(set(runs)) == 37
     assert DecodeRun("toy", "cpu-a100link", "summarization", "specfit", 3) in runs
     # specfit-ca in every cell of specfit, with AR beside it (the slot sweep too): its goal is per cell
     cells = {(r.device, r.workload, r.slots) for r in runs if r.method == "specfit"}
@@ -95,6 +97,23 @@ def test_decode_matrix(config, schema):
     assert atlas_variant("specfit", 0) == "specfit-nocache"
     assert {(r.device, r.workload, r.slots) for r in theory_runs(config)} == {
         ("cpu-a100link", "summarization", 12), ("cpu-a100link", "gsm8k", 12), ("cpu-4090link", "gsm8k", 8)}
+
+
+def test_theory_runs_hold_specfit_and_specfit_ca(config, schema):
+    """Table 5 on SpecFit's pools (the paper's cost, the workload's file) and on specfit-ca's (its cache-aware cost, a
+    file of its own), each with the cache at the main slot count and exact routes."""
+    validate_config(config, schema)
+    cells = {("cpu-a100link", "summarization", 12), ("cpu-a100link", "gsm8k", 12), ("cpu-4090link", "gsm8k", 8)}
+    runs = theory_runs(config)
+    assert sorted((r.device, r.workload, r.slots, r.method) for r in runs) == sorted(
+        (*cell, method) for cell in cells for method in ("specfit", "specfit-ca"))
+    files = {(r.method, theory_cost(config, r), theory_file(config, r)) for r in runs if r.device == "cpu-4090link"}
+    assert files == {("specfit", "paper", "data/theory/toy/cpu-4090link/gsm8k.json"),
+                     ("specfit-ca", "cache_aware", "data/theory/toy/cpu-4090link/gsm8k.specfit-ca.json")}
+    # one run per cost and cell: a second SpecFit entry with exact routes does not add a file
+    config["methods"]["specfit-k5"] = dict(config["methods"]["specfit"], k_max=5)
+    config["runs"][0]["methods"].append("specfit-k5")
+    assert theory_runs(config) == runs
 
 
 def test_code_hash_follows_specfit_imports(tmp_path, monkeypatch):
@@ -141,7 +160,17 @@ def test_k_max_beyond_the_fitted_intercepts_is_named(config, schema):
     with pytest.raises(ConfigError, match=r"'methods\.specfit\.k_max' is 7.*b_0\.\.b_5.*calibration\.sizes"):
         validate_config(config, schema)
     config["calibration"] = {"sizes": 8}
-    for method in ("specfit", "specfit-noisy", "specfit-ca"):
+    for method in ("specfit", "specfit-noisy", "specfit-ca", "specfit-learned"):
         config["methods"][method]["k_max"] = 6
     config["calibration"]["sizes"] = 7
     validate_config(config, schema)
+
+
+def test_predictor_questions_must_not_be_evaluated(config, schema):
+    """The learned route predictor trains on questions no workload evaluates: an overlap is named before any job."""
+    config["predictor"] = {"question_ids": [{"start": 241, "stop": 245}]}  # 242 and 244 are summarization's
+    with pytest.raises(ConfigError, match=r"'predictor\.question_ids' holds questions .*\(242, 244\)"):
+        validate_config(config, schema)
+    config["predictor"] = {"question_ids": [{"start": 241, "stop": 245, "step": 2}], "method": "eagle4"}
+    with pytest.raises(ConfigError, match=r"'predictor\.method' names 'eagle4'"):
+        validate_config(config, schema)

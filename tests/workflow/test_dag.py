@@ -11,8 +11,8 @@ def run(root, *args):
 def test_dry_run_lists_every_stage(root):
     proc = run(root, "snakemake", "-n", "reports/all", "--forceall")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for rule in ("toy_tokenizer", "toy_target", "toy_drafter", "extract", "calibrate", "atlas", "decode", "theory",
-                 "report"):
+    for rule in ("toy_tokenizer", "toy_target", "toy_drafter", "extract", "calibrate", "atlas", "predictor", "decode",
+                 "theory", "report"):
         assert f"rule {rule}:" in proc.stdout, rule
 
 

@@ -3,7 +3,8 @@ files with the bootstrap intervals of their decode TPS.
 
 The report reads a file only when its rule declares it (`Declared`): for every file it expects (named by
 `specfit.paths`), a file the rule does not declare or the disk lacks is missing, and its section says so. A file
-it reads without the keys or columns below is an error.
+it reads without the keys or columns below is an error. A learned route predictor (`specfit.predictor`) is declared
+as its folder (``predictor``, `specfit.paths.predictor`): the report reads the metrics.json in it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from specfit.paper import paper_results
 from specfit.errors import SpecFitError
 from specfit.report.page import est, ratio, show, tagged
 from specfit.stage import paths_of
-from specfit.workflow import DecodeRun, decode_runs, theory_runs
+from specfit.speculative.config import ROUTED_RULES
+from specfit.workflow import (DecodeRun, decode_runs, method_config, method_rule, theory_cost, theory_file,
+                              theory_runs)
 
 log = logging.getLogger("specfit.report")
 
@@ -84,9 +87,17 @@ CACHE_AWARE_REQUIRED = ("b", "beta_miss", "beta_hit", "beta_hit_identified", "r2
 CACHE_AWARE_R2_GOAL = 0.9  # issue 12: the cache-aware model with the cache, R² on the probe means
 POINTS_COLUMNS = ("k", "tree", "y_ms", "pred_ms")
 
+# the learned route predictor (specfit.predictor): its folder (paths.predictor, declared as a folder) holds this file
+PREDICTOR_METRICS = "metrics.json"
+PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "train_accuracy", "chance_accuracy",
+                      "train_requests", "validation_requests", "train_nodes", "validation_nodes", "hidden_size",
+                      "num_layers", "num_experts", "top_k", "params", "flop_per_node", "us_per_pool",
+                      "pool_nodes_timed", "torch_device", "training")
+ROUTE_PREDICTOR = "route_predictor"  # a learned-route decode run's metrics.json: the predictor's time in its cycles
 
-# paths.theory (specfit.theory.selection_theory) -> Table 5 rows: the key (a pair of keys for the rows at β / 2β),
-# the label, the key in paper_results.yaml ``theory`` (None: not in the paper).
+
+# paths.theory (specfit.theory.selection_theory, cache_aware_theory) -> Table 5 rows: the key (a pair of keys for
+# the rows at β / 2β), the label, the key in paper_results.yaml ``theory`` (None: not in the paper).
 @dataclass(frozen=True)
 class TheoryRow:
     keys: tuple[str, ...]
@@ -117,7 +128,15 @@ THEORY = (
               ".1f"),
     TheoryRow(("dinkelbach_iterations",), "Dinkelbach iterations", None, "d"),
 )
+# beyond the paper: the rows Table 5 under specfit-ca's cache-aware cost adds (specfit.theory.cache_aware_theory)
+THEORY_CACHE_AWARE = (
+    TheoryRow(("misses_per_reward_beta", "misses_per_reward_2beta"), "Mean M(Ŝ)/R̂(Ŝ) at β / 2β (experts copied)",
+              None, ".1f"),
+    TheoryRow(("cycles_without_residency",), "Cycles priced with nothing resident (root only: no residency read)",
+              None, "d"),
+)
 THEORY_REQUIRED = tuple(k for row in THEORY for k in row.keys)
+THEORY_CACHE_AWARE_REQUIRED = (*THEORY_REQUIRED, *(k for row in THEORY_CACHE_AWARE for k in row.keys))
 PAPER_PAIR = ("beta", "two_beta")  # paper_results.yaml keys of a β / 2β pair
 
 
@@ -132,7 +151,7 @@ def tps_cell(e) -> str:
 
 
 # ------------------------------------------------------------------------------------ the declared files
-INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory")  # the rule's list inputs
+INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor")  # the rule's list inputs
 
 
 def _key(path: str) -> str:
@@ -207,9 +226,10 @@ class Inputs:
     metrics: dict[DecodeRun, dict]  # present runs only
     calibration: dict[tuple[str, str, str], dict]  # (model, device, cache mode)
     points: dict[tuple[str, str, str], dict[str, np.ndarray]]  # column -> values
-    theory: dict[tuple[str, str, str], dict]  # (model, device, workload)
+    theory: dict[DecodeRun, dict]  # by theory run (`specfit.workflow.theory_runs`)
     paper: dict
     requests: dict[DecodeRun, list[dict]] = field(default_factory=dict)  # present runs only
+    predictor: dict[str, dict] = field(default_factory=dict)  # model -> its learned route predictor's metrics.json
     _intervals: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -223,6 +243,10 @@ class Inputs:
         """requests.parquet of runs that have metrics but no requests (their numbers show without an interval)."""
         return list(dict.fromkeys(r.file("requests.parquet") for r in runs
                                   if r is not None and r in self.metrics and r not in self.requests))
+
+    def missing_predictor(self, model: str) -> list[str]:
+        """The learned route predictor's metrics.json of ``model`` when the report has not read it."""
+        return [] if model in self.predictor else [predictor_metrics(model)]
 
     def run(self, model, device, workload, method, slots) -> dict | None:
         return self.metrics.get(DecodeRun(model, device, workload, method, slots))
@@ -288,6 +312,17 @@ def whole_requests(rows: list[dict]) -> list[dict]:
              "t_prefill_s": 0.0} for r in rows]
 
 
+def predictor_metrics(model: str) -> str:
+    """The metrics.json of a model's learned route predictor (in the folder the rule declares)."""
+    return f"{paths.predictor(model)}/{PREDICTOR_METRICS}"
+
+
+def learned_methods(spec: dict) -> list[str]:
+    """The config's methods whose routes come from a learned route predictor (``routes: learned``)."""
+    return [m for m in spec["methods"] if method_rule(spec, m) in ROUTED_RULES
+            and method_config(spec, m).route_source.learned]
+
+
 def load_inputs(spec: dict, inputs: dict) -> Inputs:
     """Every file the report expects for ``spec``, read when ``inputs`` declares it (`Declared`)."""
     files = Declared(inputs)
@@ -316,9 +351,17 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
             if frame is not None:
                 points[model, device, mode] = frame
     for r in theory_runs(spec):
-        data = _load_json(files.path("theory", paths.theory(r.model, r.device, r.workload)), THEORY_REQUIRED)
+        required = THEORY_REQUIRED if theory_cost(spec, r) == "paper" else THEORY_CACHE_AWARE_REQUIRED
+        data = _load_json(files.path("theory", theory_file(spec, r)), required)
         if data is not None:
-            theory[r.model, r.device, r.workload] = data
+            theory[r] = data
+    predictor = {}
+    learned = set(learned_methods(spec))
+    for model in sorted({r.model for r in runs if r.method in learned}):
+        folder = files.path("predictor", paths.predictor(model))
+        data = _load_json(None if folder is None else f"{folder}/{PREDICTOR_METRICS}", PREDICTOR_REQUIRED)
+        if data is not None:
+            predictor[model] = data
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
-    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests)
+    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor)

@@ -11,14 +11,16 @@ import matplotlib.pyplot as plt
 from specfit import paths
 from specfit.report.beyond import beyond_the_paper
 from specfit.report.inputs import (CACHE_AWARE_R2_GOAL, DRAFT_KEYS, LINK_EMULATED, LOSSLESS, METRICS, PAPER_PAIR,
-                                   RESUMED, SPLIT_KEYS, THEORY, TIMING_LABEL, TOKENS_PER_TRANSFER, Inputs, column,
-                                   tokens_per_transfer, tps_cell)
+                                   RESUMED, SPLIT_KEYS, THEORY, THEORY_CACHE_AWARE, TIMING_LABEL, TOKENS_PER_TRANSFER,
+                                   Inputs, column, tokens_per_transfer, tps_cell)
+from specfit.report.learned import learned_sections
 from specfit.report.page import (EMULATED, MISSING, Part, Section, Table, as_pct, cache_cell, error_bar, fmt,
                                  interval_note, pct_less, pct_more, show, slug, tagged, x_cell, x_fmt)
 from specfit.report.paper import (PAPER_DEVICES, PAPER_WORKLOADS, Roles, cells, comparison, paper_device,
                                   paper_headline, paper_workload, stand_ins)
 from specfit.report.render import Figures
-from specfit.workflow import DecodeRun, method_config, method_rule, theory_runs, workload_ids
+from specfit.workflow import (DecodeRun, method_config, method_rule, theory_cost, theory_file, theory_runs,
+                              workload_ids)
 
 
 def main_slots(spec: dict, model: str, device: str) -> int:
@@ -84,8 +86,9 @@ class Group:
 
     def sections(self) -> list[Section]:
         beyond = beyond_the_paper(self)  # None without a specfit-ca method (or runs of it on this device)
-        return [self.throughput(), *([beyond] if beyond else []), self.counters(), self.sweep(), self.theory(),
-                self.calibration(), self.selection_cost(), self.noisy_routes(), self.lossless()]
+        return [self.throughput(), *([beyond] if beyond else []), *learned_sections(self), self.counters(),
+                self.sweep(), self.theory(), self.calibration(), self.selection_cost(), self.noisy_routes(),
+                self.lossless()]
 
     # 1. Figures 2 and 3
     def throughput(self) -> Section:
@@ -343,28 +346,31 @@ class Group:
     def theory(self) -> Section:
         sec = Section("Selection theory on the recorded pools (Table 5)")
         runs = [r for r in theory_runs(self.spec) if (r.model, r.device) == (self.model, self.device)]
-        workloads = [r.workload for r in runs]
-        sec.missing += [paths.theory(self.model, self.device, w) for w in workloads
-                        if (self.model, self.device, w) not in self.i.theory]
-        present = [w for w in workloads if (self.model, self.device, w) in self.i.theory]
-        if not present:
-            if not workloads:
-                sec.notes.append("No SpecFit run with exact routes at the main slot count: nothing to evaluate.")
-            return sec
+        sec.missing += [theory_file(self.spec, r) for r in runs if r not in self.i.theory]
+        present = [r for r in runs if r in self.i.theory]
+        if not runs:
+            sec.notes.append("No SpecFit run with exact routes at the main slot count: nothing to evaluate.")
+        if paper := [r for r in present if theory_cost(self.spec, r) == "paper"]:
+            self.theory_paper(sec, paper)
+        if cache_aware := [r for r in present if theory_cost(self.spec, r) == "cache_aware"]:
+            self.theory_cache_aware(sec, cache_aware)
+        return sec
+
+    def theory_paper(self, sec: Section, runs: list[DecodeRun]) -> None:
+        """Table 5 on SpecFit's pools under the paper's cost, beside the paper's."""
         table5 = self.i.paper["theory"] if self.paper_gpu == "a100" else {}
-        paper = {w: table5[self.paper_key(w)] for w in present if self.paper_key(w) in table5}
+        paper = {r.workload: table5[self.paper_key(r.workload)] for r in runs if self.paper_key(r.workload) in table5}
         header = ["Quantity"]
-        for w in present:
-            pw = self.paper_key(w)
-            header += [w] + (["paper" if pw == w else f"paper ({pw})"] if w in paper else [])
+        for r in runs:
+            pw = self.paper_key(r.workload)
+            header += [r.workload] + ([f"paper ({pw})" if pw != r.workload else "paper"] if r.workload in paper else [])
         rows = []
         for row in THEORY:
             cells = [row.label]
-            for w in present:
-                data = self.i.theory[self.model, self.device, w]
-                cells.append(" / ".join(fmt(data[k], row.fmt) for k in row.keys))
-                if w in paper:
-                    value = None if row.paper is None else paper[w][row.paper]
+            for r in runs:
+                cells.append(" / ".join(fmt(self.i.theory[r][k], row.fmt) for k in row.keys))
+                if r.workload in paper:
+                    value = None if row.paper is None else paper[r.workload][row.paper]
                     cells.append(" / ".join(fmt(value[k], row.fmt) for k in PAPER_PAIR) if isinstance(value, dict)
                                  else fmt(value, row.fmt))
             rows.append(cells)
@@ -375,7 +381,25 @@ class Group:
                          "fewer levels than it could: the pool's depth, or, near the length limit, the levels the "
                          "room left allowed; a cycle the limit capped that drafted up to its cap did not stop."
                          + (" Paper: Table 5 (A100; its row counts cycles stopped before level 5)." if paper else ""))
-        return sec
+
+    def theory_cache_aware(self, sec: Section, runs: list[DecodeRun]) -> None:
+        """Beyond the paper: the same quantities on specfit-ca's pools under the cache-aware cost it selects with."""
+        methods = sorted({r.method for r in runs})
+        header = ["Quantity"] + [r.workload if len(methods) == 1 else f"{r.workload}, {r.method}" for r in runs]
+        rows = [[row.label] + [" / ".join(fmt(self.i.theory[r][k], row.fmt) for k in row.keys) for r in runs]
+                for row in (*THEORY, *THEORY_CACHE_AWARE)]
+        sec.tables.append(Table(f"Beyond the paper: theory on the pools {', '.join(methods)} recorded with the cache "
+                                f"({self.main} slots) under the cache-aware cost T(S) = b_|S| + D(d) + β_miss M(S) + "
+                                f"β_hit H(S), {self.model} / {self.device}", header, rows))
+        sec.notes.append("Beyond the paper: the quantities of Table 5 under the cost specfit-ca selects with, from the "
+                         "with-cache calibration's cache-aware fit without drafting. M(S) counts the experts of the "
+                         "selection's per-layer union that the layer's cache did not hold as the cycle selected (each "
+                         "cycle records that residency), H(S) those it held, and D(d) what drafting the cycle's d "
+                         "levels costs (the calibration's drafting fit). \"2β\" doubles β_miss and β_hit, not the "
+                         "intercepts b_|S| + D(d). A cycle that drafted nothing (specfit-ca skipped drafting, or the "
+                         "length limit left no room) read no residency and is priced with nothing resident; a skipped "
+                         "cycle counts as stopped early. λ* and Θ are predicted under this cost on specfit-ca's own "
+                         "trajectory: not comparable with those of the paper's model.")
 
     # 6. Appendix B
     def calibration(self) -> Section:

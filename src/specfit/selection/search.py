@@ -19,13 +19,15 @@ from numba import njit
 
 from specfit.selection.pool import WORD_BITS
 
-# Objectives: the key compared is (primary, R̂, -M, -F, -|S|), then the node-id rule above. Only RATIO_CA
-# searches with the pool's residency; the others see nothing resident, so M = F and the key is (primary, R̂,
-# -F, -|S|).
+# Objectives: the key compared is (primary, R̂, -M, -F, -|S|), then the node-id rule above. Only the cache-aware
+# objectives (`CACHE_AWARE`) search with the pool's residency; the others see nothing resident, so M = F and the
+# key is (primary, R̂, -F, -|S|).
 RATIO = 0  # primary R̂ / T̂, T̂ = b_|S| + β F, Eq. 5
 PARAMETRIC = 1  # primary R̂ - λ T̂, the S_λ of Eq. 9
 MIN_UNION = 2  # primary -F over subtrees of exactly k_max nodes (calibration probe trees)
 RATIO_CA = 3  # primary R̂ / T̂_CA, T̂_CA = b_|S| + β_miss M + β_hit (F - M): the cache-aware cost
+PARAMETRIC_CA = 4  # primary R̂ - λ T̂_CA: the S_λ of Eq. 9 under the cache-aware cost
+CACHE_AWARE = (RATIO_CA, PARAMETRIC_CA)
 
 BACKENDS = ("numba", "python")
 
@@ -116,7 +118,7 @@ def _make_dfs(extend, pop, descend):
     def dfs(children, prob, bitmaps, resident, k_max, objective, b, beta, beta_hit, lam, work):
         """Visit every legal subtree of at most k_max nodes; return (|S|, R̂, F, M, visited) of the best.
 
-        children[u]: the mask of u's children. beta is β, or β_miss for RATIO_CA.
+        children[u]: the mask of u's children. beta is β, or β_miss for the cache-aware objectives.
         work = (unions, masks, path, stack_r, stack_f, stack_m, best): unions row m + 1 holds B(S) of the
         subtree at depth m (row 0 stays empty), masks[m] the nodes depth m may still add, path[1..m] its
         nodes, stack_r / stack_f / stack_m its R̂, F and M; best[1..|S|] receives the best subtree's nodes.
@@ -139,6 +141,8 @@ def _make_dfs(extend, pop, descend):
                 p = r / (b[m] + beta * q + beta_hit * (f - q))
             elif objective == PARAMETRIC:
                 p = r - lam * (b[m] + beta * f)
+            elif objective == PARAMETRIC_CA:
+                p = r - lam * (b[m] + beta * q + beta_hit * (f - q))
             else:
                 p = -1.0 * f
             if objective != MIN_UNION or m == k_max:
@@ -232,9 +236,9 @@ def _search_int(parent, prob, words, resident, k_max, objective, b, beta, beta_h
 def search(pool, k_max, objective, b, beta, lam=0.0, backend="numba", beta_hit=0.0):
     """Best legal subtree of `pool` with at most k_max nodes (exactly k_max for MIN_UNION).
 
-    b: [>= min(k_max, n) + 1] float64 intercepts; beta is β_miss for RATIO_CA. Only RATIO_CA reads the pool's
-    residency (the others search as if nothing were resident). Returns (sorted node ids, R̂, F, M, subtrees
-    visited).
+    b: [>= min(k_max, n) + 1] float64 intercepts; beta is β_miss for the cache-aware objectives (`CACHE_AWARE`),
+    the only ones that read the pool's residency (the others search as if nothing were resident). Returns (sorted
+    node ids, R̂, F, M, subtrees visited).
     """
     if backend == "numba":
         run = _search_words
@@ -242,7 +246,7 @@ def search(pool, k_max, objective, b, beta, lam=0.0, backend="numba", beta_hit=0
         run = _search_int
     else:
         raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-    resident = pool.resident_words if objective == RATIO_CA and pool.resident is not None else None
+    resident = pool.resident_words if objective in CACHE_AWARE and pool.resident is not None else None
     nodes, r, f, q, visited = run(
         pool.parent, pool.path_prob, pool.words, resident, k_max, objective, b, float(beta), float(beta_hit), float(lam)
     )

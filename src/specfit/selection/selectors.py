@@ -1,4 +1,4 @@
-"""Verification-subtree selectors: SpecFit's ratio rule (Eq. 5), its cache-aware variant, its parametric form,
+"""Verification-subtree selectors: SpecFit's ratio rule (Eq. 5), its cache-aware variant, their parametric forms,
 the calibration probe trees and EAGLE-3's probability rule, all returning a `Selection`."""
 
 from dataclasses import dataclass
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specfit.selection.pool import Pool
-from specfit.selection.search import MIN_UNION, PARAMETRIC, RATIO, RATIO_CA, search
+from specfit.selection.search import CACHE_AWARE, MIN_UNION, PARAMETRIC, PARAMETRIC_CA, RATIO, RATIO_CA, search
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def _selected(pool: Pool, k_max: int, objective: int, b, beta, lam, backend: str
         raise ValueError(f"k_max must be >= 0, got {k_max}")
     b = _intercepts(b, min(k_max, pool.n))
     nodes, reward, union, misses, visited = search(pool, k_max, objective, b, beta, lam, backend, beta_hit)
-    if objective == RATIO_CA:  # the kernel's float64 T̂_CA, term by term
+    if objective in CACHE_AWARE:  # the kernel's float64 T̂_CA, term by term
         time = float(b[len(nodes)]) + float(beta) * misses + float(beta_hit) * (union - misses)
         return Selection(nodes, reward, union, time, visited, misses)
     time = float(b[len(nodes)]) + float(beta) * union if timed else None  # the kernel's float64 T̂
@@ -71,6 +71,14 @@ def select_specfit_ca(
 def select_parametric(pool: Pool, b, beta: float, lam: float, k_max: int = 7, backend: str = "numba") -> Selection:
     """S_λ of Eq. 9: the legal subtree maximizing R̂(S) - λ T̂(S), with the tie rule of `select_specfit`."""
     return _selected(pool, k_max, PARAMETRIC, b, beta, lam, backend, timed=True)
+
+
+def select_parametric_ca(
+    pool: Pool, b, beta_miss: float, beta_hit: float, lam: float, k_max: int = 7, backend: str = "numba"
+) -> Selection:
+    """S_λ of Eq. 9 under the cache-aware cost: the legal subtree maximizing R̂(S) - λ T̂_CA(S), T̂_CA as in
+    `select_specfit_ca`, with its tie rule (larger R̂, then smaller M, smaller F, fewer nodes, smaller ids)."""
+    return _selected(pool, k_max, PARAMETRIC_CA, b, beta_miss, lam, backend, timed=True, beta_hit=beta_hit)
 
 
 def select_min_union(pool: Pool, k: int, b=None, beta: float | None = None, backend: str = "numba") -> Selection:

@@ -15,20 +15,29 @@ class RouteSource:
 
     ``live``: the target itself is queried once per cycle over the whole pool (outside the request timer): the
     atlas build. Otherwise the routes are read back from that build's atlas. ``noisy``: the routes are degraded
-    to the method's ``accuracy`` (the paper's simulated predictor, Section 4.6).
+    to the method's ``accuracy`` (the paper's simulated predictor, Section 4.6). ``learned``: a trained route
+    predictor guesses them from the drafter's state inside the request timer (`specfit.speculative.learned`); no
+    atlas, no target query.
     """
 
     name: str
     live: bool
     noisy: bool
+    learned: bool = False
 
     @property
     def exact(self) -> bool:
-        return not self.noisy
+        return not self.noisy and not self.learned
+
+    @property
+    def needs_atlas(self) -> bool:
+        return not self.live and not self.learned
 
     @property
     def built_by(self) -> RouteSource:
         """The live source whose run builds the atlas this source reads (itself when live)."""
+        if self.learned:
+            raise SpecFitError("learned routes read no atlas: no atlas build serves them")
         return next(s for s in ROUTE_SOURCES.values() if s.live and s.noisy == self.noisy)
 
 
@@ -41,6 +50,7 @@ ROUTE_SOURCES = {s.name: s for s in (
     RouteSource("noisy", live=False, noisy=True),  # measured runs: the atlas at `accuracy`
     RouteSource("live", live=True, noisy=False),  # the atlas build of "atlas"
     RouteSource("live-noisy", live=True, noisy=True),  # the atlas build of "noisy" (its trajectory differs)
+    RouteSource("learned", live=False, noisy=False, learned=True),  # measured runs: the predictor rule's predictor
 )}
 
 

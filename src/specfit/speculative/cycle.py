@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:
+    from specfit.models.eagle3 import Eagle3Drafter
+    from specfit.speculative.draft import DraftState
     from specfit.speculative.verify import Target
 
 
@@ -45,8 +47,8 @@ class Stopwatch:
 
 @dataclass
 class Cycle:
-    """One verification cycle of one request: where it stands, and the target for route queries (None when a
-    recorded cycle is replayed)."""
+    """One verification cycle of one request: where it stands, the target for route queries and the drafter state
+    for route predictions (None when a recorded cycle is replayed)."""
 
     request_id: int
     index: int
@@ -54,3 +56,5 @@ class Cycle:
     output: Sequence[int]  # the request's output so far, the root (at position prefix_len) last
     target: Target | None = None
     clock: Stopwatch = dataclasses.field(default_factory=Stopwatch)
+    drafter: Eagle3Drafter | None = None  # the drafter and its state after drafting: a learned route source's input
+    draft: DraftState | None = None

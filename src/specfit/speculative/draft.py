@@ -29,6 +29,7 @@ class DraftState:
     committed: int = 0  # drafter rows that belong to committed positions (= the target's prefix_len)
     logits: torch.Tensor | None = None  # [Vd] drafter logits at the root's row: level 1
     feature: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> [H] hidden its drafter row reads
+    root_input: torch.Tensor | None = None  # [H] hidden the root's own drafter row read (the fused target feature)
     row: dict[int, int] = field(default_factory=dict)  # expanded node -> its row in the drafter cache
     pending: tuple[list[int], torch.Tensor] | None = None  # committed tokens and their target aux [1, T, 3H]
 
@@ -55,6 +56,7 @@ def sync(drafter: Eagle3Drafter, state: DraftState) -> None:
     state.committed += T
     state.logits = logits[0, -1]  # [Vd]
     state.feature = {0: hidden_out[0, -1]}  # children of the root read the root row's output
+    state.root_input = hidden[0, -1]
     state.row = {}
     state.pending = None
 

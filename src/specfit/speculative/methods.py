@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from specfit.coefficients import DraftCost
 from specfit.errors import SpecFitError
 from specfit.io import read_json
 from specfit.selection.pool import CandidatePool, Pool
@@ -62,6 +63,11 @@ class Method:
 
     def reset(self) -> None:
         """Forget what earlier requests taught (the stream calls it after its warm-up request)."""
+
+    def residency(self, cycle: Cycle) -> np.ndarray | None:
+        """[L, N] bool: the experts each layer's cache held as ``cycle`` selected, as the method read them for its
+        cost; None for a method that reads no cache, or a cycle in which it read none. Reading it queries nothing."""
+        return None
 
 
 METHODS: dict[str, type[Method]] = {}
@@ -176,38 +182,42 @@ class SpecFit(Method):
 class SpecFitCA(SpecFit):
     """SpecFit that knows the expert cache and what drafting costs (beyond the paper; the paper's is `specfit`).
 
-    **Cost.** T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) + d·c: M counts the experts of the per-layer union that the
+    **Cost.** T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) + D(d): M counts the experts of the per-layer union that the
     layer's cache does not hold when the cycle selects (each is one host-to-device copy of the verify forward), H
-    those it holds, d the levels drafted and c the calibrated time of one drafted level. The residency is read
-    from the offload engine once per cycle; the search stays exact (`specfit.selection.select_specfit_ca`, with
-    intercepts b_k + d·c). Coefficients: the calibration's cache-aware NNLS fit to cycle times without their
-    drafting (``cache_aware.without_drafting``), so drafting is counted once, by d·c.
+    those it holds, and D(d) what drafting d levels cost (`specfit.coefficients.DraftCost`: the drafter's catch-up
+    on the committed tokens, which also gives level 1, each further level's drafter forward, and one selection per
+    level). The residency is read from the offload engine once per cycle; the search stays exact
+    (`specfit.selection.select_specfit_ca`, with intercepts b_k + D(d)). Coefficients: the calibration's
+    cache-aware NNLS fit to cycle times without their drafting (``cache_aware.without_drafting``), so drafting is
+    counted once, by D(d), and its ``drafting`` fit.
 
     **Depth.** After level d with selection Ŝ_d of ratio ρ_d, level d + 1 is drafted only if Ŝ_d holds a level-d
     node (the paper's rule) and level d + 1 could pay for itself. A subtree S of V<=d+1 is S' ∪ N with S' ⊆ V<=d
     and N at most w² new nodes (top-w expansion), each with path probability at most p_max, the largest of level
-    d: R̂(S) <= R̂(S') + ΔR, ΔR = min(w², K)·p_max. Drafting the level costs c (the calibrated ms of one level)
-    and the new nodes change T̂ by at least -Δb, Δb = max over i < j <= K of (b_i - b_j) (NNLS intercepts need not
-    grow with |S|), so T(S) >= T̂(S') + c', c' = c - Δb. Since R̂(S') <= ρ_d·T̂(S') for every S',
+    d: R̂(S) <= R̂(S') + ΔR, ΔR = min(w², K)·p_max. Drafting the level costs c = D(d+1) - D(d) (a drafter
+    forward and a selection) and the new nodes change T̂ by at least -Δb, Δb = max over i < j <= K of (b_i - b_j)
+    (NNLS intercepts need not grow with |S|), so T(S) >= T̂(S') + c', c' = c - Δb. Since R̂(S') <= ρ_d·T̂(S') for every S',
     (R̂(S') + ΔR) / (T̂(S') + c') <= ρ_d whenever ΔR <= ρ_d·c': then no subtree of V<=d+1 beats Ŝ_d, and drafting
     stops. (With c' <= 0 the rule is the paper's.)
 
     **Skipping.** Before level 1, a cycle drafts only if speculation has paid lately: over the last `HISTORY`
-    drafted cycles, the committed tokens per predicted ms, Σ(1 + accepted) / Σ(T̂(Ŝ) + levels·c), must exceed
+    drafted cycles, the committed tokens per predicted ms, Σ(1 + accepted) / Σ(T̂(Ŝ) + D(levels)), must exceed
     the root-only throughput the same cycles predicted, n / Σ T̂(∅). Otherwise the cycle verifies the root alone
-    (the drafter catches up later in one pass). Every `PROBE_EVERY`-th skipped cycle drafts anyway, so the
-    estimate follows the text; the first `MIN_HISTORY` cycles always draft. Everything it reads is known before
+    (the drafter catches up later in one pass). After `PROBE_EVERY` skipped cycles one drafts anyway (a probe), so
+    the estimate follows the text; a probe after which drafting still does not pay doubles the wait for the next
+    (up to `MAX_PROBE_EVERY`), one after which it pays resets it. The first `MIN_HISTORY` cycles always draft. Everything it reads is known before
     verification (predicted times, accepted counts of earlier cycles): the output is AR's whatever it decides.
     """
 
     HISTORY = 16
     MIN_HISTORY = 4
     PROBE_EVERY = 8
+    MAX_PROBE_EVERY = 64
 
-    def __init__(self, config: MethodConfig, b, beta_miss: float, beta_hit: float, level_ms: float, routes,
+    def __init__(self, config: MethodConfig, b, beta_miss: float, beta_hit: float, drafting: DraftCost, routes,
                  num_experts: int):
         super().__init__(config, b, beta_miss, routes, num_experts)
-        self.beta_miss, self.beta_hit, self.level_ms = float(beta_miss), float(beta_hit), float(level_ms)
+        self.beta_miss, self.beta_hit, self.drafting = float(beta_miss), float(beta_hit), drafting
         k = min(config.k_max, len(self.b) - 1)
         self.delta_b = max((float(self.b[i] - self.b[j]) for i in range(k + 1) for j in range(i + 1, k + 1)),
                            default=0.0)
@@ -216,6 +226,8 @@ class SpecFitCA(SpecFit):
     def reset(self):
         self.history: deque[tuple[float, float, int, int]] = deque(maxlen=self.HISTORY)  # (T̂(∅), T̂(Ŝ), d, acc.)
         self.skipped = 0
+        self.probe_every = self.PROBE_EVERY  # skipped cycles before the next probe
+        self._probing = False
         self._resident: tuple[Cycle | None, np.ndarray | None] = (None, None)
         self._last: tuple[float, float, int] | None = None  # (T̂(∅), T̂(Ŝ), levels) of the cycle being decided
 
@@ -224,32 +236,42 @@ class SpecFitCA(SpecFit):
         if "coefficients" not in inputs:
             raise SpecFitError("method specfit-ca needs the `coefficients` input (the calibration's fits)")
         c = read_json(inputs["coefficients"])
-        fit = c.get("cache_aware")  # null for the paper's presets: the paper's model, β for both, no level cost
+        fit = c.get("cache_aware")  # null for the paper's presets: the paper's model, β for both, free drafting
         if fit:
             verify = fit["without_drafting"]
-            b, beta_miss, beta_hit, level_ms = verify["b"], verify["beta_miss"], verify["beta_hit"], c["draft_level_ms"]
+            b, beta_miss, beta_hit = verify["b"], verify["beta_miss"], verify["beta_hit"]
         else:
-            b, beta_miss, beta_hit, level_ms = c["b"], c["beta"], c["beta"], 0.0
+            b, beta_miss, beta_hit = c["b"], c["beta"], c["beta"]
         routes = route_source_for(config, inputs, seed, num_experts)
-        return cls(config, b, beta_miss, beta_hit, level_ms, routes, num_experts)
+        return cls(config, b, beta_miss, beta_hit, DraftCost.of(c), routes, num_experts)
 
     def wants_draft(self, cycle):
-        if len(self.history) < self.MIN_HISTORY or self.skipped >= self.PROBE_EVERY:
-            self.skipped = 0
+        if len(self.history) < self.MIN_HISTORY:
             return True
+        if self.skipped >= self.probe_every:
+            self.skipped, self._probing = 0, True
+            return True
+        if self.drafting_pays():
+            return True
+        self.skipped += 1
+        return False
+
+    def drafting_pays(self) -> bool:
+        """Whether the recent drafted cycles committed more tokens per predicted ms than root-only cycles would."""
         t_root = sum(h[0] for h in self.history)
-        t_spec = sum(h[1] + h[2] * self.level_ms for h in self.history)
+        t_spec = sum(h[1] + self.drafting(h[2]) for h in self.history)
         committed = sum(1 + h[3] for h in self.history)
-        if len(self.history) / t_root >= committed / t_spec:
-            self.skipped += 1
-            return False
-        return True
+        return committed / t_spec > len(self.history) / t_root
 
     def committed(self, cycle, decision, accepted):
         if self._last is not None and decision.drafted_levels > 0:
             t_root, t_sel, levels = self._last
             self.history.append((t_root, t_sel, levels, accepted))
         self._last = None
+        if self._probing:  # a probe that leaves drafting unpaid waits twice as long for the next one
+            self._probing = False
+            pays = self.drafting_pays()
+            self.probe_every = self.PROBE_EVERY if pays else min(2 * self.probe_every, self.MAX_PROBE_EVERY)
 
     def view(self, cycle, pool):
         if self._resident[0] is not cycle:  # once per cycle: the cache does not change while the pool grows
@@ -257,18 +279,22 @@ class SpecFitCA(SpecFit):
             self._resident = (cycle, engine.resident() if engine is not None else None)
         return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1])
 
+    def residency(self, cycle):
+        read_in, resident = self._resident
+        return resident if read_in is cycle else None
+
     def choose(self, view, depth):
-        return select_specfit_ca(view, self.b + depth * self.level_ms, self.beta_miss, self.beta_hit, self.config.k_max)
+        return select_specfit_ca(view, self.b + self.drafting(depth), self.beta_miss, self.beta_hit, self.config.k_max)
 
     def draft_on(self, view, chosen, depth):
         if not holds_level(view, chosen, depth):
             return False
         p_max = max(float(view.path_prob[v]) for v in range(1, view.n + 1) if view.level[v] == depth)
         gain = min(self.config.top_k_expand ** 2, self.config.k_max) * p_max
-        return gain > chosen.reward / chosen.time * (self.level_ms - self.delta_b)
+        return gain > chosen.reward / chosen.time * (self.drafting.next_level_ms - self.delta_b)
 
     def decided(self, view, chosen, depth):
         root_only = float(self.b[0]) + self.beta_miss * view.expert_misses(()) + self.beta_hit * (
             view.expert_union(()) - view.expert_misses(()))
-        self._last = (root_only, chosen.time - depth * self.level_ms, depth)  # T̂ of verification alone
+        self._last = (root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
         return Decision(chosen.nodes, depth)

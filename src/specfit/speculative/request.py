@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specfit.models.eagle3 import Eagle3Drafter
-from specfit.records import pool_columns
+from specfit.records import pool_columns, resident_ids
 from specfit.selection.pool import CandidatePool
 from specfit.speculative.cycle import Cycle, Stopwatch
 from specfit.speculative.draft import DraftState, draft_level, new_draft_state, sync
@@ -82,7 +82,8 @@ class Session:
 
     def cycle(self) -> Cycle:
         """The next cycle, as a method sees it."""
-        return Cycle(self.request_id, self.cycles, self.target.prefix_len, self.output, self.target, self.clock)
+        return Cycle(self.request_id, self.cycles, self.target.prefix_len, self.output, self.target, self.clock,
+                     self.drafter, self.state)
 
     def draft(self, method: Method, times: dict) -> tuple[Cycle, CandidatePool, Decision]:
         """Draft the pool level by level until the method selects (at most ``room - 1`` levels: every cycle
@@ -141,7 +142,12 @@ class Session:
         return len(new)
 
     def step(self, method: Method) -> dict:
-        """One whole cycle; returns its row of `specfit.records.CYCLE_SCHEMA`."""
+        """One whole cycle; returns its row of `specfit.records.CYCLE_SCHEMA`.
+
+        ``resident`` is the residency the method read for its cost in this cycle (`Method.residency`: no engine
+        query of its own), null when it read none: methods without a cache-aware cost, and specfit-ca's cycles that
+        evaluated no pool (root only: skipped drafting, or no room left to draft).
+        """
         engine = self.target.engine
         h2d = h2d_transfers(engine)
         times = dict.fromkeys(SECTIONS, 0.0)
@@ -154,6 +160,7 @@ class Session:
             **pool_columns(pool), "selected": list(decision.nodes), "drafted_levels": decision.drafted_levels,
             "accepted": len(verdict.accepted), "accepted_path": verdict.accepted, "committed": committed,
             **{f"t_{k}_s": v for k, v in times.items()}, "h2d_transfers": h2d_transfers(engine) - h2d,
+            "resident": resident_ids(method.residency(cycle)),
         }
 
 

@@ -7,6 +7,7 @@ drafted so far.
   the offload engine's route recorder, outside the request timer. It keeps each answer as an atlas row.
 - `AtlasRoutes` (measured runs) reads those rows back, looking each node up by its content (the tokens it sees).
 - `NoisyRoutes` degrades another source to a given route accuracy.
+- `specfit.speculative.learned.LearnedRoutes` predicts them from the drafter's state (a trained predictor).
 
 Which source a method reads is its `specfit.speculative.config.RouteSource`; `route_source_for` builds it.
 Torch-free: the sources reach the target only through ``cycle.target``.
@@ -322,8 +323,15 @@ class NoisyRoutes:
 
 
 def route_source_for(config: MethodConfig, inputs: dict, seed: int, num_experts: int):
-    """The route source ``config.routes`` names, over the decode rule's ``inputs`` (the atlas to read)."""
+    """The route source ``config.routes`` names, over the decode rule's ``inputs`` (the atlas or predictor to read)."""
     source = config.route_source
+    if source.learned:
+        if "predictor" not in inputs:
+            raise SpecFitError(f"method {config.name} with 'learned' routes needs the `predictor` input (trained by "
+                               "the predictor rule)")
+        from specfit.speculative.learned import LearnedRoutes  # torch: only the decode of a learned run loads it
+
+        return LearnedRoutes(inputs["predictor"])
     if source.live:
         routes = LiveRoutes()
     elif "atlas" not in inputs:
@@ -332,3 +340,9 @@ def route_source_for(config: MethodConfig, inputs: dict, seed: int, num_experts:
     else:
         routes = AtlasRoutes(inputs["atlas"])
     return NoisyRoutes(routes, config.accuracy, seed, num_experts) if source.noisy else routes
+
+
+def predictor_cost(hidden_size: int, num_layers: int, num_experts: int) -> dict:
+    """Parameters and multiply-adds x 2 (FLOP) of one node's prediction, at any model's size."""
+    params = (2 * hidden_size + 1) * num_layers * num_experts
+    return {"params": params, "flop_per_node": 2 * (2 * hidden_size) * num_layers * num_experts}

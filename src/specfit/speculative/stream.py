@@ -2,7 +2,7 @@
 runs, and the atlas stage with live routes.
 
 Inputs: ``prompts`` (Parquet: `specfit.records.PROMPTS_SCHEMA`), ``target`` and ``drafter`` (checkpoint folders; no
-drafter for AR), ``coefficients`` and ``atlas`` (SpecFit only) and ``reference`` (an AR requests.parquet,
+drafter for AR), ``coefficients`` and ``atlas`` or ``predictor`` (SpecFit only, by route source) and ``reference`` (an AR requests.parquet,
 optional: the lossless check). Outputs: ``requests`` and ``cycles`` (Parquet, `specfit.records`), ``metrics``
 (JSON, `specfit.metrics`) and, with live routes, ``atlas``.
 
@@ -42,6 +42,7 @@ from specfit.metrics import stream_metrics
 from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, read_prompts
 from specfit.speculative.config import MethodConfig
+from specfit.speculative.learned import LearnedRoutes
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits, decode_request
 from specfit.speculative.routes import AtlasRoutes, find_source
@@ -118,6 +119,7 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
         drafter = load_drafter(inputs["drafter"], model, device=spec.torch_device, key=keys["drafter"])
     live = method.live
     atlas = find_source(getattr(method, "route_source", None), AtlasRoutes)  # routes replayed from an atlas
+    learned = find_source(getattr(method, "route_source", None), LearnedRoutes)  # routes from a route predictor
     if live is not None and "atlas" not in outputs:
         raise SpecFitError("live routes build an atlas: give the `atlas` output")
 
@@ -144,8 +146,9 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
         engine.clear_cache()
         engine.reset_stats()
         method.reset()
-        if atlas is not None:
-            atlas.reset_counts()
+        for source in (atlas, learned):
+            if source is not None:
+                source.reset_counts()
     progress = tqdm(total=len(prompts), initial=len(prompts) - len(todo), unit="req", desc=spec.method.name)
     tokens = seconds = 0.0
     for prompt in todo:
@@ -173,6 +176,10 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
         metrics.update(atlas_nodes=atlas.nodes_looked_up, atlas_nodes_missed=atlas.nodes_missed,
                        atlas_nodes_from_earlier_rows=atlas.nodes_from_earlier_rows,
                        atlas_prob_mismatches=atlas.prob_mismatches)
+    if learned is not None:  # the predictor's time, inside selection: its share of the decode cycles' time
+        t_cycles = metrics["ms_per_cycle"] * metrics["cycles"] / 1e3 if metrics["cycles"] else 0.0
+        share = 100.0 * learned.seconds / t_cycles if t_cycles > 0 else None
+        metrics["route_predictor"] = {**learned.stats(), "share_of_cycle_time_pct": share}
     metrics["lossless"] = None  # this run is the reference, or no AR run is configured beside it
     if "reference" in inputs:
         metrics["lossless"] = lossless_check(model, prompts, requests.to_pylist(), inputs["reference"])

@@ -1,0 +1,24 @@
+# Learned routes (beyond the paper): per model, a route predictor trained on EAGLE-3 decodes of questions no
+# workload evaluates; decode runs with `routes: learned` read it instead of an atlas.
+
+
+rule predictor:
+    input:
+        prompts=paths.prompts("{model}", "predictor"),
+        target=target_dir,
+        drafter=drafter_dir,
+    output:
+        predictor=directory(paths.predictor("{model}")),
+    log:
+        paths.log("predictor", "{model}"),
+    conda:
+        CONDA_ENV
+    resources:
+        gpu=lambda w: 1 if predictor_device(w)["torch_device"] == "cuda" else 0,
+    params:
+        spec=predictor_spec,
+        code=code_hash("specfit.predictor"),
+    shell:
+        "python -m specfit.predictor --spec {params.spec:q} --in prompts={input.prompts:q} "
+        "--in target={input.target:q} --in drafter={input.drafter:q} "
+        "--out predictor={output.predictor:q} > {log:q} 2>&1"

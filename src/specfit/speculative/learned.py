@@ -1,0 +1,120 @@
+"""Learned routes: SpecFit's route source without an oracle (beyond the paper; trained by `specfit.predictor`).
+
+`RoutePredictor` is the paper's estimated predictor (Section 4.6: a linear head from a hidden state to every MoE
+layer's router, 12.6M parameters at Qwen3-30B-A3B's size), fed with what the drafter holds for a node before
+verification: the two inputs of the node's own EAGLE-3 drafter row, the hidden state it reads (the fused target
+feature for the root, the drafter's output at the parent for a draft node) and its token's embedding::
+
+    x_v = [feature_v ; embed(token_v)]              [2H]
+    logits_v = W · (x_v - mean) / std + bias        [L, E] one router per MoE layer
+    Ê_{l,v} = top-k of logits_v[l]
+
+`LearnedRoutes` predicts inside the request timer (its time is selection time) from the cycle's drafter state
+alone: it never reads the atlas or runs the target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from specfit.errors import SpecFitError
+from specfit.selection.pool import CandidatePool
+from specfit.speculative.cycle import Cycle
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+
+
+class RoutePredictor(nn.Module):
+    """One linear router per MoE layer over a node's drafter inputs: [N, 2H] -> logits [N, L, E]."""
+
+    def __init__(self, hidden_size: int, num_layers: int, num_experts: int, top_k: int):
+        super().__init__()
+        self.hidden_size, self.num_layers, self.num_experts, self.top_k = hidden_size, num_layers, num_experts, top_k
+        self.head = nn.Linear(2 * hidden_size, num_layers * num_experts)
+        self.register_buffer("mean", torch.zeros(2 * hidden_size))  # input standardization, from the training data
+        self.register_buffer("std", torch.ones(2 * hidden_size))
+
+    @property
+    def config(self) -> dict:
+        return {"hidden_size": self.hidden_size, "num_layers": self.num_layers, "num_experts": self.num_experts,
+                "top_k": self.top_k}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, 2H] -> router logits [N, L, E]."""
+        x = (x.to(self.mean.dtype) - self.mean) / self.std
+        return self.head(x).view(-1, self.num_layers, self.num_experts)
+
+    @torch.no_grad()
+    def routes(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, 2H] -> predicted experts [N, L, k] (int64)."""
+        return self(x).topk(self.top_k, dim=-1).indices
+
+    def save(self, path) -> None:
+        path = Path(path)
+        (path / CONFIG).write_text(json.dumps(self.config, indent=2, sort_keys=True) + "\n")
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, path / WEIGHTS)
+
+    @classmethod
+    def load(cls, path, device="cpu") -> RoutePredictor:
+        path = Path(path)
+        if not (path / CONFIG).exists() or not (path / WEIGHTS).exists():
+            raise SpecFitError(f"{path} holds no route predictor ({CONFIG} and {WEIGHTS}): the predictor rule "
+                               "writes one")
+        predictor = cls(**json.loads((path / CONFIG).read_text()))
+        predictor.load_state_dict(load_file(path / WEIGHTS))
+        return predictor.to(device).eval()
+
+
+def node_inputs(drafter, state, pool: CandidatePool, nodes: list[int]) -> torch.Tensor:
+    """[len(nodes), 2H] the predictor's inputs: the hidden state each node's drafter row reads, its token's embedding.
+
+    ``state`` is the cycle's `specfit.speculative.draft.DraftState` after drafting: ``root_input`` for the root,
+    ``feature[v]`` for draft node v.
+    """
+    features = torch.stack([state.root_input if v == 0 else state.feature[v] for v in nodes])  # [N, H]
+    tokens = torch.tensor([pool.token[v] for v in nodes], device=features.device)  # [N]
+    return torch.cat([features, drafter.embed_tokens(tokens).to(features.dtype)], dim=-1)  # [N, 2H]
+
+
+class LearnedRoutes:
+    """Routes predicted from the cycle's drafter state (`RoutePredictor`), inside the request timer.
+
+    Each node is predicted once per cycle, when the pool first holds it (the pool grows level by level). It reads
+    the cycle's drafter and drafter state only: no atlas, no target query. ``seconds`` and ``nodes`` count its work.
+    """
+
+    full_pool = False
+
+    def __init__(self, path):
+        self.predictor = RoutePredictor.load(path)
+        self.reset_counts()
+        self._cycle: Cycle | None = None
+        self._routes: list[np.ndarray] = []  # [L, k] per node predicted this cycle
+
+    def routes(self, cycle: Cycle, pool: CandidatePool) -> np.ndarray:
+        start = cycle.clock.now()
+        if self._cycle is not cycle:
+            self._cycle, self._routes = cycle, []
+            self.cycles += 1
+        new = list(range(len(self._routes), pool.n + 1))
+        if new:
+            x = node_inputs(cycle.drafter, cycle.draft, pool, new)  # [N, 2H]
+            if self.predictor.mean.device != x.device:
+                self.predictor.to(x.device)
+            self._routes.extend(self.predictor.routes(x).cpu().numpy())
+            self.nodes += len(new)
+        self.seconds += cycle.clock.now() - start
+        return np.stack(self._routes)  # [n+1, L, k]
+
+    def reset_counts(self) -> None:
+        self.seconds, self.nodes, self.cycles = 0.0, 0, 0
+
+    def stats(self) -> dict:
+        return {"seconds": self.seconds, "nodes": self.nodes, "cycles": self.cycles}
