@@ -8,6 +8,7 @@ from specfit.speculative.config import ROUTED_RULES
 from specfit.workflow import (
     DecodeRun,
     code_hash,
+    decode_inputs as workflow_decode_inputs,
     decode_runs,
     evaluated_question_ids,
     method_config,
@@ -179,17 +180,7 @@ def decode_spec(w):
 
 def decode_inputs(w):
     run = run_of(w)
-    inputs = {"prompts": paths.prompts(w.model, w.workload), "target": target_dir(w)}
-    kind = method_rule(config, w.method)
-    if kind != "ar":
-        inputs["drafter"] = drafter_dir(w)
-    if kind in ROUTED_RULES:
-        inputs["coefficients"] = paths.calibration(w.model, w.device, run.cache)
-        if method_config(config, w.method).route_source.learned:
-            inputs["predictor"] = paths.predictor(w.model)
-        else:
-            variant = paths.atlas_variant(w.method, w.slots)
-            inputs["atlas"] = paths.atlas(w.model, w.device, w.workload, variant)
+    inputs = workflow_decode_inputs(config, run)
     reference = reference_run(config, run)
     if reference is not None:
         inputs["reference"] = reference.file("requests.parquet")

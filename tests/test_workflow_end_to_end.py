@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from specfit.report.inputs import DRAFT_KEYS, METRICS
-from specfit.workflow import decode_runs, method_rule, validate_config
+from specfit.workflow import decode_runs, load_config, method_rule
 from report.report_md import find, key_of, md_tables
 
 pytestmark = pytest.mark.slow
@@ -57,20 +57,8 @@ def workflow(root, questions_path, tmp_path_factory):
     raw.mkdir(parents=True)
     (raw / "question.jsonl").symlink_to(questions_path)
     snakemake(workdir, "--cores", "1", "reports/all")
-    config = yaml.safe_load((workdir / "config.yaml").read_text())
-    smoke = yaml.safe_load((workdir / "smoke.yaml").read_text())
-    config["runs"] = smoke.pop("runs")
-    for key, value in smoke.items():  # snakemake's merge of --configfile: nested dicts update
-        _update(config.setdefault(key, {}), value)
-    return workdir, validate_config(config, workdir / "workflow/schemas/config.schema.yaml")
-
-
-def _update(into: dict, new: dict) -> None:
-    for k, v in new.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _update(into[k], v)
-        else:
-            into[k] = v
+    return workdir, load_config(workdir / "config.yaml", workdir / "workflow/schemas/config.schema.yaml",
+                                workdir / "smoke.yaml")  # merged as snakemake's --configfile merges them
 
 
 def test_every_run_is_lossless_against_ar(workflow):
@@ -136,3 +124,15 @@ def test_incremental_reruns(workflow, tmp_path):
                  "methods": ["eagle3"], "slots": [1]})
     (workdir / "slots1.yaml").write_text(yaml.safe_dump({"runs": runs}))
     assert scheduled(workdir, "slots1.yaml") == {"decode": 1, "report": 1}  # a new cache size: only its run
+
+
+def test_paired_bench_times_two_methods_in_one_process(workflow):
+    """`python -m specfit.bench paired` reads the workflow's files and prints both TPS, the paired ratio and the
+    outputs' identity."""
+    workdir, _ = workflow
+    proc = subprocess.run([sys.executable, "-m", "specfit.bench", "paired", "--configfile", "smoke.yaml",
+                           "--cell", "toy/cpu-a100link/gsm8k/4", "--methods", "ar", "specfit-ca", "--repeats", "1"],
+                          cwd=workdir, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "emulated link" in proc.stdout and "outputs identical: 2 of 2" in proc.stdout
+    assert "specfit-ca / ar: " in proc.stdout and "paired bootstrap over 2 requests" in proc.stdout

@@ -175,7 +175,7 @@ def cache_aware_theory(cycles: list[RecordedCycle], cost: CacheAwareCost, k_max:
                        beta_multiplier: float = 2.0) -> dict:
     """Table 5 for one workload under specfit-ca's cache-aware cost (`table_5` with `CacheAwareCost`), beyond the
     paper, with two more quantities: the mean M(Ŝ)/R̂(Ŝ) at β and 2β (experts copied per unit of predicted reward),
-    and the cycles priced with nothing resident, those that recorded no residency (root only: the method read none).
+    and the cycles priced with nothing resident, those that recorded no residency (at the length limit).
     """
     table, (at_beta, at_2beta) = table_5(cycles, cost, k_max, max_depth, beta_multiplier)
     return {
@@ -283,10 +283,11 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas, limits: dic
     request the output is cut at EOS or the limit: there the recorded path is the longer one.
 
     A cycle that drafted nothing (at the length limit, or a specfit-ca cycle that skipped drafting) keeps the root
-    alone: its pool is the root, whose routes no run read (SpecFit reads none for an empty pool); one token's
-    union is ``top_k`` experts in each layer whichever they are, so it gets experts 0..top_k-1, which gives the
-    paper's T̂ exactly. Its residency is unknown (specfit-ca reads none without a pool), so the cache-aware cost
-    takes nothing as resident: all ``top_k`` experts of a layer missed, the most a root alone can copy.
+    alone. Without a recorded residency (SpecFit, or the length limit) its root's routes are not looked up: one
+    token's union is ``top_k`` experts in each layer whichever they are, so it gets experts 0..top_k-1, which gives
+    the paper's T̂ exactly, and the cache-aware cost takes nothing as resident. A specfit-ca cycle that skipped
+    drafting records the residency (read off the timers), and its root's routes come from the atlas (whose build
+    drafts in every cycle), so the cache-aware cost prices it exactly.
 
     A drafted cycle's pool carries the residency the cycle recorded (the ``resident`` column; none when null).
 
@@ -316,15 +317,16 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas, limits: dic
         cap = None if limits is None else depth_cap(max_depth, limits["limit_tokens"], limits["max_new_tokens"],
                                                     c["prefix_len"], start + 1)
         candidates = CandidatePool(c["pool_token"], c["pool_parent"], c["pool_prob"], c["pool_level"])
-        if candidates.n == 0:  # at the length limit nothing was drafted: the root alone, no route to look up
-            pool = candidates.view(root_routes, num_experts)
+        cycle = Cycle(key[0], key[1], c["prefix_len"], output[: start + 1])
+        resident = resident_mask(c.get("resident"), num_experts)  # [L, N] or None
+        if candidates.n == 0:  # nothing drafted: the root alone
+            routes = root_routes if resident is None else atlas.routes(cycle, candidates)  # [1, L, k]
+            pool = candidates.view(routes, num_experts, resident)
             recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], (), c["drafted_levels"], cap))
             continue
         path = accepted_path_in_pool(c["pool_parent"], c["pool_token"], output[start + 1 :])
         if len(path) < len(c["accepted_path"]):
             path = tuple(c["accepted_path"])
-        cycle = Cycle(key[0], key[1], c["prefix_len"], output[: start + 1])
-        resident = resident_mask(c.get("resident"), num_experts)  # [L, N] or None
         pool = candidates.view(atlas.routes(cycle, candidates), num_experts, resident)
         recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], path, c["drafted_levels"], cap))
     return recorded

@@ -74,10 +74,22 @@ def validate_config(config: dict, schema_path: str | Path) -> dict:
 SCHEMA = "workflow/schemas/config.schema.yaml"  # relative to the workflow root, as the Snakefile finds it
 
 
-def load_config(path: str | Path = "config.yaml", schema: str | Path = SCHEMA) -> dict:
-    """A config file, validated and with its defaults filled, as the workflow sees it (for benchmarks and tools
-    run from the workflow root)."""
-    return validate_config(yaml.safe_load(Path(path).read_text()), schema)
+def load_config(path: str | Path = "config.yaml", schema: str | Path = SCHEMA, *overlays: str | Path) -> dict:
+    """A config file with ``overlays`` merged over it as Snakemake's ``--configfile`` merges them (nested mappings
+    update, anything else is replaced), validated and with its defaults filled, as the workflow sees it (for
+    benchmarks and tools run from the workflow root)."""
+    config = yaml.safe_load(Path(path).read_text())
+    for overlay in overlays:
+        _merge(config, yaml.safe_load(Path(overlay).read_text()))
+    return validate_config(config, schema)
+
+
+def _merge(into: dict, new: dict) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def _check_references(config: dict) -> None:
@@ -192,6 +204,24 @@ def evaluated_question_ids(config: dict) -> list[int]:
         if workload_source(config, workload) is None:
             ids.update(workload_ids(config, workload))
     return sorted(ids)
+
+
+def decode_inputs(config: dict, run: DecodeRun) -> dict[str, str]:
+    """The files a decode run reads, by the stage's input names (the decode rule's inputs; `specfit.bench.paired`):
+    prompts and checkpoints, and for a method that selects by routes its coefficients and its atlas or predictor."""
+    model = config["models"][run.model]
+    inputs = {"prompts": paths.prompts(run.model, run.workload), "target": model["target"]}
+    kind = method_rule(config, run.method)
+    if kind != "ar":
+        inputs["drafter"] = model["drafter"]
+    if kind in ROUTED_RULES:
+        inputs["coefficients"] = paths.calibration(run.model, run.device, run.cache)
+        if method_config(config, run.method).route_source.learned:
+            inputs["predictor"] = paths.predictor(run.model)
+        else:
+            variant = paths.atlas_variant(run.method, run.slots)
+            inputs["atlas"] = paths.atlas(run.model, run.device, run.workload, variant)
+    return inputs
 
 
 def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:

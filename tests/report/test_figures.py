@@ -218,4 +218,4 @@ def test_theory_rows_for_the_length_limit(built):
     cells = cells_of(rows)
     assert cells["Cycles stopped before the deepest level they could draft (%)"] == ["55.5", "33.7"]
     assert cells["Cycles whose depth the length limit capped"] == ["7", "–"]
-    assert cells["… of which drafted nothing (root only)"] == ["2", "–"]
+    assert cells["Cycles that drafted nothing (root only)"] == ["2", "–"]

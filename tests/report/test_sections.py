@@ -205,7 +205,7 @@ def test_theory_under_the_cache_aware_cost_beside_the_papers(tree):
     assert (cells["Cycles"], cells["λ* − Θ (% of λ*)"], cells["Bound of Equation 7 (% of λ*)"]) == ("98", "2.41",
                                                                                                        "3.75")
     assert cells["Mean M(Ŝ)/R̂(Ŝ) at β / 2β (experts copied)"] == "4.2 / 3.5"
-    assert cells["Cycles priced with nothing resident (root only: no residency read)"] == "11"
+    assert cells["Cycles priced with nothing resident (no residency recorded)"] == "11"
     assert cells["Mean F(Ŝ)/R̂(Ŝ) at β / 2β"] == f"{ca['union_per_reward_beta']:.1f} / 31.2"
     theory = section(md, "Selection theory on the recorded pools (Table 5)")
     assert theory.index("Theory on the pools SpecFit recorded") < theory.index(caption)

@@ -81,8 +81,8 @@ def test_residency_is_read_from_the_engine_once_per_cycle(offloaded, oracle, pro
 
 def test_cycle_rows_record_the_residency_specfit_ca_read(offloaded, oracle, prompts, limits, ar, monkeypatch):
     """The ``resident`` column holds, per layer, the experts engine.resident() gave the cycle's selection, and
-    survives CYCLE_SCHEMA; null in cycles that evaluated no pool and for methods that read no cache, which query
-    nothing."""
+    survives CYCLE_SCHEMA; a skipped cycle reads it too (off the timers); null where the length limit left nothing to
+    decide and for methods that read no cache, which query nothing."""
     model, engine = offloaded
     reads = []
     real = engine.resident
@@ -92,12 +92,14 @@ def test_cycle_rows_record_the_residency_specfit_ca_read(offloaded, oracle, prom
     method.committed = lambda cycle, decision, accepted: None  # keep the planted history
     cycles = [c for r in run(model, oracle, method, prompts[:2], limits, engine, ar) for c in r.cycles]
     drafted = [c for c in cycles if len(c["pool_token"]) > 1]
-    assert len(reads) == len(drafted) > 0 and len(drafted) < len(cycles)
-    for c, resident in zip(drafted, reads):
+    recorded = [c for c in cycles if c["resident"] is not None]  # drafted and skipped: read once per cycle
+    assert 0 < len(drafted) < len(recorded) and len(reads) == len(recorded)
+    for c, resident in zip(recorded, reads):
         assert c["resident"] == [np.flatnonzero(layer).tolist() for layer in resident]
         assert len(c["resident"]) == 2 and all(len(layer) <= 3 for layer in c["resident"])
     assert sum(len(layer) for c in drafted for layer in c["resident"]) > 0  # the cache held something
-    assert all(c["resident"] is None for c in cycles if len(c["pool_token"]) == 1)
+    # only cycles the length limit left without room to draft decide nothing and record nothing
+    assert all(c["drafted_levels"] == 0 and len(c["pool_token"]) == 1 for c in cycles if c["resident"] is None)
     table = pa.Table.from_pylist(cycles, schema=CYCLE_SCHEMA)
     for c, back in zip(cycles, table.column("resident").to_pylist()):
         mask = resident_mask(back, 8)
@@ -209,6 +211,7 @@ def test_an_atlas_build_records_the_cycles_it_verifies_the_root_alone_in(target,
 def test_probes_back_off_while_drafting_does_not_pay_and_reset_when_it_does():
     """Skipped cycles before each probe: PROBE_EVERY, then doubling up to MAX_PROBE_EVERY while the probes commit
     nothing; a probe after which drafting pays brings back PROBE_EVERY."""
+    from specfit.speculative.cycle import Cycle
     from specfit.speculative.methods import Decision
 
     method = ca(None)
@@ -217,7 +220,7 @@ def test_probes_back_off_while_drafting_does_not_pay_and_reset_when_it_does():
     def cycles(n, accepted):
         drafted = []
         for i in range(n):
-            if method.wants_draft(None):
+            if method.wants_draft(Cycle(0, i, 0, [0])):  # no target: no cache to read
                 drafted.append(i)
                 method._last = (1.0, 1.0, 1)  # T̂(∅), T̂(Ŝ) of verification, one level (drafting is free here)
                 method.committed(None, Decision((1,), 1), accepted)

@@ -123,7 +123,7 @@ THEORY = (
     TheoryRow(("stopped_early_pct",), "Cycles stopped before the deepest level they could draft (%)",
               "stopped_before_5_pct", ".1f"),
     TheoryRow(("length_limited_cycles",), "Cycles whose depth the length limit capped", None, "d"),
-    TheoryRow(("empty_pool_cycles",), "… of which drafted nothing (root only)", None, "d"),
+    TheoryRow(("empty_pool_cycles",), "Cycles that drafted nothing (root only)", None, "d"),
     TheoryRow(("recorded_selection_differs_pct",), "Cycles where reselection differs from the recorded Ŝ (%)", None,
               ".1f"),
     TheoryRow(("dinkelbach_iterations",), "Dinkelbach iterations", None, "d"),
@@ -132,7 +132,7 @@ THEORY = (
 THEORY_CACHE_AWARE = (
     TheoryRow(("misses_per_reward_beta", "misses_per_reward_2beta"), "Mean M(Ŝ)/R̂(Ŝ) at β / 2β (experts copied)",
               None, ".1f"),
-    TheoryRow(("cycles_without_residency",), "Cycles priced with nothing resident (root only: no residency read)",
+    TheoryRow(("cycles_without_residency",), "Cycles priced with nothing resident (no residency recorded)",
               None, "d"),
 )
 THEORY_REQUIRED = tuple(k for row in THEORY for k in row.keys)

@@ -396,8 +396,9 @@ class Group:
                          "selection's per-layer union that the layer's cache did not hold as the cycle selected (each "
                          "cycle records that residency), H(S) those it held, and D(d) what drafting the cycle's d "
                          "levels costs (the calibration's drafting fit). \"2β\" doubles β_miss and β_hit, not the "
-                         "intercepts b_|S| + D(d). A cycle that drafted nothing (specfit-ca skipped drafting, or the "
-                         "length limit left no room) read no residency and is priced with nothing resident; a skipped "
+                         "intercepts b_|S| + D(d). A cycle in which specfit-ca skipped drafting records the residency "
+                         "too (read off the timers) and is priced as the root alone with its atlas routes; one the "
+                         "length limit left without room records none and is priced with nothing resident. A skipped "
                          "cycle counts as stopped early. λ* and Θ are predicted under this cost on specfit-ca's own "
                          "trajectory: not comparable with those of the paper's model.")
 

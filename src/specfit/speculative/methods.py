@@ -254,6 +254,8 @@ class SpecFitCA(SpecFit):
         if self.drafting_pays():
             return True
         self.skipped += 1
+        with cycle.clock.excluded():  # for the record only (theory prices the root alone with it), off the timers
+            self._read_resident(cycle)
         return False
 
     def drafting_pays(self) -> bool:
@@ -275,9 +277,12 @@ class SpecFitCA(SpecFit):
 
     def view(self, cycle, pool):
         if self._resident[0] is not cycle:  # once per cycle: the cache does not change while the pool grows
-            engine = cycle.target.engine if cycle.target is not None else None
-            self._resident = (cycle, engine.resident() if engine is not None else None)
+            self._read_resident(cycle)
         return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1])
+
+    def _read_resident(self, cycle: Cycle) -> None:
+        engine = cycle.target.engine if cycle.target is not None else None
+        self._resident = (cycle, engine.resident() if engine is not None else None)
 
     def residency(self, cycle):
         read_in, resident = self._resident

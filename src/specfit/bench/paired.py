@@ -1,0 +1,94 @@
+"""``python -m specfit.bench paired``: two methods of one decode cell timed in one process, request by request.
+
+The workflow runs each method in its own decode job, so a difference between two runs carries whatever the
+machine did between them (seen on the toy: a few percent between DAG runs, more than the bootstrap intervals
+over requests cover). Here both methods decode every prompt of the cell in the same process on the same loaded
+model and engine, alternating which goes first (A B, then B A), each request starting from an empty expert
+cache, for ``--repeats`` rounds. The ratio of decode TPS comes with a paired bootstrap over the (round, request)
+pairs (`specfit.intervals.ratio_interval`). Both methods' outputs are compared token for token.
+
+It reads the workflow's own files (prompts, coefficients, atlas or predictor: `specfit.workflow.decode_inputs`),
+so run the DAG (or the cell's decode jobs) first. Timings over an emulated link are labelled so.
+
+    python -m specfit.bench paired --cell toy/cpu-a100link/gsm8k/12 --methods ar specfit-ca
+    python -m specfit.bench paired --cell toy/cpu-a100link/gsm8k/4 --methods ar specfit-ca --configfile smoke.yaml
+"""
+
+import argparse
+
+import torch
+
+from specfit.engine import make_engine
+from specfit.intervals import ratio_interval, tps_interval
+from specfit.models import eos_ids, load_drafter, load_target
+from specfit.records import read_prompts
+from specfit.speculative.methods import build_method
+from specfit.speculative.request import Limits, decode_request
+from specfit.workflow import SCHEMA, DecodeRun, decode_inputs, load_config, method_config
+
+ROUND = 100_000  # request ids of round r: r * ROUND + request_id (pairs stay paired in the bootstrap)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="config.yaml", help="the workflow's config (run from its root)")
+    parser.add_argument("--configfile", nargs="*", default=[], help="configs merged over it, as with snakemake")
+    parser.add_argument("--cell", required=True, help="model/device/workload/slots, e.g. toy/cpu-a100link/gsm8k/12")
+    parser.add_argument("--methods", nargs=2, required=True, metavar=("A", "B"), help="method names of the config")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over the cell's prompts")
+    parser.add_argument("--max-requests", type=int, default=None)
+    args = parser.parse_args(argv)
+    config = load_config(args.config, SCHEMA, *args.configfile)
+    model_name, device_name, workload, slots = args.cell.split("/")
+    device, wl = config["devices"][device_name], config["workloads"][workload]
+    runs = {m: DecodeRun(model_name, device_name, workload, m, int(slots)) for m in args.methods}
+    dtype = config["models"][model_name]["dtype"]
+
+    inputs = {m: decode_inputs(config, run) for m, run in runs.items()}
+    first = inputs[args.methods[0]]
+    model, _ = load_target(first["target"], dtype, "cpu", key=f"models.{model_name}.target",
+                           logits_dtype=config["models"][model_name]["logits_dtype"])
+    engine = make_engine(model, int(slots), device["max_inflight"], device["link"], device["torch_device"])
+    methods = {m: build_method(method_config(config, m), inputs[m], config["seed"], engine.num_experts)
+               for m in args.methods}
+    drafter_path = next((i["drafter"] for i in inputs.values() if "drafter" in i), None)
+    drafter = None if drafter_path is None else load_drafter(drafter_path, model, device=device["torch_device"],
+                                                             key=f"models.{model_name}.drafter")
+    prompts = read_prompts(first["prompts"], args.max_requests)
+    limits = Limits(wl["limit_tokens"], wl["max_new_tokens"] or wl["limit_tokens"], eos_ids(model))
+
+    def decode(name: str, prompt: dict, limits: Limits, request_id: int) -> dict:
+        method = methods[name]
+        engine.clear_cache()
+        return decode_request(model, drafter if method.drafts else None, method, prompt["prompt_ids"],
+                              request_id=request_id, question_id=prompt["question_id"], limits=limits,
+                              engine=engine).request
+
+    with torch.inference_mode():
+        warmup = Limits(limits.limit_tokens, min(8, limits.max_new_tokens), limits.eos_ids)
+        for name, method in methods.items():
+            decode(name, prompts[0], warmup, prompts[0]["request_id"])
+            method.reset()
+        requests = {m: [] for m in args.methods}
+        for round_ in range(args.repeats):
+            for i, prompt in enumerate(prompts):
+                order = args.methods if (i + round_) % 2 == 0 else args.methods[::-1]
+                for name in order:
+                    requests[name].append(decode(name, prompt, limits, round_ * ROUND + prompt["request_id"]))
+
+    a, b = args.methods
+    same = sum(x["output_ids"] == y["output_ids"] for x, y in zip(requests[a], requests[b]))
+    label = engine.timing_label
+    print(f"{args.cell}: {a} vs {b}, {len(prompts)} prompts x {args.repeats} rounds in one process, alternating "
+          f"order, empty expert cache before every request; timings: {label}")
+    for name in args.methods:
+        t = tps_interval(requests[name], seed=config["seed"])
+        print(f"  {name:16s} decode TPS {t['value']:8.2f} [{t['low']:.2f}, {t['high']:.2f}]")
+    r = ratio_interval(requests[b], requests[a], seed=config["seed"])
+    print(f"  {b} / {a}: {r['value']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] {r['verdict']} "
+          f"(paired bootstrap over {r['n']} requests)")
+    print(f"  outputs identical: {same} of {len(requests[a])}")
+
+
+if __name__ == "__main__":
+    main()
