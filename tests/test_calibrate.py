@@ -93,7 +93,8 @@ def test_drafting_fit_in_the_json(fitted):
     start, level, r2 = fit_drafting(levels, np.concatenate([p["draft_repeats_ms"] for p in used]))
     d = coefficients["drafting"]
     assert (d["start_ms"], d["level_ms"], d["r2"], d["n_points"]) == pytest.approx((start, level, r2, 2 * len(used)))
-    assert d["select_ms"] > 0
+    assert all(p["select_ms"] > 0 for p in points)  # every probe drafts at least one level, then selects
+    assert d["select_ms"] == pytest.approx(sum(p["select_ms"] for p in points) / sum(p["levels"] for p in points))
     cost = DraftCost.of(coefficients)
     assert cost(0) == 0 and cost(2) == pytest.approx(d["start_ms"] + d["level_ms"] + 2 * d["select_ms"])
 

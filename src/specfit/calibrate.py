@@ -23,8 +23,8 @@ on the probe means as well (``pred_ms``, ``pred_ca_ms`` against ``y_ms``), the p
 ``draft_level_ms`` is the drafting time of one level: Σ draft time / Σ drafted levels over every repeat.
 ``drafting`` is specfit-ca's model of it (`specfit.coefficients.DraftCost`): a drafted cycle's "draft" section is
 start + (levels - 1)·level (NNLS over the probes that caught the drafter up: level 1 reads the catch-up forward's
-logits, so the first level costs what the catch-up costs), and ``select_ms`` one cache-aware selection, timed on
-the probe states' pools cut at every level.
+logits, so the first level costs what the catch-up costs), and ``select_ms`` one cache-aware selection: each probe
+runs specfit-ca's selection after every level it drafts, as a decode would (`Probe`), timed apart from the cycle.
 
 spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device", "max_inflight", "link",
        "slots" (0: the no-cache fit),
@@ -40,7 +40,6 @@ outputs: coefficients (JSON: b, beta in ms, fit diagnostics; "cache_aware": {b, 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,9 +53,9 @@ from specfit.io import write_json, write_parquet
 from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import POINTS_SCHEMA, read_prompts
 from specfit.selection.pool import CandidatePool
-from specfit.selection.selectors import select_min_union, select_specfit_ca, select_top_prob
+from specfit.selection.selectors import select_min_union, select_top_prob
 from specfit.speculative.config import MethodConfig
-from specfit.speculative.methods import Decision, Method, build_method
+from specfit.speculative.methods import Decision, Method, SpecFitCA, build_method
 from specfit.speculative.request import Limits, Session
 from specfit.speculative.tree import crop
 from specfit.stage import stage_main
@@ -67,17 +66,45 @@ TRAJECTORY = MethodConfig(name="eagle3")  # the paper's generator: top-2 expansi
 PROBE_TREES = ("prob", "union")  # probability-prefix and minimum-expert-union probe trees
 
 
+class _StateRoutes:
+    """The probe state's routes as a route source (the atlas's role in a measured run), for `time_selection`."""
+
+    full_pool = False
+
+    def __init__(self, routes: np.ndarray):
+        self.routes_of_pool = routes  # [n+1, L, k]
+
+    def routes(self, cycle, pool: CandidatePool) -> np.ndarray:
+        return self.routes_of_pool[: pool.n + 1]
+
+
 class Probe(Method):
-    """A probe cycle as a method: draft ``levels`` levels, then verify ``nodes`` (EAGLE-3's drafting)."""
+    """A probe cycle as a method: draft ``levels`` levels, then verify ``nodes`` (EAGLE-3's drafting).
+
+    After every level the ``shadow`` method (specfit-ca over the state's routes) selects too, as it would in a
+    decode, and its decision is dropped: the cycle's "select" section times a real selection between real drafter
+    and target forwards (a selection timed in a loop of its own runs on warm CPU caches and takes a fraction of it).
+    """
 
     name = "probe"
 
-    def __init__(self, nodes: tuple[int, ...], levels: int):
+    def __init__(self, nodes: tuple[int, ...], levels: int, shadow: Method | None = None):
         super().__init__(TRAJECTORY)
-        self.nodes, self.levels = nodes, levels
+        self.nodes, self.levels, self.shadow = nodes, levels, shadow
 
     def select(self, cycle, pool, final):
-        return Decision(self.nodes, pool.depth) if final or pool.depth >= self.levels else None
+        last = final or pool.depth >= self.levels
+        if self.shadow is not None:
+            self.shadow.select(cycle, pool, last)
+        return Decision(self.nodes, pool.depth) if last else None
+
+
+def shadow_selection(state: ProbeState, num_experts: int, cache: bool) -> Method:
+    """specfit-ca over ``state``'s routes, with the paper's A100 coefficients (what it selects does not matter,
+    only what selecting costs)."""
+    coefficients = {**preset("paper-a100", cache), "cache_aware": None, "drafting": None}
+    return SpecFitCA.from_coefficients(MethodConfig(name="specfit-ca"), coefficients, _StateRoutes(state.routes),
+                                       num_experts)
 
 
 @dataclass
@@ -180,32 +207,35 @@ def probe_trees(state: ProbeState, num_experts: int, sizes: int):
 class ProbeRun:
     """One timed probe cycle: its time, its drafting, and the verify forward's expert misses and hits."""
 
-    cycle_s: float
+    cycle_s: float  # the whole cycle but the shadow selection
     draft_s: float  # the Session's "draft" section: drafter catch-up and the drafted levels
+    select_s: float  # the shadow selection's "select" sections (specfit-ca's selection after every level)
     levels: int  # pool levels drafted
     caught_up: int  # committed tokens the drafter caught up on first (0 right after prefill)
     misses: int  # experts of the union copied by the cycle, summed over layers (M)
     hits: int  # experts of the union resident when the cycle's forward met them (H)
 
 
-def probe_cycle(traj: Trajectory, expected: CandidatePool, nodes: tuple[int, ...]) -> ProbeRun:
+def probe_cycle(traj: Trajectory, expected: CandidatePool, nodes: tuple[int, ...], shadow: Method | None = None
+                ) -> ProbeRun:
     """One cycle that drafts min(depth(S) + 1, 5) levels, verifies S ∪ {s} and commits; then undo it."""
     levels = min(max((expected.level[v] for v in nodes), default=0) + 1, expected.depth)
     session = traj.session
     engine = session.target.engine
     snap = Snapshot.take(session)
     caught_up = len(session.state.pending[0]) if session.state.pending is not None else 0
-    times: dict[str, float] = {"draft": 0.0}
+    times: dict[str, float] = {"draft": 0.0, "select": 0.0}
     before = engine.stats() if engine is not None else None
     with session.clock.section(times, "cycle"):
-        _, pool, decision = session.draft(Probe(nodes, levels), times)
+        _, pool, decision = session.draft(Probe(nodes, levels, shadow), times)
         session.commit(pool, session.verify(pool, decision.nodes, {}), {})
     after = engine.stats() if engine is not None else None
     if pool.token != expected.token[: len(pool.token)]:
         raise SpecFitError(f"question {traj.question_id}, cycle {traj.cycle}: the probe drafted another pool")
     snap.restore(session)
     misses, hits = ((after[c] - before[c] for c in ("misses", "hits")) if engine is not None else (0, 0))
-    return ProbeRun(times["cycle"], times["draft"], decision.drafted_levels, caught_up, misses, hits)
+    return ProbeRun(times["cycle"] - times["select"], times["draft"], times["select"], decision.drafted_levels,
+                    caught_up, misses, hits)
 
 
 def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol: dict, limits: Limits) -> dict:
@@ -222,7 +252,8 @@ def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol:
             state = todo.pop(traj.cycle, None)
             if state is not None:
                 for k, tree, nodes, union in probe_trees(state, engine.num_experts, protocol["sizes"]):
-                    probes = [probe_cycle(traj, state.pool, nodes) for _ in range(protocol["repeats"])]
+                    shadow = shadow_selection(state, engine.num_experts, engine.config.slots > 0)
+                    probes = [probe_cycle(traj, state.pool, nodes, shadow) for _ in range(protocol["repeats"])]
                     times = [1e3 * p.cycle_s for p in probes]
                     draft = [1e3 * p.draft_s for p in probes]
                     for name, value in (("question_id", state.question_id), ("state", index), ("cycle", state.cycle),
@@ -232,7 +263,8 @@ def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol:
                                         ("misses_repeats", [p.misses for p in probes]),
                                         ("hits_repeats", [p.hits for p in probes]),
                                         ("draft_ms", float(np.mean(draft))), ("draft_repeats_ms", draft),
-                                        ("caught_up", probes[0].caught_up)):
+                                        ("caught_up", probes[0].caught_up),
+                                        ("select_ms", float(np.mean([1e3 * p.select_s for p in probes])))):
                         rows[name].append(value)
                 index += 1
             traj.step()
@@ -242,33 +274,15 @@ def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol:
 def fit_draft_cost(rows: dict) -> dict:
     """`specfit.coefficients.DraftCost`'s drafting terms from the probes' "draft" sections (one row per repeat):
     start and level by NNLS over the probes that caught the drafter up (those right after prefill do not; all probes
-    when none did). Its ``select_ms`` is timed apart (`time_selection`)."""
+    when none did); ``select_ms`` the probes' shadow selections per drafted level (`Probe`)."""
     repeats = [len(t) for t in rows["draft_repeats_ms"]]
     levels = np.repeat(rows["levels"], repeats)  # [n * repeats]
     draft = np.concatenate(rows["draft_repeats_ms"])
     caught = np.repeat(rows["caught_up"], repeats) > 0
     use = caught if caught.any() else np.ones_like(caught)
     start, level, r2 = fit_drafting(levels[use], draft[use])
-    return {"start_ms": start, "level_ms": level, "r2": r2, "n_points": int(use.sum())}
-
-
-def time_selection(states: list[ProbeState], engine, fit: dict, k_max: int, repeats: int = 5) -> float:
-    """Median ms of one specfit-ca selection (pool view with routes and residency, route encoding, exact search)
-    over the probe states' pools cut at every level, with the cache as it stands."""
-    b, beta_miss, beta_hit = np.asarray(fit["b"], dtype=np.float64), fit["beta_miss"], fit["beta_hit"]
-    resident = engine.resident()  # [L, N]
-    times = []
-    for state in states:
-        for depth in range(1, state.pool.depth + 1):
-            n = sum(1 for v in range(1, state.pool.n + 1) if state.pool.level[v] <= depth)
-            cut = CandidatePool(state.pool.token[: n + 1], state.pool.parent[: n + 1], state.pool.path_prob[: n + 1],
-                                state.pool.level[: n + 1])
-            for _ in range(repeats):
-                start = time.perf_counter()
-                select_specfit_ca(cut.view(state.routes[: n + 1], engine.num_experts, resident), b[: k_max + 1],
-                                  beta_miss, beta_hit, min(k_max, len(b) - 1))
-                times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times)) if times else 0.0
+    select_ms = float(np.sum(rows["select_ms"]) / np.sum(rows["levels"]))  # per selection: one after every level
+    return {"start_ms": start, "level_ms": level, "select_ms": select_ms, "r2": r2, "n_points": int(use.sum())}
 
 
 def fit_cache_aware(rows: dict, sizes: int) -> tuple[dict, list[float], float]:
@@ -328,7 +342,6 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     rows["pred_ms"] = predict_ms(fit.b, fit.beta, rows["k"], rows["F"]).tolist()
     cache_aware, rows["pred_ca_ms"], draft_level_ms = fit_cache_aware(rows, protocol["sizes"])
     drafting = fit_draft_cost(rows)
-    drafting["select_ms"] = time_selection(states, engine, cache_aware["without_drafting"], protocol["sizes"] - 1)
     write_parquet(pa.Table.from_pydict(rows, schema=POINTS_SCHEMA), outputs["points"])
     write_json({**fit.as_dict(), "source": "fit", "cache": cache, "slots": spec["slots"], "states": len(states),
                 "cache_aware": cache_aware, "draft_level_ms": draft_level_ms, "drafting": drafting,

@@ -99,6 +99,7 @@ POINTS_SCHEMA = pa.schema([
     ("draft_ms", pa.float64()),  # the cycle's "draft" section (drafter catch-up + levels), mean of the repeats
     ("draft_repeats_ms", pa.list_(pa.float64())),
     ("caught_up", pa.int64()),  # committed tokens the drafter caught up on before drafting (0 right after prefill)
+    ("select_ms", pa.float64()),  # specfit-ca's selections after the levels (timed apart from y), mean of the repeats
     ("pred_ca_ms", pa.float64()),  # mean over the repeats of b_k + β_miss·M + β_hit·H (fitted on the repeats)
 ])
 

@@ -26,7 +26,7 @@ from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits, decode_request
 from specfit.workflow import SCHEMA, DecodeRun, decode_inputs, load_config, method_config
 
-ROUND = 100_000  # request ids of round r: r * ROUND + request_id (pairs stay paired in the bootstrap)
+ROUND = 100_000  # a request of round r counts as r * ROUND + request_id in the paired bootstrap
 
 
 def main(argv=None) -> None:
@@ -74,7 +74,8 @@ def main(argv=None) -> None:
             for i, prompt in enumerate(prompts):
                 order = args.methods if (i + round_) % 2 == 0 else args.methods[::-1]
                 for name in order:
-                    requests[name].append(decode(name, prompt, limits, round_ * ROUND + prompt["request_id"]))
+                    request = decode(name, prompt, limits, prompt["request_id"])  # the atlas knows it by its id
+                    requests[name].append({**request, "request_id": round_ * ROUND + prompt["request_id"]})
 
     a, b = args.methods
     same = sum(x["output_ids"] == y["output_ids"] for x, y in zip(requests[a], requests[b]))

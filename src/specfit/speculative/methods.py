@@ -235,14 +235,19 @@ class SpecFitCA(SpecFit):
     def from_inputs(cls, config, inputs, seed, num_experts):
         if "coefficients" not in inputs:
             raise SpecFitError("method specfit-ca needs the `coefficients` input (the calibration's fits)")
-        c = read_json(inputs["coefficients"])
-        fit = c.get("cache_aware")  # null for the paper's presets: the paper's model, β for both, free drafting
+        routes = route_source_for(config, inputs, seed, num_experts)
+        return cls.from_coefficients(config, read_json(inputs["coefficients"]), routes, num_experts)
+
+    @classmethod
+    def from_coefficients(cls, config: MethodConfig, c: dict, routes, num_experts: int) -> "SpecFitCA":
+        """From a calibration's coefficients: the cache-aware fit without drafting and the drafting fit; for the
+        paper's presets (no cache-aware fit) the paper's model, β for both kinds of expert, and free drafting."""
+        fit = c.get("cache_aware")
         if fit:
             verify = fit["without_drafting"]
             b, beta_miss, beta_hit = verify["b"], verify["beta_miss"], verify["beta_hit"]
         else:
             b, beta_miss, beta_hit = c["b"], c["beta"], c["beta"]
-        routes = route_source_for(config, inputs, seed, num_experts)
         return cls(config, b, beta_miss, beta_hit, DraftCost.of(c), routes, num_experts)
 
     def wants_draft(self, cycle):
