@@ -289,7 +289,9 @@ def goal_notes(g: Group, cells: list[Cell], predictor: dict | None, emulated: bo
     required = sum(c.goals["eagle3"].state != NOT_REQUIRED for c in cells)
     state, text = goal_line(3, f"faster than {eagle} wherever {atlas} is (a tie does not count)", cells, "eagle3",
                             f" that require it (the other {len(cells) - required} do not: there {atlas} is not "
-                            f"faster than {eagle})" if required < len(cells) else "")
+                            f"faster than {eagle})" if 0 < required < len(cells) else
+                            f": in none of the {len(cells)} cells is {atlas} faster than {eagle}" if not required
+                            else "")
     states.append(state)
     notes.append(text)
     shares = [s for s in (share_pct(g.i.metrics.get(c.learned)) for c in cells) if s is not None]
