@@ -65,7 +65,8 @@ def test_loss_and_recall_on_a_constructed_case():
     truth = torch.tensor([[[0, 1], [3, 0]]])  # [1, L=2, k=2]: layer 0 right, layer 1 half right
     assert predictor.recall(model, x, truth).tolist() == [1.0, 0.5]
     logits = model(x)  # [1, 2, 4]
-    expected = -(torch.log_softmax(logits, -1)[0, 0, [0, 1]].sum() + torch.log_softmax(logits, -1)[0, 1, [3, 0]].sum()) / 4
+    log_probs = torch.log_softmax(logits, -1)
+    expected = -(log_probs[0, 0, [0, 1]].sum() + log_probs[0, 1, [3, 0]].sum()) / 4
     assert predictor.route_loss(logits, truth).item() == pytest.approx(expected.item())
 
 

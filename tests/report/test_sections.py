@@ -145,6 +145,7 @@ def test_theory_calibration_and_lossless(built):
     assert cells["Points (probes / repeats)"] == ["144 / 288", "144 / 288"]
     assert cells["Drafting, one level (ms)"] == [f"{written[DEVICE, m]['draft_level_ms']:.3f}"
                                                  for m in ("cache", "nocache")]
+    assert cells["Drafting cost D(d): start / further level / selection (ms)"] == ["0.600 / 0.450 / 0.090"] * 2
     assert cells["Goal: R² ≥ 0.9 with the cache"] == ["met (R² 0.950)", "–"]
     assert (f"Goal of issue 12, toy / {DEVICE}: the cache-aware model explains the with-cache probe times with "
             "R² ≥ 0.9 on the probe means (the points of the paper model's R²): met (R² 0.950; b + β F: 0.970).") in (

@@ -477,6 +477,10 @@ class Group:
         rows.append(["RMSE (ms), b + β F, on the probe means"] + [fmt(f["rmse_ms"], ".2f") for f in fits.values()])
         rows.append(ca_row("Points (probes / repeats)", lambda ca: f"{ca['n_probes']} / {ca['n_points']}"))
         rows.append(["Drafting, one level (ms)"] + [fmt(f["draft_level_ms"], ".3f") for f in fits.values()])
+        drafting = [f.get("drafting") for f in fits.values()]  # absent from older coefficients
+        rows.append(["Drafting cost D(d): start / further level / selection (ms)"] + [
+            MISSING if d is None else f"{d['start_ms']:.3f} / {d['level_ms']:.3f} / {d['select_ms']:.3f}"
+            for d in drafting])
         goal = []
         for mode, f in fits.items():
             ca = f["cache_aware"]
@@ -502,7 +506,11 @@ class Group:
                          "model is fitted on one point per repeat of each probe (the repeats meet different caches), "
                          "the paper's on the probe means; both are scored on the means. Drafting, one level: the "
                          "probes' drafting time (the drafter's catch-up included) over the levels they drafted. "
-                         "Without the cache every expert is a miss, so β_hit is not identified there.")
+                         "The cache-aware method prices d drafted levels at D(d) = start + (d − 1)·level + "
+                         "d·selection: start (the catch-up forward, which also gives level 1) and level by NNLS on "
+                         "the probes' drafting times, selection its own selection, which each probe runs after "
+                         "every level it drafts, timed apart. Without the cache every expert is a miss, so β_hit "
+                         "is not identified there.")
 
     # 7. section 4.6, selection cost
     def selection_cost(self) -> Section:

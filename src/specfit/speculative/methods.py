@@ -196,17 +196,18 @@ class SpecFitCA(SpecFit):
     and N at most w² new nodes (top-w expansion), each with path probability at most p_max, the largest of level
     d: R̂(S) <= R̂(S') + ΔR, ΔR = min(w², K)·p_max. Drafting the level costs c = D(d+1) - D(d) (a drafter
     forward and a selection) and the new nodes change T̂ by at least -Δb, Δb = max over i < j <= K of (b_i - b_j)
-    (NNLS intercepts need not grow with |S|), so T(S) >= T̂(S') + c', c' = c - Δb. Since R̂(S') <= ρ_d·T̂(S') for every S',
-    (R̂(S') + ΔR) / (T̂(S') + c') <= ρ_d whenever ΔR <= ρ_d·c': then no subtree of V<=d+1 beats Ŝ_d, and drafting
-    stops. (With c' <= 0 the rule is the paper's.)
+    (NNLS intercepts need not grow with |S|), so T(S) >= T̂(S') + c', c' = c - Δb. Since R̂(S') <= ρ_d·T̂(S')
+    for every S', (R̂(S') + ΔR) / (T̂(S') + c') <= ρ_d whenever ΔR <= ρ_d·c': then no subtree of V<=d+1 beats
+    Ŝ_d, and drafting stops. (With c' <= 0 the rule is the paper's.)
 
     **Skipping.** Before level 1, a cycle drafts only if speculation has paid lately: over the last `HISTORY`
     drafted cycles, the committed tokens per predicted ms, Σ(1 + accepted) / Σ(T̂(Ŝ) + D(levels)), must exceed
     the root-only throughput the same cycles predicted, n / Σ T̂(∅). Otherwise the cycle verifies the root alone
     (the drafter catches up later in one pass). After `PROBE_EVERY` skipped cycles one drafts anyway (a probe), so
     the estimate follows the text; a probe after which drafting still does not pay doubles the wait for the next
-    (up to `MAX_PROBE_EVERY`), one after which it pays resets it. The first `MIN_HISTORY` cycles always draft. Everything it reads is known before
-    verification (predicted times, accepted counts of earlier cycles): the output is AR's whatever it decides.
+    (up to `MAX_PROBE_EVERY`), one after which it pays resets it. The first `MIN_HISTORY` cycles always draft.
+    Everything it reads is known before verification (predicted times, accepted counts of earlier cycles): the
+    output is AR's whatever it decides, and the trajectory does not depend on the clock.
     """
 
     HISTORY = 16
