@@ -15,6 +15,7 @@ rule predictor:
         CONDA_ENV
     resources:
         gpu=lambda w: 1 if predictor_device(w)["torch_device"] == "cuda" else 0,
+        gpu_model=lambda w: predictor_device(w)["gpu"],
     params:
         spec=predictor_spec,
         code=code_hash("specfit.predictor"),
