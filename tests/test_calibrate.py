@@ -76,8 +76,6 @@ def test_probes_count_misses_and_hits(cache, fitted, fitted_nocache):
     if cache:  # the second repeat finds what the first loaded
         assert sum(p["hits"] for p in points) > 0
         assert sum(sum(p["hits_repeats"]) for p in points) > 2 * sum(p["hits"] for p in points)
-    levels = sum(2 * p["levels"] for p in points)
-    assert coefficients["draft_level_ms"] == pytest.approx(sum(sum(p["draft_repeats_ms"]) for p in points) / levels)
 
 
 def test_drafting_fit_in_the_json(fitted):
@@ -164,7 +162,7 @@ def test_preset_needs_no_probes(tmp_path):
     calibrate.run(spec(coefficients="paper-rtx4090", slots=0), {}, outputs)
     c = json.loads(outputs["coefficients"].read_text())
     assert c["beta"] == 0.781593955 and c["b"][0] == 151.724 and c["source"] == "paper-rtx4090"
-    assert c["cache_aware"] is None and c["draft_level_ms"] is None and c["drafting"] is None
+    assert c["cache_aware"] is None and c["drafting"] is None
     assert pq.read_table(outputs["points"]).num_rows == 0
 
 

@@ -108,7 +108,7 @@ def test_learned_routes_read_only_the_drafter_state(trained, target, drafter, pr
         state = new_draft_state()
         tgt = Target(target, None, drafter.aux_layer_ids)
         root, aux = tgt.prefill(prompts[0])
-        state.pending = (prompts[0][1:] + [root], aux)
+        state.pending = (prompts[0][1:] + [root], [aux])
         sync(drafter, state)
         pool = CandidatePool.root_only(root)
         cycle = Cycle(0, 0, len(prompts[0]), [root], target=None, drafter=drafter, draft=state)

@@ -20,8 +20,7 @@ what the first loaded), so M and H differ between them while k, F and the tree d
 tells β_miss from β_hit, and averaging the repeats would blur it. So the cache-aware model is fitted on one row
 per repeat (``repeats`` × the probes), while the paper's model keeps its fit on the probe means. Both are scored
 on the probe means as well (``pred_ms``, ``pred_ca_ms`` against ``y_ms``), the points where they compare.
-``draft_level_ms`` is the drafting time of one level: Σ draft time / Σ drafted levels over every repeat.
-``drafting`` is specfit-ca's model of it (`specfit.coefficients.DraftCost`): a drafted cycle's "draft" section is
+``drafting`` is specfit-ca's model of the probes' drafting time (`specfit.coefficients.DraftCost`): a drafted cycle's "draft" section is
 start + (levels - 1)·level (NNLS over the probes that caught the drafter up: level 1 reads the catch-up forward's
 logits, so the first level costs what the catch-up costs), and ``select_ms`` one cache-aware selection: each probe
 runs specfit-ca's selection after every level it drafts, as a decode would (`Probe`), timed apart from the cycle.
@@ -32,8 +31,8 @@ spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device
        "protocol": {"cycle_boundaries", "sizes", "repeats", "limit_tokens"}}
 inputs: prompts (Parquet of the calibration questions), target, drafter
 outputs: coefficients (JSON: b, beta in ms, fit diagnostics; "cache_aware": {b, beta_miss, beta_hit, r2,
-         rmse_ms, n_points (per repeat), beta_hit_identified, r2_means, rmse_means_ms, ...}, "draft_level_ms" and
-         "drafting": {start_ms, level_ms, select_ms, r2, n_points}, all null for the paper's presets), points
+         rmse_ms, n_points (per repeat), beta_hit_identified, r2_means, rmse_means_ms, ...} and "drafting":
+         {start_ms, level_ms, select_ms, r2, n_points}, both null for the paper's presets), points
          (Parquet: one row per probe tree)
 """
 
@@ -285,9 +284,8 @@ def fit_draft_cost(rows: dict) -> dict:
     return {"start_ms": start, "level_ms": level, "select_ms": select_ms, "r2": r2, "n_points": int(use.sum())}
 
 
-def fit_cache_aware(rows: dict, sizes: int) -> tuple[dict, list[float], float]:
-    """The cache-aware fit on one row per repeat; its JSON entry, the prediction of every probe's mean time, and
-    the mean drafting time per drafted level (ms)."""
+def fit_cache_aware(rows: dict, sizes: int) -> tuple[dict, list[float]]:
+    """The cache-aware fit on one row per repeat: its JSON entry and the prediction of every probe's mean time."""
     repeats = [len(t) for t in rows["y_repeats_ms"]]
     k = np.repeat(rows["k"], repeats)  # [n * repeats]
     misses = np.concatenate(rows["misses_repeats"])
@@ -297,17 +295,15 @@ def fit_cache_aware(rows: dict, sizes: int) -> tuple[dict, list[float], float]:
     pred = [float(np.mean(p)) for p in np.split(per_repeat, np.cumsum(repeats)[:-1])]
     r2_means, rmse_means = score(rows["y_ms"], pred)
     union = np.repeat(rows["F"], repeats)
-    draft_level_ms = float(np.sum(np.concatenate(rows["draft_repeats_ms"]))
-                           / np.sum(np.repeat(rows["levels"], repeats)))
     # The same model without the probes' drafting (y - draft time): the part of a cycle the verified subtree
-    # decides. specfit-ca adds drafted levels x draft_level_ms itself, so drafting is counted once.
+    # decides. specfit-ca adds its drafting cost D(d) itself (`fit_draft_cost`), so drafting is counted once.
     verify = fit_nnls_ca(k, misses, hits, np.concatenate(rows["y_repeats_ms"]) - np.concatenate(
         rows["draft_repeats_ms"]), sizes)
     entry = {**fit.as_dict(), "fit_on": "repeats", "r2_means": r2_means, "rmse_means_ms": rmse_means,
              "n_probes": len(rows["k"]), "union_mismatches": int(np.sum(misses + hits != union)),
              "without_drafting": {"b": verify.b, "beta_miss": verify.beta_miss, "beta_hit": verify.beta_hit,
                                   "r2": verify.r2, "rmse_ms": verify.rmse_ms}}
-    return entry, pred, draft_level_ms
+    return entry, pred
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
@@ -316,7 +312,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         coefficients = preset(spec["coefficients"], cache)
         write_parquet(POINTS_SCHEMA.empty_table(), outputs["points"])
         write_json({**coefficients, "source": spec["coefficients"], "cache": cache, "slots": spec["slots"],
-                    "cache_aware": None, "draft_level_ms": None, "drafting": None,
+                    "cache_aware": None, "drafting": None,
                     "r2": None, "rmse_ms": None, "max_abs_residual_ms": None, "n_points": 0,
                     "link_emulated": False, "timing_label": "the paper's Appendix B"}, outputs["coefficients"])
         return
@@ -340,20 +336,20 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         rows = measure(model, drafter, engine, prompts, states, protocol, limits)
     fit = fit_nnls(rows["k"], rows["F"], rows["y_ms"], protocol["sizes"])
     rows["pred_ms"] = predict_ms(fit.b, fit.beta, rows["k"], rows["F"]).tolist()
-    cache_aware, rows["pred_ca_ms"], draft_level_ms = fit_cache_aware(rows, protocol["sizes"])
+    cache_aware, rows["pred_ca_ms"] = fit_cache_aware(rows, protocol["sizes"])
     drafting = fit_draft_cost(rows)
     write_parquet(pa.Table.from_pydict(rows, schema=POINTS_SCHEMA), outputs["points"])
     write_json({**fit.as_dict(), "source": "fit", "cache": cache, "slots": spec["slots"], "states": len(states),
-                "cache_aware": cache_aware, "draft_level_ms": draft_level_ms, "drafting": drafting,
+                "cache_aware": cache_aware, "drafting": drafting,
                 "link_emulated": engine.link_emulated, "timing_label": engine.timing_label,
                 "h2d_transfers": engine.stats()["h2d_transfers"]}, outputs["coefficients"])
     log.info("fit over %d points: b = %s ms, beta = %.4f ms, R^2 = %.3f (%s)", fit.n_points,
              [round(v, 3) for v in fit.b], fit.beta, fit.r2, engine.timing_label)
     log.info("cache-aware fit over %d repeats: b = %s ms, beta_miss = %.4f ms, beta_hit = %.4f ms%s, R^2 = %.3f "
-             "(%.3f on the probe means); one drafted level %.3f ms", cache_aware["n_points"],
+             "(%.3f on the probe means)", cache_aware["n_points"],
              [round(v, 3) for v in cache_aware["b"]], cache_aware["beta_miss"], cache_aware["beta_hit"],
              "" if cache_aware["beta_hit_identified"] else " (unidentified: no hits)", cache_aware["r2"],
-             cache_aware["r2_means"], draft_level_ms)
+             cache_aware["r2_means"])
     log.info("drafting: start %.3f ms, each further level %.3f ms (R^2 %.3f), one selection %.4f ms",
              drafting["start_ms"], drafting["level_ms"], drafting["r2"], drafting["select_ms"])
     if cache_aware["union_mismatches"]:

@@ -147,6 +147,17 @@ class DraftCost:
         return cls(d["start_ms"], d["level_ms"], d["select_ms"])
 
 
+def cache_aware_cost(coefficients: dict) -> tuple[list[float], float, float, DraftCost]:
+    """(b, β_miss, β_hit, D) that specfit-ca selects with, from a calibration's coefficients JSON: the cache-aware
+    fit without drafting and the drafting fit (D counts drafting once); for the paper's presets (no cache-aware
+    fit) the paper's b, its β for both kinds of expert, and free drafting."""
+    fit = coefficients.get("cache_aware")
+    if not fit:
+        return coefficients["b"], coefficients["beta"], coefficients["beta"], DraftCost.of(coefficients)
+    verify = fit["without_drafting"]
+    return verify["b"], verify["beta_miss"], verify["beta_hit"], DraftCost.of(coefficients)
+
+
 def fit_drafting(levels: np.ndarray, draft_ms: np.ndarray) -> tuple[float, float, float]:
     """NNLS of the "draft" section time on the levels drafted: draft_ms ≈ start + (levels - 1)·level.
 

@@ -29,7 +29,6 @@ outputs: predictor (folder: config.json, model.safetensors, metrics.json)
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 import torch
@@ -40,7 +39,7 @@ from specfit.io import atomic_path, write_json
 from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import read_prompts
 from specfit.speculative.config import MethodConfig
-from specfit.speculative.learned import RoutePredictor, node_inputs
+from specfit.speculative.learned import POOL_NODES, RoutePredictor, node_inputs, pool_times
 from specfit.speculative.routes import predictor_cost
 from specfit.speculative.methods import Eagle3
 from specfit.speculative.request import Limits, decode_request
@@ -50,7 +49,6 @@ from specfit.toy.train import cosine_lr, seed_everything, state_digest, train_lo
 log = logging.getLogger(__name__)
 
 METRICS = "metrics.json"
-TIMED_NODES = 19  # a full pool: the root and 18 draft nodes (depth 5, top-2 expansion)
 
 
 class _Recorder(Eagle3):
@@ -117,20 +115,6 @@ def train(x: torch.Tensor, routes: torch.Tensor, predictor: RoutePredictor, spec
     return train_loop(step, spec["steps"], "route predictor", key="predictor")
 
 
-def time_per_cycle(predictor: RoutePredictor, hidden_size: int, device, repeats: int = 200) -> float:
-    """Microseconds of one full pool's prediction (`TIMED_NODES` nodes) on ``device``, median of ``repeats``."""
-    x = torch.randn(TIMED_NODES, 2 * hidden_size, device=device)
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        predictor.routes(x).cpu()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1e6 * float(np.median(times))
-
-
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     seed_everything(spec["seed"])
     check_checkpoints(inputs["target"], inputs["drafter"], spec["model"])
@@ -169,8 +153,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         "train_requests": split, "validation_requests": held_out,
         "train_nodes": len(train_x), "validation_nodes": len(val_x),
         **predictor.config, **predictor_cost(hidden, engine.num_layers, engine.num_experts),
-        "us_per_pool": time_per_cycle(predictor, hidden, spec["torch_device"]),
-        "pool_nodes_timed": TIMED_NODES, "torch_device": spec["torch_device"],
+        "us_per_pool": 1e6 * float(np.median(pool_times(predictor, spec["torch_device"]))),
+        "pool_nodes_timed": POOL_NODES, "torch_device": spec["torch_device"],
         "training": stats, "sha256": state_digest(predictor),
     }
     log.info("route accuracy %.3f (per layer %s), %d parameters, %.1f us per pool", metrics["route_accuracy"],

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from specfit.coefficients import DraftCost
+from specfit.coefficients import DraftCost, cache_aware_cost
 from specfit.errors import SpecFitError
 from specfit.io import read_json, write_json
 from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, read_table, resident_mask
@@ -106,14 +106,8 @@ class CacheAwareCost:
 
     @classmethod
     def from_coefficients(cls, coefficients: dict) -> "CacheAwareCost":
-        """The coefficients specfit-ca reads (`SpecFitCA.from_inputs`): the cache-aware fit without drafting and the
-        drafting fit; for the paper's presets (no cache-aware fit) b and β for both kinds, and free drafting."""
-        fit = coefficients.get("cache_aware")
-        drafting = DraftCost.of(coefficients)
-        if not fit:
-            return cls(coefficients["b"], coefficients["beta"], coefficients["beta"], drafting)
-        verify = fit["without_drafting"]
-        return cls(verify["b"], verify["beta_miss"], verify["beta_hit"], drafting)
+        """The coefficients specfit-ca selects with (`specfit.coefficients.cache_aware_cost`)."""
+        return cls(*cache_aware_cost(coefficients))
 
     def intercepts(self, cycle: RecordedCycle) -> np.ndarray:
         """[len(b)] b_k + D(d): the cycle's drafting counts once, whichever subtree it verifies."""

@@ -133,7 +133,6 @@ def cache_aware_fit(device: str, mode: str) -> dict:
                             "rmse_ms": 1.25, "max_abs_residual_ms": 4.0, "n_points": 288, "n_probes": 144,
                             "beta_miss_identified": True, "beta_hit_identified": cache, "fit_on": "repeats",
                             "r2_means": r2, "rmse_means_ms": 0.75, "union_mismatches": 0},
-            "draft_level_ms": float(rng.uniform(0.1, 2)),
             "drafting": {"start_ms": 0.6, "level_ms": 0.45, "select_ms": 0.09, "r2": 0.8, "n_points": 64}}
 
 

@@ -179,11 +179,11 @@ def test_built_from_coefficients(tmp_path):
     import json
 
     (tmp_path / "c.json").write_text(json.dumps({
-        "b": B, "beta": 0.2, "draft_level_ms": 0.7,
+        "b": B, "beta": 0.2,
         "drafting": {"start_ms": 0.9, "level_ms": 0.6, "select_ms": 0.1, "r2": 0.9, "n_points": 10},
         "cache_aware": {"b": [3.0] * 8, "beta_miss": 0.4, "beta_hit": 0.02, "r2": 0.95,
                         "without_drafting": {"b": [2.0] * 8, "beta_miss": 0.3, "beta_hit": 0.01}}}))
-    (tmp_path / "p.json").write_text(json.dumps({"b": B, "beta": 0.2, "cache_aware": None, "draft_level_ms": None,
+    (tmp_path / "p.json").write_text(json.dumps({"b": B, "beta": 0.2, "cache_aware": None,
                                                  "drafting": None}))
     fit = build_method({"name": "specfit-ca", "routes": "live"}, {"coefficients": tmp_path / "c.json"}, 0, 8)
     assert (fit.beta_miss, fit.beta_hit, fit.drafting, list(fit.b)) == (0.3, 0.01, DraftCost(0.9, 0.6, 0.1), [2.0] * 8)

@@ -6,31 +6,12 @@ full pool (the root and 18 draft nodes) on the device, as `LearnedRoutes` runs i
 """
 
 import argparse
-import time
 
 import numpy as np
 import torch
 
-from specfit.speculative.learned import RoutePredictor
+from specfit.speculative.learned import POOL_NODES, RoutePredictor, pool_times
 from specfit.speculative.routes import predictor_cost
-
-POOL_NODES = 19  # root + 18 draft nodes: depth 5, top-2 expansion
-
-
-def time_pool(predictor: RoutePredictor, device: str, dtype: torch.dtype, repeats: int) -> list[float]:
-    """Seconds of each of ``repeats`` predictions of a pool (inputs on the device, routes back on the host)."""
-    x = torch.randn(POOL_NODES, 2 * predictor.hidden_size, device=device, dtype=dtype)  # [19, 2H]
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    times = []
-    for i in range(repeats + 10):  # 10 warm-up calls
-        sync()
-        start = time.perf_counter()
-        predictor.routes(x).cpu()
-        sync()
-        if i >= 10:
-            times.append(time.perf_counter() - start)
-    return times
-
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -47,7 +28,7 @@ def main(argv=None) -> None:
     predictor = RoutePredictor(args.hidden, args.layers, args.experts, args.top_k).to(args.device, dtype).eval()
     cost = predictor_cost(args.hidden, args.layers, args.experts)
     with torch.inference_mode():
-        times = np.array(time_pool(predictor, args.device, dtype, args.repeats)) * 1e6
+        times = np.array(pool_times(predictor, args.device, dtype, args.repeats)) * 1e6
     print(f"route predictor: hidden {args.hidden}, {args.layers} MoE layers x {args.experts} experts, top-{args.top_k}")
     print(f"  parameters:            {cost['params']:,} ({cost['params'] / 1e6:.1f}M)")
     print(f"  FLOP per node:         {cost['flop_per_node'] / 1e6:.1f} MFLOP; per pool of {POOL_NODES} nodes: "

@@ -80,7 +80,7 @@ TPS_MATCH_RTOL = 1e-6  # metrics.json's tps_dec (tps_req) and the one its reques
 
 # paths.calibration and paths.calibration_points (specfit.calibrate)
 CALIBRATION_REQUIRED = ("b", "beta", "source", "r2", "rmse_ms", "n_points", "slots", "link_emulated", "cache_aware",
-                        "draft_level_ms")
+                        "drafting")
 # the cache-aware fit ("cache_aware", null for the paper's presets): the keys the report reads
 CACHE_AWARE_REQUIRED = ("b", "beta_miss", "beta_hit", "beta_hit_identified", "r2", "rmse_ms", "n_points", "r2_means",
                         "rmse_means_ms", "n_probes")

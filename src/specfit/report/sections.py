@@ -476,11 +476,9 @@ class Group:
         rows.append(ca_row("RMSE (ms), cache-aware, on the probe means", lambda ca: fmt(ca["rmse_means_ms"], ".2f")))
         rows.append(["RMSE (ms), b + β F, on the probe means"] + [fmt(f["rmse_ms"], ".2f") for f in fits.values()])
         rows.append(ca_row("Points (probes / repeats)", lambda ca: f"{ca['n_probes']} / {ca['n_points']}"))
-        rows.append(["Drafting, one level (ms)"] + [fmt(f["draft_level_ms"], ".3f") for f in fits.values()])
-        drafting = [f.get("drafting") for f in fits.values()]  # absent from older coefficients
         rows.append(["Drafting cost D(d): start / further level / selection (ms)"] + [
             MISSING if d is None else f"{d['start_ms']:.3f} / {d['level_ms']:.3f} / {d['select_ms']:.3f}"
-            for d in drafting])
+            for d in (f["drafting"] for f in fits.values())])
         goal = []
         for mode, f in fits.items():
             ca = f["cache_aware"]
@@ -504,8 +502,7 @@ class Group:
         sec.notes.append("M(S): the union's experts the verify forward copies (not resident in the layer's cache "
                          "when it starts), H(S): the resident ones, summed over layers (M + H = F). The cache-aware "
                          "model is fitted on one point per repeat of each probe (the repeats meet different caches), "
-                         "the paper's on the probe means; both are scored on the means. Drafting, one level: the "
-                         "probes' drafting time (the drafter's catch-up included) over the levels they drafted. "
+                         "the paper's on the probe means; both are scored on the means. "
                          "The cache-aware method prices d drafted levels at D(d) = start + (d − 1)·level + "
                          "d·selection: start (the catch-up forward, which also gives level 1) and level by NNLS on "
                          "the probes' drafting times, selection its own selection, which each probe runs after "

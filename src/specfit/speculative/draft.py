@@ -31,7 +31,9 @@ class DraftState:
     feature: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> [H] hidden its drafter row reads
     root_input: torch.Tensor | None = None  # [H] hidden the root's own drafter row read (the fused target feature)
     row: dict[int, int] = field(default_factory=dict)  # expanded node -> its row in the drafter cache
-    pending: tuple[list[int], torch.Tensor] | None = None  # committed tokens and their target aux [1, T, 3H]
+    # committed tokens the drafter has not read yet and their target aux states, one [1, T_i, 3H] chunk per cycle
+    # (concatenated once, when the drafter catches up)
+    pending: tuple[list[int], list[torch.Tensor]] | None = None
 
 
 def new_draft_state() -> DraftState:
@@ -44,7 +46,8 @@ def sync(drafter: Eagle3Drafter, state: DraftState) -> None:
     ``pending`` holds tokens ``x_{t+1}`` and the target's aux states of ``x_t`` for the new rows ``t``; rows of
     the last cycle's draft nodes are cropped first, so the cache matches the committed prefix again.
     """
-    tokens, aux = state.pending
+    tokens, chunks = state.pending
+    aux = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)  # [1, T, 3H]
     crop(state.cache, state.committed)
     T = len(tokens)
     device = aux.device

@@ -16,6 +16,7 @@ alone: it never reads the atlas or runs the target.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from specfit.speculative.cycle import Cycle
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
+POOL_NODES = 19  # a full pool: the root and 18 draft nodes (depth 5, top-2 expansion)
 
 
 class RoutePredictor(nn.Module):
@@ -70,6 +72,23 @@ class RoutePredictor(nn.Module):
         predictor = cls(**json.loads((path / CONFIG).read_text()))
         predictor.load_state_dict(load_file(path / WEIGHTS))
         return predictor.to(device).eval()
+
+
+def pool_times(predictor: RoutePredictor, device, dtype: torch.dtype = torch.float32, repeats: int = 200,
+               warmup: int = 10) -> list[float]:
+    """Seconds of each of ``repeats`` predictions of one full pool (`POOL_NODES` random inputs on ``device``,
+    routes back on the host), after ``warmup`` untimed ones."""
+    x = torch.randn(POOL_NODES, 2 * predictor.hidden_size, device=device, dtype=dtype)  # [19, 2H]
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    times = []
+    for i in range(warmup + repeats):
+        sync()
+        start = time.perf_counter()
+        predictor.routes(x).cpu()
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
 
 
 def node_inputs(drafter, state, pool: CandidatePool, nodes: list[int]) -> torch.Tensor:

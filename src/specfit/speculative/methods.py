@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from specfit.coefficients import DraftCost
+from specfit.coefficients import DraftCost, cache_aware_cost
 from specfit.errors import SpecFitError
 from specfit.io import read_json
 from specfit.selection.pool import CandidatePool, Pool
@@ -241,15 +241,8 @@ class SpecFitCA(SpecFit):
 
     @classmethod
     def from_coefficients(cls, config: MethodConfig, c: dict, routes, num_experts: int) -> "SpecFitCA":
-        """From a calibration's coefficients: the cache-aware fit without drafting and the drafting fit; for the
-        paper's presets (no cache-aware fit) the paper's model, β for both kinds of expert, and free drafting."""
-        fit = c.get("cache_aware")
-        if fit:
-            verify = fit["without_drafting"]
-            b, beta_miss, beta_hit = verify["b"], verify["beta_miss"], verify["beta_hit"]
-        else:
-            b, beta_miss, beta_hit = c["b"], c["beta"], c["beta"]
-        return cls(config, b, beta_miss, beta_hit, DraftCost.of(c), routes, num_experts)
+        """From a calibration's coefficients (`specfit.coefficients.cache_aware_cost`)."""
+        return cls(config, *cache_aware_cost(c), routes, num_experts)
 
     def wants_draft(self, cycle):
         if len(self.history) < self.MIN_HISTORY:
@@ -305,7 +298,7 @@ class SpecFitCA(SpecFit):
         return gain > chosen.reward / chosen.time * (self.drafting.next_level_ms - self.delta_b)
 
     def decided(self, view, chosen, depth):
-        root_only = float(self.b[0]) + self.beta_miss * view.expert_misses(()) + self.beta_hit * (
-            view.expert_union(()) - view.expert_misses(()))
+        misses = view.expert_misses(())
+        root_only = float(self.b[0]) + self.beta_miss * misses + self.beta_hit * (view.expert_union(()) - misses)
         self._last = (root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
         return Decision(chosen.nodes, depth)

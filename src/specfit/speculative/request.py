@@ -68,7 +68,7 @@ class Session:
         self.output = [root]
         if self.drafter is not None:
             self.state = new_draft_state()
-            self.state.pending = (self.prompt_ids[1:] + [root], aux)  # drafter row t reads (x_{t+1}, h_t)
+            self.state.pending = (self.prompt_ids[1:] + [root], [aux])  # drafter row t reads (x_{t+1}, h_t)
             sync(self.drafter, self.state)
 
     @property
@@ -128,11 +128,8 @@ class Session:
             self.target.commit(verdict)
             new = [pool.token[v] for v in verdict.accepted] + [verdict.next_root]
             if self.state is not None:  # the drafter catches up on these at the start of the next drafted cycle
-                if self.state.pending is None:
-                    self.state.pending = (new, verdict.aux)
-                else:  # a cycle that did not draft: its tokens wait with the earlier ones, in order
-                    tokens, aux = self.state.pending
-                    self.state.pending = (tokens + new, torch.cat([aux, verdict.aux], dim=1))  # [1, T + T', 3H]
+                tokens, chunks = self.state.pending or ([], [])  # after a cycle that did not draft: earlier ones
+                self.state.pending = (tokens + new, [*chunks, verdict.aux])  # a new tuple: snapshots keep theirs
             new = new[: self.room]
             eos = next((i for i, t in enumerate(new) if t in self.limits.eos_ids), None)
             if eos is not None:
@@ -144,9 +141,9 @@ class Session:
     def step(self, method: Method) -> dict:
         """One whole cycle; returns its row of `specfit.records.CYCLE_SCHEMA`.
 
-        ``resident`` is the residency the method read for its cost in this cycle (`Method.residency`: no engine
-        query of its own), null when it read none: methods without a cache-aware cost, and specfit-ca's cycles that
-        evaluated no pool (root only: skipped drafting, or no room left to draft).
+        ``resident`` is the residency the method read in this cycle (`Method.residency`: no engine query of its own),
+        null when it read none: methods without a cache-aware cost, and specfit-ca's cycles with no room left to
+        draft (specfit-ca reads it also when it skips drafting, off the timers).
         """
         engine = self.target.engine
         h2d = h2d_transfers(engine)

@@ -3,8 +3,8 @@ runs, and the atlas stage with live routes.
 
 Inputs: ``prompts`` (Parquet: `specfit.records.PROMPTS_SCHEMA`), ``target`` and ``drafter`` (checkpoint folders; no
 drafter for AR), ``coefficients`` and ``atlas`` or ``predictor`` (SpecFit only, by route source) and ``reference``
-(an AR requests.parquet, optional: the lossless check). Outputs: ``requests`` and ``cycles`` (Parquet, `specfit.records`), ``metrics``
-(JSON, `specfit.metrics`) and, with live routes, ``atlas``.
+(an AR requests.parquet, optional: the lossless check). Outputs: ``requests`` and ``cycles`` (Parquet,
+`specfit.records`), ``metrics`` (JSON, `specfit.metrics`) and, with live routes, ``atlas``.
 
 Spec (the rule's config slice)::
 
