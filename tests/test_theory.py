@@ -22,6 +22,13 @@ from specfit.theory import (CacheAwareCost, RecordedCycle, cache_aware_theory, c
 B = [1.0, 1.1, 1.3, 1.4, 1.6, 1.8, 1.9, 2.1]
 
 
+def assert_table(table: dict, expected: dict) -> None:
+    """Every quantity of a Table 5 dict as computed by hand, and no other."""
+    assert table.keys() == expected.keys()
+    for key, value in expected.items():
+        assert table[key] == pytest.approx(value, rel=1e-12), key
+
+
 def shallow(pool) -> bool:
     """At most max_depth = 5 levels: a pool a cycle can draft."""
     return pool.level.max() <= 5
@@ -134,9 +141,7 @@ def test_two_hand_computed_cycles():
         "dinkelbach_iterations": 2,
         "recorded_selection_differs_pct": 0.0,
     }
-    assert table.keys() == expected.keys()
-    for key, value in expected.items():
-        assert table[key] == pytest.approx(value, rel=1e-12), key
+    assert_table(table, expected)
 
 
 def test_committed_counts_the_accepted_prefix_inside_the_subtree():
@@ -276,9 +281,7 @@ def test_cache_aware_two_hand_computed_cycles():
         "misses_per_reward_2beta": (1 / 2 + 1 / 1) / 2,
         "cycles_without_residency": 0,
     }
-    assert table.keys() == expected.keys()
-    for key, value in expected.items():
-        assert table[key] == pytest.approx(value, rel=1e-12), key
+    assert_table(table, expected)
     # the paper's cost (b_k = 1, β = 1) on the same pools sees neither the residency nor the drafted level
     assert selection_theory([a, b], [1.0] * 8, 1.0)["lambda_star"] == pytest.approx(3 / 5)
 
