@@ -41,6 +41,12 @@ class Outcome:
 
     state: str
     text: str
+    reason: str = ""  # why it is not judged (UNJUDGED)
+    tie: bool = False  # met by a tie within the interval
+
+
+def unjudged(reason: str) -> Outcome:
+    return Outcome(UNJUDGED, f"not judged ({reason})", reason)
 
 
 @dataclass
@@ -116,9 +122,9 @@ def judge_tps(c: Cell, metrics: dict) -> Outcome:
     """Learned at least TPS_GOAL of exact routes' decode TPS; a tie within the interval counts as met."""
     e = c.vs_atlas
     if e is None or e.get("verdict") is None:
-        return Outcome(UNJUDGED, f"not judged ({why_unjudged([c.learned, c.atlas], metrics, 'exact-route')})")
+        return unjudged(why_unjudged([c.learned, c.atlas], metrics, "exact-route"))
     if e["verdict"] == "tie":
-        return Outcome(MET, "yes (tie within the interval)")
+        return Outcome(MET, "yes (tie within the interval)", tie=True)
     return Outcome(MET, "yes") if e["value"] >= TPS_GOAL else Outcome(MISSED, "no")
 
 
@@ -126,22 +132,22 @@ def judge_eagle3(c: Cell, metrics: dict) -> Outcome:
     """Faster than EAGLE-3 where exact routes are (a tie does not count); elsewhere not required."""
     atlas, learned = c.atlas_vs_eagle3, c.learned_vs_eagle3
     if atlas is None or atlas.get("verdict") is None:
-        return Outcome(UNJUDGED, f"not judged ({why_unjudged([c.atlas, c.eagle3], metrics, 'exact-route or EAGLE-3')})")
+        return unjudged(why_unjudged([c.atlas, c.eagle3], metrics, "exact-route or EAGLE-3"))
     if atlas["verdict"] != "faster":
         return Outcome(NOT_REQUIRED, f"not required (exact routes {atlas['verdict']} than EAGLE-3)"
                        if atlas["verdict"] == "slower" else "not required (exact routes tie with EAGLE-3)")
     if learned is None or learned.get("verdict") is None:
-        return Outcome(UNJUDGED, f"not judged ({why_unjudged([c.learned, c.eagle3], metrics, 'EAGLE-3')})")
+        return unjudged(why_unjudged([c.learned, c.eagle3], metrics, "EAGLE-3"))
     return Outcome(MET, "yes") if learned["verdict"] == "faster" else Outcome(MISSED, f"no ({learned['verdict']})")
 
 
 def judge_share(c: Cell, metrics: dict) -> Outcome:
     m = metrics.get(c.learned)
     if m is None:
-        return Outcome(UNJUDGED, "not judged (no metrics.json)")
+        return unjudged("no metrics.json")
     share = share_pct(m)
     if share is None:
-        return Outcome(UNJUDGED, f"not judged (its metrics.json has no {ROUTE_PREDICTOR})")
+        return unjudged(f"its metrics.json has no {ROUTE_PREDICTOR}")
     return Outcome(MET, "yes") if share <= SHARE_GOAL_PCT else Outcome(MISSED, "no")
 
 
@@ -151,27 +157,20 @@ def goal_line(n: int, what: str, cells: list[Cell], key: str, extra: str = "") -
     outcomes = [(c, c.goals[key]) for c in cells]
     met = [c for c, o in outcomes if o.state == MET]
     missed = [c for c, o in outcomes if o.state == MISSED]
-    unjudged = [(c, o) for c, o in outcomes if o.state == UNJUDGED]
+    not_judged = [(c, o) for c, o in outcomes if o.state == UNJUDGED]
     required = [c for c, o in outcomes if o.state != NOT_REQUIRED]
-    state = MISSED if missed else UNJUDGED if unjudged else MET
+    state = MISSED if missed else UNJUDGED if not_judged else MET
     tally = f"Met in {len(met)} of {len(required)} cells" if required else "No cell requires it"
     tally += extra
     if missed:
         tally += "; missed in: " + "; ".join(c.label for c in missed)
-    if unjudged:
-        tally += "; not judged in: " + "; ".join(
-            f"{c.label} ({o.text.removeprefix('not judged (').removesuffix(')')})" for c, o in unjudged)
+    if not_judged:
+        tally += "; not judged in: " + "; ".join(f"{c.label} ({o.reason})" for c, o in not_judged)
     word = {MET: "met", MISSED: "not met", UNJUDGED: "not judged"}[state]
     return state, f"Goal {n}, {what}: {word}. {tally}."
 
 
 # ------------------------------------------------------------------------------------ the section
-def learned_sections(g: Group) -> list[Section]:
-    """The section of one (model, device) as a list: empty when no learned-route method runs there."""
-    sec = learned_routes(g)
-    return [] if sec is None else [sec]
-
-
 def learned_routes(g: Group) -> Section | None:
     """The section of one (model, device); None when no method has ``routes: learned`` or none runs here."""
     spec, i = g.spec, g.i
@@ -251,14 +250,15 @@ def learned_routes(g: Group) -> Section | None:
         "decode loop. Route accuracy: the fraction of the true top-k experts predicted (exact routes: 100%; "
         "learned: the predictor's held-out accuracy over draft nodes, mean over layers; noisy: the paper's "
         "simulated predictor, each expert kept with the configured probability).")
-    sec.notes += goal_notes(g, cells, predictor, emulated)
+    sec.notes += goal_notes(g, cells, predictor, emulated, atlas_name, eagle_name)
     sec.notes.append(interval_note(i.seed))
     if predictor is not None:
         predictor_table(g, sec, predictor, cells, emulated)
     return sec
 
 
-def goal_notes(g: Group, cells: list[Cell], predictor: dict | None, emulated: bool) -> list[str]:
+def goal_notes(g: Group, cells: list[Cell], predictor: dict | None, emulated: bool, atlas: str, eagle: str
+               ) -> list[str]:
     """The verdict on each of the issue's four goals, then all together."""
     states, notes = [], []
     if predictor is None:
@@ -278,9 +278,7 @@ def goal_notes(g: Group, cells: list[Cell], predictor: dict | None, emulated: bo
             f"per layer: {per_layer}; "
             + (f"below {100 * ACCURACY_GOAL:.0f}% in layer{'s' if len(low) > 1 else ''} "
                f"{', '.join(map(str, low))}." if low else f"every layer ≥ {100 * ACCURACY_GOAL:.0f}%."))
-    atlas = next((c.atlas.method for c in cells if c.atlas is not None), "exact routes")
-    eagle = g.roles.eagle3 or "EAGLE-3"
-    ties = sum(c.goals["tps"].text.startswith("yes (tie") for c in cells)
+    ties = sum(c.goals["tps"].tie for c in cells)
     state, text = goal_line(2, f"decode TPS ≥ {100 * TPS_GOAL:.0f}% of SpecFit with exact routes ({atlas})", cells,
                             "tps", f", {ties} of them by a tie within the interval (a tie counts as met)" if ties
                             else "")

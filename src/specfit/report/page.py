@@ -71,6 +71,11 @@ def pct_less(a, b):
     return None if r is None else 100.0 * (1.0 - r)
 
 
+def share_of(part_saved: float, saved: float) -> float:
+    """One part's share of a time saving, in percent; NaN ("n/a") when nothing is saved."""
+    return float("nan") if saved <= 0 else 100.0 * part_saved / saved
+
+
 def pct_more(a, b):
     """How many percent ``a`` lies above ``b``."""
     r = ratio(a, b)

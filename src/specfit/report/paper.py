@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specfit.report.inputs import tps_cell
-from specfit.report.page import (Section, Table, as_pct, fmt, interval_note, pct_less, pct_more, ratio, show,
-                                 tagged, x_cell, x_fmt)
+from specfit.report.page import (Section, Table, as_pct, fmt, interval_note, pct_less, pct_more, ratio, share_of,
+                                 show, tagged, x_cell, x_fmt)
 from specfit.workflow import method_config, method_rule
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def share_of_saving(c: dict, key: str) -> float | None:
         return None
     part_e, total_e, part_s, total_s = parts
     saved = total_e - total_s
-    return float("nan") if saved <= 0 else 100.0 * (part_e - part_s) / saved
+    return share_of(part_e - part_s, saved)
 
 
 def headline(c: dict, tps_ratio=None, req_ratio=None) -> list[tuple[str, str, float | dict | None, str]]:

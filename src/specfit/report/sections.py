@@ -13,9 +13,9 @@ from specfit.report.beyond import beyond_the_paper
 from specfit.report.inputs import (CACHE_AWARE_R2_GOAL, DRAFT_KEYS, LINK_EMULATED, LOSSLESS, METRICS, PAPER_PAIR,
                                    RESUMED, SPLIT_KEYS, THEORY, THEORY_CACHE_AWARE, TIMING_LABEL, TOKENS_PER_TRANSFER,
                                    Inputs, column, tokens_per_transfer, tps_cell)
-from specfit.report.learned import learned_sections
+from specfit.report.learned import learned_routes
 from specfit.report.page import (EMULATED, MISSING, Part, Section, Table, as_pct, cache_cell, error_bar, fmt,
-                                 interval_note, pct_less, pct_more, show, slug, tagged, x_cell, x_fmt)
+                                 interval_note, pct_less, pct_more, share_of, show, slug, tagged, x_cell, x_fmt)
 from specfit.report.paper import (PAPER_DEVICES, PAPER_WORKLOADS, Roles, cells, comparison, paper_device,
                                   paper_headline, paper_workload, stand_ins)
 from specfit.report.render import Figures
@@ -85,10 +85,10 @@ class Group:
         return f"{self.model} / {self.device}, {workload}" + (f" ({label})" if label else "")
 
     def sections(self) -> list[Section]:
-        beyond = beyond_the_paper(self)  # None without a specfit-ca method (or runs of it on this device)
-        return [self.throughput(), *([beyond] if beyond else []), *learned_sections(self), self.counters(),
-                self.sweep(), self.theory(), self.calibration(), self.selection_cost(), self.noisy_routes(),
-                self.lossless()]
+        # the sections beyond the paper are None without their method (or runs of it on this device)
+        return [s for s in (self.throughput(), beyond_the_paper(self), learned_routes(self), self.counters(),
+                            self.sweep(), self.theory(), self.calibration(), self.selection_cost(),
+                            self.noisy_routes(), self.lossless()) if s is not None]
 
     # 1. Figures 2 and 3
     def throughput(self) -> Section:
@@ -229,9 +229,8 @@ class Group:
                 ("Verification (target forward)", verify_e, verify_s, None, "verification_share_of_saving_pct"),
                 ("Rest (selection, commit, synchronization)", total_e - draft_e - verify_e,
                  total_s - draft_s - verify_s, None, None)):
-            share = float("nan") if saved <= 0 else 100.0 * (a - b) / saved
             row = [label, fmt(a, ".2f"), fmt(b, ".2f"), fmt(a - b, ".2f"), fmt(pct_less(b, a), ".1f"),
-                   fmt(share, ".1f")]
+                   fmt(share_of(a - b, saved), ".1f")]
             if paper:
                 row += [fmt(paper.get(claim_cut) if claim_cut else None, ".1f"),
                         fmt(paper.get(claim_share) if claim_share else None, ".1f")]
