@@ -264,11 +264,15 @@ class Inputs:
                 ci = intervals.tps_interval(self.requests[run], seed=self.seed)
             except ValueError as err:
                 raise SpecFitError(f"{run.file('requests.parquet')}: {err}") from err
-            if not math.isclose(ci["value"], m["tps_dec"], rel_tol=TPS_MATCH_RTOL):
-                raise SpecFitError(f"{run.path}: metrics.json has tps_dec {m['tps_dec']}, its requests.parquet gives "
-                                   f"{ci['value']}: the two files come from different runs")
+            self._check_agrees(run, "tps_dec", ci["value"])
             self._intervals[key] = ci
         return est(m["tps_dec"], self._intervals[key])
+
+    def _check_agrees(self, run: DecodeRun, key: str, value: float) -> None:
+        """metrics.json's ``key`` is ``value``, what the run's requests.parquet gives; else the files are not one run's."""
+        if not math.isclose(value, self.metrics[run][key], rel_tol=TPS_MATCH_RTOL):
+            raise SpecFitError(f"{run.path}: metrics.json has {key} {self.metrics[run][key]}, its requests.parquet "
+                               f"gives {value}: the two files come from different runs")
 
     def speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> dict | None:
         """TPS(num) / TPS(den) with a paired bootstrap interval over the request ids both runs hold."""
@@ -290,13 +294,9 @@ class Inputs:
         if cache_key not in self._intervals:
             rows = {}
             for run in (num, den):
-                self.tps(run)  # its requests.parquet agrees with its metrics.json's tps_dec
                 rows[run] = rows_of(self.requests[run])
                 tokens, seconds = intervals.decode_sums(rows[run])  # [requests] each
-                value = float(tokens.sum() / seconds.sum())
-                if not math.isclose(value, self.metrics[run][key], rel_tol=TPS_MATCH_RTOL):
-                    raise SpecFitError(f"{run.path}: metrics.json has {key} {self.metrics[run][key]}, its "
-                                       f"requests.parquet gives {value}: the two files come from different runs")
+                self._check_agrees(run, key, float(tokens.sum() / seconds.sum()))
             try:
                 self._intervals[cache_key] = intervals.ratio_interval(rows[num], rows[den], seed=self.seed)
             except ValueError as err:
