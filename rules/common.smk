@@ -4,7 +4,6 @@ import shlex
 
 from specfit import paths
 from specfit.questions import workload_source
-from specfit.speculative.config import ROUTED_RULES
 from specfit.workflow import (
     DecodeRun,
     code_hash,
@@ -13,7 +12,6 @@ from specfit.workflow import (
     evaluated_question_ids,
     method_config,
     predictor_question_ids,
-    method_rule,
     reference_run,
     spec_json,
     theory_cost,
@@ -279,10 +277,9 @@ def report_inputs(w):
         # the learned route predictors that decode runs read (their metrics.json)
         "predictor": sorted(
             {
-                paths.predictor(r.model)
+                p
                 for r in RUNS
-                if method_rule(config, r.method) in ROUTED_RULES
-                and method_config(config, r.method).route_source.learned
+                if (p := workflow_decode_inputs(config, r).get("predictor"))
             }
         ),
     }

@@ -78,18 +78,12 @@ def load_config(path: str | Path = "config.yaml", schema: str | Path = SCHEMA, *
     """A config file with ``overlays`` merged over it as Snakemake's ``--configfile`` merges them (nested mappings
     update, anything else is replaced), validated and with its defaults filled, as the workflow sees it (for
     benchmarks and tools run from the workflow root)."""
+    from snakemake.utils import update_config  # the merge --configfile does; imported here, as only this needs it
+
     config = yaml.safe_load(Path(path).read_text())
     for overlay in overlays:
-        _merge(config, yaml.safe_load(Path(overlay).read_text()))
+        update_config(config, yaml.safe_load(Path(overlay).read_text()))
     return validate_config(config, schema)
-
-
-def _merge(into: dict, new: dict) -> None:
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
 
 
 def _check_references(config: dict) -> None:
@@ -184,13 +178,17 @@ def method_config(config: dict, method: str) -> MethodConfig:
 def workload_ids(config: dict, workload: str) -> list[int]:
     """The question ids a workload evaluates, in order: ids of its source's id field (Spec-Bench's question_id by
     default), or row positions when the source maps no id field."""
-    q = config["workloads"][workload]["question_ids"]
-    return list(range(q["start"], q["stop"] + 1, q.get("step", 1)))
+    return list(_id_range(config["workloads"][workload]["question_ids"]))
 
 
 def predictor_question_ids(config: dict) -> list[int]:
     """The Spec-Bench question ids the route predictor trains on, in order."""
-    return [i for q in config["predictor"]["question_ids"] for i in range(q["start"], q["stop"] + 1, q.get("step", 1))]
+    return [i for q in config["predictor"]["question_ids"] for i in _id_range(q)]
+
+
+def _id_range(q: dict) -> range:
+    """Ids ``start``, ``start + step``, ... up to ``stop`` inclusive (a config's question_ids range)."""
+    return range(q["start"], q["stop"] + 1, q.get("step", 1))
 
 
 def evaluated_question_ids(config: dict) -> list[int]:
