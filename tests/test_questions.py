@@ -209,9 +209,9 @@ def test_only_spec_bench_workloads_count_as_evaluated_questions(config, root):
 def test_the_schema_checks_a_source(config, root):
     schema = root / "workflow/schemas/config.schema.yaml"
     both = with_workload(config, "x", source={"path": "a.jsonl", "hub": "openai/gsm8k"})
-    with pytest.raises(ValueError, match=r"config key 'workloads\.x\.source'.*Set `path` or `hub`, not both"):
+    with pytest.raises(SpecFitError, match=r"config key 'workloads\.x\.source'.*Set `path` or `hub`, not both"):
         validate_config(both, schema)
     typo = with_workload(config, "x", source={"path": "a.jsonl", "fields": {"text": "question"}})
-    with pytest.raises(ValueError, match=r"'workloads\.x\.source\.fields\.text' is not allowed here; allowed keys "
-                                         r"under workloads\.x\.source\.fields: category, id, prompt"):
+    with pytest.raises(SpecFitError, match=r"'workloads\.x\.source\.fields\.text' is not allowed here; allowed keys "
+                                           r"under workloads\.x\.source\.fields: category, id, prompt"):
         validate_config(typo, schema)

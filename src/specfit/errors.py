@@ -2,7 +2,8 @@
 
 
 class SpecFitError(Exception):
-    """Bad input, a missing file, a model that does not fit: printed by the stage CLI without a traceback.
+    """Bad input, a missing file, a model that does not fit, a config the schema or its cross references refuse
+    (`specfit.workflow.validate_config`): printed by the stage CLI without a traceback.
 
     The message names what is wrong and what to do about it.
     """

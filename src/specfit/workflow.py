@@ -17,13 +17,10 @@ import jsonschema
 import yaml
 
 from specfit import paths
+from specfit.errors import SpecFitError
 from specfit.speculative.config import ROUTED_RULES, MethodConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-class ConfigError(ValueError):
-    """The config does not follow workflow/schemas/config.schema.yaml or names something it does not define."""
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -61,12 +58,14 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 
 def validate_config(config: dict, schema_path: str | Path) -> dict:
-    """Validate ``config`` in place against the schema, fill defaults, check cross references; return it."""
+    """Validate ``config`` in place against the schema, fill defaults, check cross references; return it.
+
+    A config that does not follow the schema or names something it does not define raises `SpecFitError`."""
     schema = yaml.safe_load(Path(schema_path).read_text())
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(_describe(e) for e in errors))
+        raise SpecFitError("invalid config:\n  " + "\n  ".join(_describe(e) for e in errors))
     _check_references(config)
     return config
 
@@ -132,7 +131,7 @@ def _check_references(config: dict) -> None:
         problems.append(f"config key 'predictor.method' names {config['predictor']['method']!r}, which is not defined "
                         "under 'methods'")
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
+        raise SpecFitError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
 
 
 # --------------------------------------------------------------------------------------------- the matrix

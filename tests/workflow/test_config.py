@@ -7,9 +7,9 @@ import sys
 import pytest
 import yaml
 
+from specfit.errors import SpecFitError
 from specfit.paths import atlas_variant
 from specfit.workflow import (
-    ConfigError,
     DecodeRun,
     code_hash,
     decode_runs,
@@ -40,31 +40,31 @@ def test_default_config_is_valid_and_gets_defaults(config, schema):
 
 def test_unknown_key_is_named(config, schema):
     config["workloads"]["gsm8k"]["limt_tokens"] = 512
-    with pytest.raises(ConfigError, match=r"'workloads\.gsm8k\.limt_tokens' is not allowed.*limit_tokens"):
+    with pytest.raises(SpecFitError, match=r"'workloads\.gsm8k\.limt_tokens' is not allowed.*limit_tokens"):
         validate_config(config, schema)
 
 
 def test_wrong_type_is_named(config, schema):
     config["methods"]["specfit"]["k_max"] = "seven"
-    with pytest.raises(ConfigError, match=r"'methods\.specfit\.k_max': 'seven' is not of type 'integer'"):
+    with pytest.raises(SpecFitError, match=r"'methods\.specfit\.k_max': 'seven' is not of type 'integer'"):
         validate_config(config, schema)
 
 
 def test_wrong_enum_is_named(config, schema):
     config["devices"]["cpu-a100link"]["torch_device"] = "tpu"
-    with pytest.raises(ConfigError, match=r"'devices\.cpu-a100link\.torch_device'.*cpu.*cuda"):
+    with pytest.raises(SpecFitError, match=r"'devices\.cpu-a100link\.torch_device'.*cpu.*cuda"):
         validate_config(config, schema)
 
 
 def test_run_naming_an_undefined_method(config, schema):
     config["runs"][0]["methods"].append("medusa")
-    with pytest.raises(ConfigError, match=r"'runs\.0\.methods' names 'medusa'"):
+    with pytest.raises(SpecFitError, match=r"'runs\.0\.methods' names 'medusa'"):
         validate_config(config, schema)
 
 
 def test_missing_main_slots_for_a_device(config, schema):
     del config["models"]["toy"]["main_slots"]["cpu-4090link"]
-    with pytest.raises(ConfigError, match=r"main_slots' has no entry for device 'cpu-4090link'"):
+    with pytest.raises(SpecFitError, match=r"main_slots' has no entry for device 'cpu-4090link'"):
         validate_config(config, schema)
 
 
@@ -150,14 +150,14 @@ def test_code_hash_follows_package_data(tmp_path, monkeypatch):
 
 def test_a_forbidden_combination_says_what_it_is(config, schema):
     config["workloads"]["gsm8k"]["source"] = {"path": "data/raw/gsm8k/test.jsonl", "hub": "openai/gsm8k"}
-    with pytest.raises(ConfigError, match=r"workloads\.gsm8k\.source.*Both `path` and `hub` set, which is not allowed"):
+    with pytest.raises(SpecFitError, match=r"workloads\.gsm8k\.source.*Both `path` and `hub` set, which is not allowed"):
         validate_config(config, schema)
 
 
 def test_k_max_beyond_the_fitted_intercepts_is_named(config, schema):
     """SpecFit needs b_0..b_K: a calibration of fewer probe sizes would fail deep inside the selector."""
     config["calibration"] = {"sizes": 6}
-    with pytest.raises(ConfigError, match=r"'methods\.specfit\.k_max' is 7.*b_0\.\.b_5.*calibration\.sizes"):
+    with pytest.raises(SpecFitError, match=r"'methods\.specfit\.k_max' is 7.*b_0\.\.b_5.*calibration\.sizes"):
         validate_config(config, schema)
     config["calibration"] = {"sizes": 8}
     for method in ("specfit", "specfit-noisy", "specfit-ca", "specfit-learned"):
@@ -169,8 +169,8 @@ def test_k_max_beyond_the_fitted_intercepts_is_named(config, schema):
 def test_predictor_questions_must_not_be_evaluated(config, schema):
     """The learned route predictor trains on questions no workload evaluates: an overlap is named before any job."""
     config["predictor"] = {"question_ids": [{"start": 241, "stop": 245}]}  # 242 and 244 are summarization's
-    with pytest.raises(ConfigError, match=r"'predictor\.question_ids' holds questions .*\(242, 244\)"):
+    with pytest.raises(SpecFitError, match=r"'predictor\.question_ids' holds questions .*\(242, 244\)"):
         validate_config(config, schema)
     config["predictor"] = {"question_ids": [{"start": 241, "stop": 245, "step": 2}], "method": "eagle4"}
-    with pytest.raises(ConfigError, match=r"'predictor\.method' names 'eagle4'"):
+    with pytest.raises(SpecFitError, match=r"'predictor\.method' names 'eagle4'"):
         validate_config(config, schema)

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from specfit.errors import SpecFitError
-from specfit.workflow import ConfigError, evaluated_question_ids, validate_config
+from specfit.workflow import evaluated_question_ids, validate_config
 
 PARTS = ("tokenizer", "target", "drafter")
 ROOT = Path(__file__).resolve().parents[3]  # the workflow checkout (this file is src/specfit/toy/spec.py)
@@ -40,8 +40,5 @@ def toy_spec(part: str, config: dict | None = None, **overrides) -> dict:
     if "seed" in overrides:
         config["seed"] = overrides.pop("seed")
     config.setdefault("toy", {}).setdefault(part, {}).update(overrides)
-    try:
-        validate_config(config, SCHEMA)
-    except ConfigError as err:
-        raise SpecFitError(str(err)) from None
+    validate_config(config, SCHEMA)
     return {**config["toy"][part], "seed": config["seed"], "exclude_question_ids": evaluated_question_ids(config)}
