@@ -24,7 +24,7 @@ rule atlas:
         gpu=device_gpus,
         gpu_model=device_gpu_model,
     params:
-        spec=atlas_spec,
+        spec=spec(specs.atlas),
         inputs=in_flags,
         code=code_hash("specfit.atlas"),
     shell:

@@ -17,7 +17,7 @@ rule calibrate:
         gpu=device_gpus,
         gpu_model=device_gpu_model,
     params:
-        spec=calibrate_spec,
+        spec=spec(specs.calibrate),
         code=code_hash("specfit.calibrate"),
     shell:
         "python -m specfit.calibrate --spec {params.spec:q} --in prompts={input.prompts:q} "

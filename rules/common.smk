@@ -1,23 +1,18 @@
-# Target lists, config slices and wildcard constraints. File names come from specfit.paths, the logic from
-# specfit.workflow (both tested there).
+# Wildcard constraints, input functions and the rules' spec params. File names come from specfit.paths, the decode
+# matrix from specfit.workflow, each stage's spec from specfit.specs (all tested there).
 import shlex
 
-from specfit import paths
-from specfit.questions import workload_source
+from specfit import paths, specs
+from specfit.questions import workload_file
 from specfit.workflow import (
     DecodeRun,
     code_hash,
     decode_inputs as workflow_decode_inputs,
     decode_runs,
-    evaluated_question_ids,
-    method_config,
-    predictor_question_ids,
     reference_run,
     spec_json,
-    theory_cost,
     theory_file,
     theory_runs,
-    workload_ids,
 )
 
 CONDA_ENV = "../envs/specfit.yaml"
@@ -31,6 +26,16 @@ wildcard_constraints:
     method="|".join(config["methods"]),
     slots=r"\d+",
     cache="|".join(paths.CACHE_MODES),
+
+
+def spec(build):
+    """A rule's `spec` param: ``build`` (a function of specfit.specs) of the config and the job's wildcards, as
+    sorted JSON."""
+
+    def params(w):
+        return spec_json(build(config, **w))
+
+    return params
 
 
 def run_of(w):
@@ -50,12 +55,23 @@ def tokenizer_dir(w):
     return paths.toy_model(w.model, "tokenizer") if model["toy"] else model["target"]
 
 
+def questions_file(w):
+    """Spec-Bench's question.jsonl (the spec_bench rule's output) or the workload's own local dataset; none for a
+    Hub dataset, which is read from the local cache."""
+    return workload_file(config, w.workload) or []
+
+
+def job_device(w):
+    """The device a job runs on: its `device` wildcard, or the predictor's (specfit.specs.predictor_device)."""
+    return config["devices"][w.get("device") or specs.predictor_device(config, w.model)]
+
+
 def device_gpus(w):
-    return 1 if config["devices"][w.device]["torch_device"] == "cuda" else 0
+    return 1 if job_device(w)["torch_device"] == "cuda" else 0
 
 
 def device_gpu_model(w):
-    return config["devices"][w.device]["gpu"]
+    return job_device(w)["gpu"]
 
 
 def in_flags(w, input):
@@ -67,115 +83,6 @@ def in_flags(w, input):
     return " ".join(flags)
 
 
-def extract_spec(w):
-    # A workload over Spec-Bench (the default source) has no source in its spec; one over another dataset adds
-    # its name and its source (specfit.questions.workload_source). `model` names the tokenizer's config key.
-    source = None
-    if w.workload == "calibration":
-        ids, limit, requests = (
-            config["calibration"]["question_ids"],
-            config["calibration"]["limit_tokens"],
-            None,
-        )
-    elif w.workload == "predictor":
-        ids, limit, requests = (
-            predictor_question_ids(config),
-            config["predictor"]["limit_tokens"],
-            None,
-        )
-    else:
-        wl = config["workloads"][w.workload]
-        ids, limit, requests = (
-            workload_ids(config, w.workload),
-            wl["limit_tokens"],
-            wl["max_requests"],
-        )
-        source = workload_source(config, w.workload)
-    spec = {
-        "model": w.model,
-        "question_ids": ids,
-        "limit_tokens": limit,
-        "max_requests": requests,
-    }
-    if source is not None:
-        spec.update(workload=w.workload, source=source)
-    return spec_json(spec)
-
-
-def toy_spec(part):
-    def spec(w):
-        return spec_json(
-            {
-                **config["toy"][part],
-                "seed": config["seed"],
-                "exclude_question_ids": evaluated_question_ids(config),
-            }
-        )
-
-    return spec
-
-
-def calibrate_spec(w):
-    device = config["devices"][w.device]
-    return spec_json(
-        {
-            "model": w.model,
-            "dtype": config["models"][w.model]["dtype"],
-            "logits_dtype": config["models"][w.model]["logits_dtype"],
-            "torch_device": device["torch_device"],
-            "max_inflight": device["max_inflight"],
-            "link": device["link"],
-            "coefficients": device["coefficients"],
-            "slots": (
-                config["models"][w.model]["main_slots"][w.device]
-                if w.cache == "cache"
-                else 0
-            ),
-            # the question ids reach the stage as its prompts input
-            "protocol": {
-                k: v for k, v in config["calibration"].items() if k != "question_ids"
-            },
-            "seed": config["seed"],
-        }
-    )
-
-
-def method_spec(method):
-    """The method's config entry as specfit.speculative.config.MethodConfig: `rule` is the registered name."""
-    m = dict(config["methods"][method])
-    return {"name": m.pop("rule"), **m}
-
-
-def stream_spec(w, slots, link):
-    """What the decode and atlas stages share: the model, device, method and the workload's limits."""
-    wl = config["workloads"][w.workload]
-    device = config["devices"][w.device]
-    return {
-        "model": w.model,
-        "dtype": config["models"][w.model]["dtype"],
-        "logits_dtype": config["models"][w.model]["logits_dtype"],
-        "torch_device": device["torch_device"],
-        "max_inflight": device["max_inflight"],
-        "link": link,
-        "method": method_spec(w.method),
-        "slots": slots,
-        "limit_tokens": wl["limit_tokens"],
-        "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"],
-        "seed": config["seed"],
-    }
-
-
-def atlas_spec(w):
-    # Built with the slots of the device's with-cache runs (the most its memory is known to hold; routes do not
-    # depend on what the cache holds) and without the emulated link: it is off the measured cache and timers.
-    slots = config["models"][w.model]["main_slots"][w.device]
-    return spec_json(stream_spec(w, slots=slots, link=None))
-
-
-def decode_spec(w):
-    return spec_json(stream_spec(w, int(w.slots), config["devices"][w.device]["link"]))
-
-
 def decode_inputs(w):
     run = run_of(w)
     inputs = workflow_decode_inputs(config, run)
@@ -183,34 +90,6 @@ def decode_inputs(w):
     if reference is not None:
         inputs["reference"] = reference.file("requests.parquet")
     return inputs
-
-
-def predictor_device(w):
-    """The device the model's first decode run uses: the predictor trains and is timed there."""
-    return config["devices"][next(r.device for r in RUNS if r.model == w.model)]
-
-
-def predictor_spec(w):
-    p = config["predictor"]
-    drafting = method_config(config, p["method"])
-    return spec_json(
-        {
-            "model": w.model,
-            "dtype": config["models"][w.model]["dtype"],
-            "logits_dtype": config["models"][w.model]["logits_dtype"],
-            "torch_device": predictor_device(w)["torch_device"],
-            "limit_tokens": p["limit_tokens"],
-            "max_new_tokens": p["max_new_tokens"],
-            "k_max": drafting.k_max,
-            "max_depth": drafting.max_depth,
-            "top_k_expand": drafting.top_k_expand,
-            "validation_requests": p["validation_requests"],
-            "steps": p["steps"],
-            "batch_size": p["batch_size"],
-            "lr": p["lr"],
-            "seed": config["seed"],
-        }
-    )
 
 
 def atlas_inputs(w):
@@ -222,15 +101,8 @@ def atlas_inputs(w):
     }
 
 
-def theory_run(w):
-    """The run whose Table 5 the job writes: the paper SpecFit's (rule theory), or the method's its file names
-    (rule theory_cache_aware)."""
-    path = paths.theory(w.model, w.device, w.workload, w.get("method"))
-    return next(r for r in theory_runs(config) if theory_file(config, r) == path)
-
-
 def theory_inputs(w):
-    run = theory_run(w)
+    run = specs.theory_run(config, **w)
     variant = paths.atlas_variant(run.method, run.slots)
     return {
         "cycles": run.file("cycles.parquet"),
@@ -238,24 +110,6 @@ def theory_inputs(w):
         "atlas": paths.atlas(w.model, w.device, w.workload, variant),
         "coefficients": paths.calibration(w.model, w.device, "cache"),
     }
-
-
-def theory_spec(w):
-    run = theory_run(w)
-    method = method_config(config, run.method)
-    wl = config["workloads"][w.workload]
-    return spec_json(
-        {
-            **config["theory"],
-            "k_max": method.k_max,
-            "max_depth": method.max_depth,
-            # the decode run's limits (as stream_spec gives them): each cycle's depth cap near the length limit
-            "limit_tokens": wl["limit_tokens"],
-            "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"],
-            # "paper" (b + β F) for SpecFit, "cache_aware" for specfit-ca (beyond the paper)
-            "cost": theory_cost(config, run),
-        }
-    )
 
 
 def report_inputs(w):
@@ -283,8 +137,3 @@ def report_inputs(w):
             }
         ),
     }
-
-
-def report_spec(w):
-    keep = ("workloads", "models", "devices", "methods", "runs", "seed")
-    return spec_json({k: config[k] for k in keep})

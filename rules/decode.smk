@@ -34,7 +34,7 @@ rule decode:
         gpu=device_gpus,
         gpu_model=device_gpu_model,
     params:
-        spec=decode_spec,
+        spec=spec(specs.decode),
         inputs=in_flags,
         code=code_hash("specfit.decode"),
     shell:

@@ -1,6 +1,5 @@
 # Stage 1: a workload's questions (Spec-Bench, or the dataset its `source` names) -> prompts per workload and
 # model (Parquet).
-from specfit.questions import workload_file
 
 
 rule spec_bench:
@@ -11,7 +10,7 @@ rule spec_bench:
     conda:
         CONDA_ENV
     params:
-        spec=spec_json({k: config["spec_bench"][k] for k in ("url", "sha256")}),
+        spec=spec_json(specs.spec_bench(config)),
     shell:
         "python -m specfit.extract fetch --spec {params.spec:q} "
         "--out questions={output.questions:q} > {log:q} 2>&1"
@@ -19,9 +18,7 @@ rule spec_bench:
 
 rule extract:
     input:
-        # Spec-Bench's question.jsonl (the spec_bench rule's output) or the workload's own local dataset; none for
-        # a Hub dataset, which is read from the local cache
-        questions=lambda w: workload_file(config, w.workload) or [],
+        questions=questions_file,
         tokenizer=tokenizer_dir,
     output:
         prompts=paths.prompts("{model}", "{workload}"),
@@ -32,7 +29,7 @@ rule extract:
     conda:
         CONDA_ENV
     params:
-        spec=extract_spec,
+        spec=spec(specs.extract),
         inputs=in_flags,
         code=code_hash("specfit.extract"),
     shell:

@@ -14,10 +14,10 @@ rule predictor:
     conda:
         CONDA_ENV
     resources:
-        gpu=lambda w: 1 if predictor_device(w)["torch_device"] == "cuda" else 0,
-        gpu_model=lambda w: predictor_device(w)["gpu"],
+        gpu=device_gpus,
+        gpu_model=device_gpu_model,
     params:
-        spec=predictor_spec,
+        spec=spec(specs.predictor),
         code=code_hash("specfit.predictor"),
     shell:
         "python -m specfit.predictor --spec {params.spec:q} --in prompts={input.prompts:q} "

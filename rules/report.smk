@@ -12,7 +12,7 @@ rule report:
     conda:
         CONDA_ENV
     params:
-        spec=report_spec,
+        spec=spec_json(specs.report(config)),
         inputs=in_flags,
         code=code_hash("specfit.report"),
     shell:

@@ -11,7 +11,7 @@ rule theory:
     conda:
         CONDA_ENV
     params:
-        spec=theory_spec,
+        spec=spec(specs.theory),
         inputs=in_flags,
         code=code_hash("specfit.theory"),
     shell:
@@ -19,7 +19,7 @@ rule theory:
         "--out theory={output.theory:q} > {log:q} 2>&1"
 
 
-# Beyond the paper: Table 5 on the pools specfit-ca recorded, under its cache-aware cost (theory_spec's "cost").
+# Beyond the paper: Table 5 on the pools specfit-ca recorded, under its cache-aware cost (specfit.specs.theory's "cost").
 use rule theory as theory_cache_aware with:
     output:
         theory=paths.theory("{model}", "{device}", "{workload}", "{method}"),

@@ -12,7 +12,7 @@ rule toy_tokenizer:
     conda:
         CONDA_ENV
     params:
-        spec=toy_spec("tokenizer"),
+        spec=spec_json(specs.toy(config, "tokenizer")),
         code=code_hash("specfit.toy.tokenizer"),
     shell:
         "python -m specfit.toy.tokenizer --spec {params.spec:q} --in questions={input.questions:q} "
@@ -30,7 +30,7 @@ rule toy_target:
     conda:
         CONDA_ENV
     params:
-        spec=toy_spec("target"),
+        spec=spec_json(specs.toy(config, "target")),
         code=code_hash("specfit.toy.target"),
     shell:
         "python -m specfit.toy.target --spec {params.spec:q} --in questions={input.questions:q} "
@@ -48,7 +48,7 @@ rule toy_drafter:
     conda:
         CONDA_ENV
     params:
-        spec=toy_spec("drafter"),
+        spec=spec_json(specs.toy(config, "drafter")),
         code=code_hash("specfit.toy.drafter"),
     shell:
         "python -m specfit.toy.drafter --spec {params.spec:q} --in questions={input.questions:q} "

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from specfit import decode, predictor
+from specfit import decode, predictor, specs
 from specfit.errors import SpecFitError
 from specfit.selection.pool import CandidatePool
 from specfit.speculative import routes as routes_module
@@ -28,9 +28,14 @@ def spec(**over):
 
 
 def stream_spec(name, **method):
-    return {"method": {"name": name, **method}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": DEVICE,
-            "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0, "warmup_tokens": 3,
-            "model": "tiny", "logits_dtype": "model"}
+    """The decode stage's spec as the workflow builds it (`specfit.specs.decode`) for the tiny pair: a config of one
+    model, device and workload, ``method`` as its method entry; and a 3-token warm-up (a test's knob: the rule
+    leaves the stage's default)."""
+    config = {"seed": 0, "models": {"tiny": {"dtype": "float32", "logits_dtype": "model"}},
+              "devices": {"test": {"torch_device": DEVICE, "max_inflight": 2, "link": None}},
+              "workloads": {"test": {"limit_tokens": 40, "max_new_tokens": 12}},
+              "methods": {"test": {"rule": name, **method}}}
+    return {**specs.decode(config, "tiny", "test", "test", "test", 4), "warmup_tokens": 3}
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,16 @@ import copy
 import hashlib
 import itertools
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import jsonschema
 import yaml
 
 from specfit import paths
+from specfit.device import check_parameters
 from specfit.errors import SpecFitError
 from specfit.speculative.config import ROUTED_RULES, MethodConfig
 
@@ -122,6 +124,19 @@ def _check_references(config: dict) -> None:
                         f"b_0..b_{sizes - 1} only ({'calibration.sizes' if fit else 'the paper preset'}): "
                         f"{'set calibration.sizes to at least k_max + 1' if fit else 'use k_max <= 7'}"
                     )
+    for name, device in config["devices"].items():
+        if device["emulate"] is None:
+            continue
+        if device["torch_device"] != "cpu":
+            problems.append(f"config key 'devices.{name}.emulate' emulates a GPU on a {device['torch_device']} device: "
+                            "emulation is for CPU-only machines; drop it on a GPU, whose timings are measured")
+        if device["link"] is not None:
+            problems.append(f"config key 'devices.{name}.emulate' comes with 'devices.{name}.link': an emulated device "
+                            "models its own link (copy_ms); drop the link")
+        try:
+            check_parameters(device["emulate"], f"config key 'devices.{name}.emulate'")
+        except SpecFitError as err:
+            problems.append(str(err))
     overlap = sorted(set(predictor_question_ids(config)) & set(evaluated_question_ids(config)))
     if overlap:
         problems.append(f"config key 'predictor.question_ids' holds questions a workload evaluates or calibration "

@@ -26,9 +26,12 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, LlamaConfig, PreTrainedTokenizerFast, Qwen3MoeForCausalLM
 
+from specfit import specs
 from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
+from specfit.workflow import SCHEMA, load_config
 
 DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh runs the suite on cuda
+ROOT = Path(__file__).resolve().parents[2]  # the workflow checkout: its config.yaml and config.qwen3-30b-a3b.yaml
 MODEL = "qwen3-30b-a3b"  # the model's name in config.qwen3-30b-a3b.yaml: errors name models.qwen3-30b-a3b.*
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 256, 257, 258 after the 256 byte tokens
 BOS, EOS = 256, 258
@@ -250,10 +253,14 @@ def prompt_files(target_dir, compat_root) -> dict[str, Path]:
 
 
 def stream_spec(name: str, **method) -> dict:
-    """A decode / atlas stage's spec, as rules/common.smk's stream_spec gives it for models.qwen3-30b-a3b."""
-    return {"model": MODEL, "logits_dtype": "model", "method": {"name": name, **method}, "slots": 4, "max_inflight": 2, "link": None,
-            "torch_device": DEVICE, "dtype": "bfloat16", "limit_tokens": LIMIT, "max_new_tokens": NEW, "seed": 0,
-            "warmup_tokens": 3}
+    """A decode stage's spec as the workflow builds it (`specfit.specs.decode`) for models.qwen3-30b-a3b on the A100
+    of config.qwen3-30b-a3b.yaml, with the test device, the fakes' limits, 4 slots and ``method`` as the method's
+    entry; and a 3-token warm-up (a test's knob: the rule leaves the stage's default)."""
+    config = load_config(ROOT / "config.yaml", ROOT / SCHEMA, ROOT / "config.qwen3-30b-a3b.yaml")
+    config["devices"]["a100"]["torch_device"] = DEVICE
+    config["workloads"]["gsm8k"].update(limit_tokens=LIMIT, max_new_tokens=NEW)
+    config["methods"]["under-test"] = {"rule": name, **method}
+    return {**specs.decode(config, MODEL, "a100", "gsm8k", "under-test", 4), "warmup_tokens": 3}
 
 
 def run_files(path: Path, name: str, atlas: bool = False) -> dict[str, Path]:

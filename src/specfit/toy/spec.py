@@ -1,4 +1,5 @@
-"""The complete spec of a toy stage outside the workflow (tests, benchmarks), as the workflow's rules pass it.
+"""The complete spec of a toy stage outside the workflow (tests, benchmarks), as the workflow's rules pass it: the
+rules' own builder (`specfit.specs.toy`) over config.yaml with the schema's defaults and any overrides.
 
 Its own module, which no stage imports: it reads the config schema through ``specfit.workflow``, and a stage that
 imported it would have the workflow's code in its code hash (a retrained toy on every edit there).
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from specfit import specs
 from specfit.errors import SpecFitError
-from specfit.workflow import evaluated_question_ids, validate_config
+from specfit.workflow import validate_config
 
 PARTS = ("tokenizer", "target", "drafter")
 ROOT = Path(__file__).resolve().parents[3]  # the workflow checkout (this file is src/specfit/toy/spec.py)
@@ -21,9 +23,9 @@ SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 
 
 def toy_spec(part: str, config: dict | None = None, **overrides) -> dict:
-    """The spec the workflow's ``toy_<part>`` rule passes its stage: ``config["toy"][part]`` with the schema's
-    defaults filled in, the config's ``seed``, and ``exclude_question_ids`` (every id a workload evaluates or
-    calibration probes, `specfit.workflow.evaluated_question_ids`).
+    """The spec the workflow's ``toy_<part>`` rule passes its stage (`specfit.specs.toy`): ``config["toy"][part]``
+    with the schema's defaults filled in, the config's ``seed``, and ``exclude_question_ids`` (every id a workload
+    evaluates or calibration probes, `specfit.workflow.evaluated_question_ids`).
 
     ``config`` is a workflow config (left unchanged); by default the shipped config.yaml without its ``toy``
     section, so every toy key takes the schema's default. ``overrides`` set keys of ``toy.<part>`` (and ``seed``)
@@ -41,4 +43,4 @@ def toy_spec(part: str, config: dict | None = None, **overrides) -> dict:
         config["seed"] = overrides.pop("seed")
     config.setdefault("toy", {}).setdefault(part, {}).update(overrides)
     validate_config(config, SCHEMA)
-    return {**config["toy"][part], "seed": config["seed"], "exclude_question_ids": evaluated_question_ids(config)}
+    return specs.toy(config, part)

@@ -1,0 +1,176 @@
+"""The config-to-stage contract: each rule's spec, the slice of the workflow config it passes its stage as
+``--spec`` (`specfit.stage`).
+
+One function per rule: the validated config and the job's wildcards by name in, the spec dict out. The rules call
+them through rules/common.smk's ``spec`` (the wildcards as keywords, the dict as `specfit.workflow.spec_json`), and
+the tests call them for the spec a stage gets. No stage imports this module: a spec reaches its rule as params, so
+an edit here reruns exactly the jobs whose spec it changes, while the stage's code hash
+(`specfit.workflow.code_hash`) follows only the code the stage runs.
+"""
+
+from __future__ import annotations
+
+from specfit import paths
+from specfit.questions import workload_source
+from specfit.workflow import (
+    DecodeRun,
+    decode_runs,
+    evaluated_question_ids,
+    method_config,
+    predictor_question_ids,
+    theory_cost,
+    theory_file,
+    theory_runs,
+    workload_ids,
+)
+
+
+def spec_bench(config: dict) -> dict:
+    """Rule spec_bench: where Spec-Bench's question.jsonl is fetched from and its checksum."""
+    return {k: config["spec_bench"][k] for k in ("url", "sha256")}
+
+
+def extract(config: dict, model: str, workload: str) -> dict:
+    """Rule extract: the question ids and length limits of a workload's prompts, or of the calibration's or the
+    route predictor's (``workload`` "calibration" or "predictor"). ``model`` names the tokenizer's config key.
+
+    A workload over Spec-Bench (the default source) has no source in its spec; one over another dataset adds its
+    name and its source (`specfit.questions.workload_source`)."""
+    source = None
+    if workload == "calibration":
+        ids, limit, requests = config["calibration"]["question_ids"], config["calibration"]["limit_tokens"], None
+    elif workload == "predictor":
+        ids, limit, requests = predictor_question_ids(config), config["predictor"]["limit_tokens"], None
+    else:
+        wl = config["workloads"][workload]
+        ids, limit, requests = workload_ids(config, workload), wl["limit_tokens"], wl["max_requests"]
+        source = workload_source(config, workload)
+    spec = {"model": model, "question_ids": ids, "limit_tokens": limit, "max_requests": requests}
+    if source is not None:
+        spec.update(workload=workload, source=source)
+    return spec
+
+
+def toy(config: dict, part: str) -> dict:
+    """Rules toy_tokenizer, toy_target and toy_drafter: ``toy.<part>``, the config's seed, and every question id
+    a workload evaluates or calibration probes (`specfit.workflow.evaluated_question_ids`): the toy never trains
+    on those."""
+    return {**config["toy"][part], "seed": config["seed"], "exclude_question_ids": evaluated_question_ids(config)}
+
+
+def calibrate(config: dict, model: str, device: str, cache: str) -> dict:
+    """Rule calibrate: the model's precision, the device, and the calibration protocol; with the cache
+    (``cache`` "cache") at the model's main slot count on the device, without it at 0 slots."""
+    dev, mod = config["devices"][device], config["models"][model]
+    return {
+        "model": model,
+        "dtype": mod["dtype"],
+        "logits_dtype": mod["logits_dtype"],
+        "torch_device": dev["torch_device"],
+        "max_inflight": dev["max_inflight"],
+        "link": dev["link"],
+        "coefficients": dev["coefficients"],
+        "slots": mod["main_slots"][device] if cache == "cache" else 0,
+        # the question ids reach the stage as its prompts input
+        "protocol": {k: v for k, v in config["calibration"].items() if k != "question_ids"},
+        "seed": config["seed"],
+    }
+
+
+def method_entry(config: dict, method: str) -> dict:
+    """A method's config entry as `specfit.speculative.config.MethodConfig` takes it: ``rule`` is the registered
+    name. Only the keys the entry sets (the stage fills the defaults), so a default it does not use reruns nothing."""
+    entry = dict(config["methods"][method])
+    return {"name": entry.pop("rule"), **entry}
+
+
+def _limits(config: dict, workload: str) -> dict:
+    """A workload's decode limits: input + output tokens per request, and output tokens (the limit when unset)."""
+    wl = config["workloads"][workload]
+    return {"limit_tokens": wl["limit_tokens"], "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"]}
+
+
+def _stream(config: dict, model: str, device: str, workload: str, method: str, slots: int, link) -> dict:
+    """What the decode and atlas stages share (`specfit.speculative.stream.StreamSpec`)."""
+    dev, mod = config["devices"][device], config["models"][model]
+    return {
+        "model": model,
+        "dtype": mod["dtype"],
+        "logits_dtype": mod["logits_dtype"],
+        "torch_device": dev["torch_device"],
+        "max_inflight": dev["max_inflight"],
+        "link": link,
+        "method": method_entry(config, method),
+        "slots": slots,
+        **_limits(config, workload),
+        "seed": config["seed"],
+    }
+
+
+def decode(config: dict, model: str, device: str, workload: str, method: str, slots: int | str) -> dict:
+    """Rule decode: one run of the decode matrix, over the device's link (emulated, or none)."""
+    return _stream(config, model, device, workload, method, int(slots), config["devices"][device]["link"])
+
+
+def atlas(config: dict, model: str, device: str, workload: str, method: str, cache: str | None = None) -> dict:
+    """Rule atlas: the method's stream with the slots of the device's with-cache runs (the most its memory is
+    known to hold; routes do not depend on what the cache holds) and without the emulated link: the build is off
+    the measured cache and timers. ``cache`` picks the coefficients the build selects with (an input), so both
+    variants of a method have this spec."""
+    slots = config["models"][model]["main_slots"][device]
+    return _stream(config, model, device, workload, method, slots, link=None)
+
+
+def predictor_device(config: dict, model: str) -> str:
+    """The device the model's first decode run uses: the route predictor trains and is timed there."""
+    return next(r.device for r in decode_runs(config) if r.model == model)
+
+
+def predictor(config: dict, model: str) -> dict:
+    """Rule predictor: the model's precision, the device it trains on, the pool shape of ``predictor.method``,
+    and the training protocol."""
+    p, mod = config["predictor"], config["models"][model]
+    drafting = method_config(config, p["method"])
+    return {
+        "model": model,
+        "dtype": mod["dtype"],
+        "logits_dtype": mod["logits_dtype"],
+        "torch_device": config["devices"][predictor_device(config, model)]["torch_device"],
+        "limit_tokens": p["limit_tokens"],
+        "max_new_tokens": p["max_new_tokens"],
+        "k_max": drafting.k_max,
+        "max_depth": drafting.max_depth,
+        "top_k_expand": drafting.top_k_expand,
+        "validation_requests": p["validation_requests"],
+        "steps": p["steps"],
+        "batch_size": p["batch_size"],
+        "lr": p["lr"],
+        "seed": config["seed"],
+    }
+
+
+def theory_run(config: dict, model: str, device: str, workload: str, method: str | None = None) -> DecodeRun:
+    """The run whose Table 5 a theory job writes: the paper SpecFit's (rule theory, no ``method``), or the
+    method's its file names (rule theory_cache_aware)."""
+    path = paths.theory(model, device, workload, method)
+    return next(r for r in theory_runs(config) if theory_file(config, r) == path)
+
+
+def theory(config: dict, model: str, device: str, workload: str, method: str | None = None) -> dict:
+    """Rules theory and theory_cache_aware: ``theory`` with the run's pool shape, limits and cost model."""
+    run = theory_run(config, model, device, workload, method)
+    drafting = method_config(config, run.method)
+    return {
+        **config["theory"],
+        "k_max": drafting.k_max,
+        "max_depth": drafting.max_depth,
+        # the decode run's limits: each cycle's depth cap near the length limit
+        **_limits(config, workload),
+        # "paper" (b + β F) for SpecFit, "cache_aware" for specfit-ca (beyond the paper)
+        "cost": theory_cost(config, run),
+    }
+
+
+def report(config: dict) -> dict:
+    """Rule report: what the report names and groups runs by."""
+    return {k: config[k] for k in ("workloads", "models", "devices", "methods", "runs", "seed")}

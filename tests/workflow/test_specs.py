@@ -1,0 +1,206 @@
+"""The config-to-stage contract (specfit.specs): each rule's spec for the shipped config and the smoke overlay, and
+the rules passing exactly those specs."""
+
+import copy
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from specfit import paths, specs
+from specfit.workflow import SCHEMA, DecodeRun, code_closure, load_config
+
+STAGES = ("specfit.extract", "specfit.toy.tokenizer", "specfit.toy.target", "specfit.toy.drafter",
+          "specfit.calibrate", "specfit.atlas", "specfit.predictor", "specfit.decode", "specfit.theory",
+          "specfit.report")
+EVALUATED = [*range(242, 321, 2), *range(401, 481)]  # summarization's and gsm8k's ids (calibration's are gsm8k's)
+A100_LINK = {"bandwidth_gbps": 0.175, "latency_us": 50}
+RTX4090_LINK = {"bandwidth_gbps": 0.09, "latency_us": 50}
+SMOKE_LINK = {"bandwidth_gbps": 4.0, "latency_us": 20}
+SPECFIT = {"name": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"}
+
+
+@pytest.fixture(scope="module")
+def config(root):
+    return load_config(root / "config.yaml", root / SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def smoke(root):
+    return load_config(root / "config.yaml", root / SCHEMA, root / "tests/smoke.yaml")
+
+
+def test_extract(config, smoke):
+    assert specs.spec_bench(config) == {
+        "url": "https://raw.githubusercontent.com/hemingkx/Spec-Bench/fd2c1cd7d2201ef71db4c5f4e455008f017967bf/"
+               "data/spec_bench/question.jsonl",
+        "sha256": "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"}
+    assert specs.extract(config, "toy", "gsm8k") == {
+        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 16}
+    assert specs.extract(smoke, "toy", "summarization") == {
+        "model": "toy", "question_ids": list(range(242, 321, 2)), "limit_tokens": 2048, "max_requests": 2}
+    assert specs.extract(config, "toy", "calibration") == {
+        "model": "toy", "question_ids": [401, 402, 403], "limit_tokens": 512, "max_requests": None}
+    assert specs.extract(smoke, "toy", "calibration")["question_ids"] == [401]
+    assert specs.extract(config, "toy", "predictor") == {
+        "model": "toy", "question_ids": [*range(241, 320, 2), *range(321, 341)], "limit_tokens": 1024,
+        "max_requests": None}
+    assert specs.extract(smoke, "toy", "predictor")["question_ids"] == list(range(321, 327))
+
+
+def test_extract_names_a_workload_of_another_dataset(config):
+    config = copy.deepcopy(config)
+    config["workloads"]["gsm8k"]["source"] = {"path": "data/gsm8k/test.jsonl", "split": "test",
+                                              "fields": {"id": None, "prompt": "question"}}
+    assert specs.extract(config, "toy", "gsm8k") == {
+        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 16,
+        "workload": "gsm8k",
+        "source": {"path": "data/gsm8k/test.jsonl", "hub": None, "name": None, "split": "test",
+                   "fields": {"id": None, "prompt": "question", "category": "category"}}}
+
+
+def test_toy(config, smoke):
+    assert specs.toy(config, "tokenizer") == {
+        "vocab_size": 4096, "heldout": 12, "seed": 0, "exclude_question_ids": EVALUATED}
+    target = specs.toy(smoke, "target")
+    assert target == {
+        "hidden_size": 64, "num_layers": 4, "num_experts": 8, "top_k": 2, "moe_intermediate_size": 64,
+        "seq_len": 256, "batch_size": 2, "lr": 0.004, "steps": 40, "span_conversations": 200, "unlikelihood": 1.0,
+        "max_minutes": 8, "num_heads": 4, "num_kv_heads": 2, "router_aux_loss_coef": 0.01, "span_max_words": 150,
+        "heldout": 12, "seed": 0, "exclude_question_ids": EVALUATED}
+    drafter = specs.toy(smoke, "drafter")
+    assert (drafter["steps"], drafter["ttt_steps"], drafter["distill_prompts"]) == (30, 3, 16)
+    assert specs.toy(config, "drafter")["steps"] == 1200
+
+
+def test_calibrate(config, smoke):
+    assert specs.calibrate(config, "toy", "cpu-4090link", "cache") == {
+        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
+        "link": RTX4090_LINK, "coefficients": "fit", "slots": 8,
+        "protocol": {"cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2, "limit_tokens": 512}, "seed": 0}
+    assert specs.calibrate(config, "toy", "cpu-4090link", "nocache")["slots"] == 0
+    smoke_fit = specs.calibrate(smoke, "toy", "cpu-a100link", "cache")
+    assert (smoke_fit["link"], smoke_fit["slots"]) == (SMOKE_LINK, 4)
+    assert smoke_fit["protocol"] == {"cycle_boundaries": [0, 2], "sizes": 8, "repeats": 1, "limit_tokens": 512}
+
+
+def test_decode(config, smoke):
+    assert specs.decode(config, "toy", "cpu-a100link", "summarization", "specfit-noisy", "6") == {
+        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
+        "link": A100_LINK, "method": {**SPECFIT, "routes": "noisy", "accuracy": 0.6}, "slots": 6,
+        "limit_tokens": 2048, "max_new_tokens": 128, "seed": 0}
+    # a method entry as it is written (the stage fills the defaults): AR sets nothing
+    assert specs.decode(config, "toy", "cpu-a100link", "gsm8k", "ar", 0)["method"] == {"name": "ar"}
+    assert specs.decode(smoke, "toy", "cpu-a100link", "gsm8k", "specfit-learned", "4") == {
+        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
+        "link": SMOKE_LINK, "method": {**SPECFIT, "routes": "learned"}, "slots": 4, "limit_tokens": 512,
+        "max_new_tokens": 12, "seed": 0}
+
+
+def test_max_new_tokens_unset_is_the_length_limit(config):
+    config = copy.deepcopy(config)
+    config["workloads"]["gsm8k"]["max_new_tokens"] = None
+    assert specs.decode(config, "toy", "cpu-a100link", "gsm8k", "ar", 0)["max_new_tokens"] == 512
+    assert specs.theory(config, "toy", "cpu-a100link", "gsm8k")["max_new_tokens"] == 512
+
+
+def test_atlas_is_built_at_the_main_slots_without_the_link(config):
+    """Both cache modes of a variant build with the device's with-cache slot count and no emulated link."""
+    built = specs.atlas(config, "toy", "cpu-4090link", "gsm8k", "specfit", "nocache")
+    assert built == {
+        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
+        "link": None, "method": SPECFIT, "slots": 8, "limit_tokens": 512, "max_new_tokens": 128, "seed": 0}
+    assert specs.atlas(config, "toy", "cpu-4090link", "gsm8k", "specfit", "cache") == built
+    assert built == {**specs.decode(config, "toy", "cpu-4090link", "gsm8k", "specfit", 8), "link": None}
+
+
+def test_predictor(config, smoke):
+    # the first decode run's device in the matrix's order: cpu-4090link sorts before cpu-a100link
+    assert specs.predictor_device(config, "toy") == "cpu-4090link"
+    assert specs.predictor(config, "toy") == {
+        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "limit_tokens": 1024,
+        "max_new_tokens": 64, "k_max": 7, "max_depth": 5, "top_k_expand": 2, "validation_requests": 8,
+        "steps": 1500, "batch_size": 512, "lr": 0.003, "seed": 0}
+    assert specs.predictor_device(smoke, "toy") == "cpu-a100link"
+    smoke_spec = specs.predictor(smoke, "toy")
+    assert (smoke_spec["max_new_tokens"], smoke_spec["validation_requests"], smoke_spec["steps"]) == (8, 2, 40)
+
+
+def test_theory(config, smoke):
+    assert specs.theory_run(config, "toy", "cpu-a100link", "gsm8k") == DecodeRun(
+        "toy", "cpu-a100link", "gsm8k", "specfit", 12)
+    assert specs.theory(config, "toy", "cpu-a100link", "gsm8k") == {
+        "beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 128,
+        "cost": "paper"}
+    assert specs.theory_run(smoke, "toy", "cpu-a100link", "gsm8k", "specfit-ca") == DecodeRun(
+        "toy", "cpu-a100link", "gsm8k", "specfit-ca", 4)
+    assert specs.theory(smoke, "toy", "cpu-a100link", "gsm8k", "specfit-ca") == {
+        "beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 12,
+        "cost": "cache_aware"}
+
+
+def test_report(config):
+    report = specs.report(config)
+    assert sorted(report) == ["devices", "methods", "models", "runs", "seed", "workloads"]
+    assert report["runs"] == config["runs"] and report["devices"]["cpu-a100link"]["link"] == A100_LINK
+
+
+def test_no_stage_runs_the_specs():
+    """A spec reaches its rule as params, so an edit here reruns the jobs whose spec it changes; the stages' code
+    hashes leave this module out."""
+    for stage in STAGES:
+        assert "specfit.specs" not in code_closure(stage), stage
+
+
+# ------------------------------------------------------------------ the rules pass exactly these specs
+def _pattern(path: str) -> re.Pattern:
+    """A path pattern of specfit.paths as a regex with a group per wildcard (`cache` constrained as in the rules)."""
+    regex = re.escape(path)
+    for name in re.findall(r"\{(\w+)\}", path):
+        value = "|".join(paths.CACHE_MODES) if name == "cache" else "[^/]+?"
+        regex = regex.replace(re.escape(f"{{{name}}}"), f"(?P<{name}>{value})", 1)
+    return re.compile(regex + "$")
+
+
+W = ("{model}", "{device}", "{workload}")
+# each stage's spec builder, by the pattern of the first output its rule passes (which holds the job's wildcards)
+JOBS = {
+    "specfit.extract": (specs.extract, [paths.prompts("{model}", "{workload}")]),
+    "specfit.calibrate": (specs.calibrate, [paths.calibration("{model}", "{device}", "{cache}")]),
+    "specfit.atlas": (specs.atlas, [paths.atlas(*W, "{method}-{cache}")]),
+    "specfit.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
+    "specfit.predictor": (specs.predictor, [paths.predictor("{model}")]),
+    "specfit.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
+}
+
+
+def _expected(config: dict, module: str, argv: list[str]) -> dict:
+    if argv[0] == "fetch":
+        return specs.spec_bench(config)
+    if module.startswith("specfit.toy."):
+        return specs.toy(config, module.rpartition(".")[2])
+    if module == "specfit.report":
+        return specs.report(config)
+    build, patterns = JOBS[module]
+    out = argv[argv.index("--out") + 1].partition("=")[2]
+    match = next(m for p in patterns if (m := _pattern(p).match(out)))
+    return build(config, **match.groupdict())
+
+
+@pytest.mark.parametrize("overlays", [(), ("tests/smoke.yaml",)], ids=["config.yaml", "smoke"])
+def test_every_job_gets_its_builders_spec(root, overlays):
+    config = load_config(root / "config.yaml", root / SCHEMA, *(root / o for o in overlays))
+    args = [a for o in overlays for a in ("--configfile", o)]
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--forceall", "reports/all", *args],
+                          check=False, cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    commands = [shlex.split(line.partition(": ")[2]) for line in proc.stdout.splitlines()
+                if line.startswith("Shell command: python -m specfit.")]
+    assert len(commands) == (70 if not overlays else 38)
+    for argv in commands:
+        module, argv = argv[2], argv[3:argv.index(">")]
+        spec = json.loads(argv[argv.index("--spec") + 1])
+        assert spec == _expected(config, module, argv), " ".join(argv)
