@@ -1,5 +1,6 @@
 """The offload engine every method runs on: host-resident experts, an LRU of device slots per MoE layer."""
 
+from specfit.device import DeviceModel
 from specfit.engine.families import FAMILIES, MoEFamily, family_of
 from specfit.engine.link import LinkModel, link_for_copy_share
 from specfit.engine.offload import (
@@ -14,6 +15,7 @@ from specfit.engine.offload import (
 
 __all__ = [
     "EXPERTS_IMPLEMENTATION",
+    "DeviceModel",
     "FAMILIES",
     "ExpertCache",
     "LinkModel",

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
+from specfit.device import DeviceModel, Timeline
 from specfit.engine.families import MoEFamily, family_of, moe_experts
 from specfit.engine.link import Link, LinkModel
 
@@ -66,10 +67,13 @@ class OffloadConfig:
     slots: int
     max_inflight: int = 2  # host-to-device copies in flight at most
     link: LinkModel | None = None  # emulated link for CPU-only machines; None: copies run at memory speed
+    device: DeviceModel | None = None  # emulated GPU for CPU-only machines (its own link): specfit.device
 
     def __post_init__(self) -> None:
         if self.slots < 0 or self.max_inflight < 1:
             raise ValueError(f"need slots >= 0 and max_inflight >= 1, got {self}")
+        if self.link is not None and self.device is not None:
+            raise ValueError("an emulated device models its own link (copy_ms): give a link or a device, not both")
 
 
 # A plan step: ("load", [(expert, slot), ...]) issues copies; ("compute", [(expert, slot), ...], wait) runs the
@@ -306,6 +310,8 @@ class _OffloadedLayer:
         if misses:
             self.slot_table = None
         engine._on_layer(self.index, len(union), len(hits), len(misses), top_k_index)
+        if engine.timeline is not None:
+            engine.timeline.layer(self.index, hidden_states.shape[0], steps)
 
         if not misses and steps:  # all hits: one call of the target's own implementation over the slot rows
             return self._compute(steps[0][1], True, hidden_states, top_k_index, top_k_weights)
@@ -425,14 +431,15 @@ class OffloadEngine:
         self.top_k = getattr(text_config, self.family.top_k_attr)
         self.device = torch.device(device) if device is not None else _compute_device(model, modules, self.family)
         cuda = self.device.type == "cuda"
-        if cuda and config.link is not None:
-            raise ValueError("link emulation is for machines without a host link; CUDA copies use the real one")
+        if cuda and (config.link is not None or config.device is not None):
+            raise ValueError("link and device emulation are for machines without a GPU; CUDA runs are measured")
 
         hosts = [_to_host(m, self.family, pin=cuda) for m in modules]
         if device is not None:
             _move_all_but_experts(model, modules, self.family, self.device)
         self.expert_bytes = sum(t[0].numel() * t.element_size() for t in hosts[0].values())
         self.link = Link(config.link) if config.link is not None else None
+        self.timeline = Timeline(config.device) if config.device is not None else None
         self.copier = _StreamCopier(config.max_inflight, self.device) if cuda else _ThreadCopier(
             config.max_inflight, self.link
         )
@@ -468,12 +475,14 @@ class OffloadEngine:
 
     @property
     def link_emulated(self) -> bool:
-        """Whether copies go over an emulated link: every timing of such a run must say so."""
-        return self.link is not None
+        """Whether timings are emulated (a link, or a whole device): every timing of such a run must say so."""
+        return self.link is not None or self.timeline is not None
 
     @property
     def timing_label(self) -> str:
         """A label for timings taken on this engine, e.g. ``"emulated link (...)"`` or ``"cuda H2D"``."""
+        if self.timeline is not None:
+            return self.timeline.model.label
         if self.link is not None:
             return self.link.model.label
         if self.device.type == "cuda":
@@ -491,6 +500,8 @@ class OffloadEngine:
         self._copy_wait_s = 0.0
         if self.link is not None:
             self.link.reset()
+        if self.timeline is not None:
+            self.timeline.reset()
 
     @property
     def h2d_transfers(self) -> int:
@@ -508,6 +519,8 @@ class OffloadEngine:
             link_emulated=self.link_emulated,
             timing_label=self.timing_label,
         )
+        if self.timeline is not None:
+            out["device"] = self.timeline.as_dict()  # modelled vs CPU time, overruns (target, drafter)
         return out
 
     def _on_layer(self, index: int, demand: int, hits: int, misses: int, top_k_index: torch.Tensor) -> None:
@@ -523,12 +536,16 @@ class OffloadEngine:
         self._current.transfers[index] += transfers
 
     def _begin_forward(self) -> None:
+        if self.timeline is not None:
+            self.timeline.begin()
         self._current = _Counters(self.num_layers, self.expert_bytes)
         self._forward_routes = [None] * self.num_layers
         if self.config.slots == 0:
             self.clear_cache()
 
     def _end_forward(self) -> None:
+        if self.timeline is not None:
+            self.timeline.end()
         self._forwards += 1
         self.last_forward = self._current.as_dict()
         if self._recorder is not None and all(r is not None for r in self._forward_routes):
@@ -563,6 +580,21 @@ class OffloadEngine:
         finally:
             self._recorder = None
 
+    def emulate_drafter(self, drafter: nn.Module) -> None:
+        """On an emulated device, make every forward of ``drafter`` take the device's ``draft_ms`` at least."""
+        timeline = self.timeline
+        if timeline is None:
+            return
+        started = [0.0]
+
+        def begin(*_) -> None:
+            started[0] = time.perf_counter()
+
+        def end(*_) -> None:
+            timeline.drafter.finish(started[0], timeline.model.draft_ms)  # reset_stats() replaces timeline.drafter
+
+        self._hooks += [drafter.register_forward_pre_hook(begin), drafter.register_forward_hook(end)]
+
     def close(self) -> None:
         """Stop the copy workers and remove the forward hooks (the model stays offloaded)."""
         for hook in self._hooks:
@@ -580,11 +612,14 @@ def offload_experts(model: nn.Module, config: OffloadConfig, device: torch.devic
 
 
 def make_engine(model: nn.Module, slots: int, max_inflight: int = 2, link: dict | None = None,
-                torch_device: str = "cpu") -> OffloadEngine:
-    """`offload_experts` from a stage's spec: ``link`` is null or {bandwidth_gbps: GB/s, latency_us: us}."""
+                torch_device: str = "cpu", emulate: dict | None = None) -> OffloadEngine:
+    """`offload_experts` from a stage's spec: ``link`` is null or {bandwidth_gbps: GB/s, latency_us: us}; ``emulate``
+    is null or a device entry's emulated GPU ({name, fixed_ms, token_ms, expert_ms, copy_ms, draft_ms})."""
     if link is not None:
         link = LinkModel(link["bandwidth_gbps"] * 1e9, link.get("latency_us", 0.0) * 1e-6)
-    return offload_experts(model, OffloadConfig(slots, max_inflight=max_inflight, link=link), device=torch_device)
+    device = DeviceModel.from_spec(emulate) if emulate is not None else None
+    config = OffloadConfig(slots, max_inflight=max_inflight, link=link, device=device)
+    return offload_experts(model, config, device=torch_device)
 
 
 def _compute_device(model: nn.Module, modules: list[nn.Module], family: MoEFamily) -> torch.device:

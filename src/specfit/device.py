@@ -1,0 +1,183 @@
+"""An emulated GPU for CPU-only machines: what a batch-1 forward of the offloaded target costs on the GPU it stands for.
+
+A link-only emulation (:mod:`specfit.engine.link`) makes copies cost what they cost on a GPU, but leaves the rest of a
+forward at the CPU's own speed, where an executed expert costs microseconds; on the paper's A100 an executed expert
+costs about as much as a copy. :class:`DeviceModel` prices a target forward the way that GPU would run the engine's
+own plan (``ExpertCache.admit``):
+
+- a fixed part by the forward's tokens, ``fixed_ms + token_ms * (T - 1)`` (attention, dense layers, norms, LM head);
+- per MoE layer, ``expert_ms`` per executed expert (each distinct expert of the layer's union, resident or copied);
+- the link: ``copy_ms`` per expert copy, one expert at a time, issued when the layer's routes are known, so that
+  copies overlap the compute of the hits, and a group of misses runs once its copies have landed;
+
+and a drafter forward (one drafted level, or the catch-up forward of the first) at ``draft_ms``. The CPU's own
+compute overlaps the model: a forward takes the longer of its measured CPU time and its modelled time, and the
+forwards whose CPU time overran the model are counted, so that the same config gives the same timings, and the same
+verdicts, on any CPU fast enough. docs/device.md derives the parameters from the paper's Tables 2-4 and Appendix B
+and scales them to the toy by one rule (:func:`scaled`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from specfit.errors import SpecFitError
+
+PARAMETERS = ("fixed_ms", "token_ms", "expert_ms", "copy_ms", "draft_ms")
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """The batch-1 costs of one emulated GPU, in milliseconds (see the module docstring)."""
+
+    name: str
+    fixed_ms: float
+    token_ms: float
+    expert_ms: float
+    copy_ms: float
+    draft_ms: float
+
+    def __post_init__(self) -> None:
+        check_parameters(self.__dict__, f"device model {self.name!r}")
+
+    @classmethod
+    def from_spec(cls, spec: dict, key: str = "emulate") -> DeviceModel:
+        """From a device entry's ``emulate`` mapping; a missing, negative or non-numeric parameter names its key."""
+        check_parameters(spec, key)
+        return cls(str(spec.get("name", "GPU")), *(float(spec[p]) for p in PARAMETERS))
+
+    @property
+    def label(self) -> str:
+        """How timings taken on this device are labelled wherever they are shown."""
+        return f"emulated {self.name} (expert execution + link), CPU compute overlapped"
+
+    def fixed(self, tokens: int) -> float:
+        """The fixed part of a target forward over ``tokens`` tokens (ms)."""
+        return self.fixed_ms + self.token_ms * (tokens - 1)
+
+    def layer_ms(self, steps: list, link_free: float, now: float) -> tuple[float, float]:
+        """Walk one layer's plan (``ExpertCache.admit`` steps) from ``now``; return (end, link free at).
+
+        A ``load`` step puts its copies on the link one after another; a ``compute`` step runs its group after the
+        copies issued so far when it waits for them, else at once (the hits, while the misses' copies are in flight).
+        """
+        for step in steps:
+            if step[0] == "load":
+                link_free = max(link_free, now) + self.copy_ms * len(step[1])
+                continue
+            _, group, wait = step
+            if wait:
+                now = max(now, link_free)
+            now += self.expert_ms * len(group)
+        return now, link_free
+
+    def mean_layer_ms(self, union: float, misses: float) -> float:
+        """One layer of mean counts: the hits run while the misses' copies move, then the misses run (ms).
+
+        With ``misses == union`` (no expert cache: nothing is resident) the copies and the execution add up. This is
+        the plan of a layer whose union fits its slots, evaluated on means (``python -m specfit.bench device``).
+        """
+        hits = union - misses
+        return max(hits * self.expert_ms, misses * self.copy_ms) + misses * self.expert_ms
+
+
+def check_parameters(spec: dict, key: str) -> None:
+    """Refuse a missing, non-numeric or negative parameter, and a forward that would cost nothing, naming the key."""
+    for p in PARAMETERS:
+        value = spec.get(p)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecFitError(f"{key}.{p} must be a number of milliseconds, got {value!r}")
+        if value < 0:
+            raise SpecFitError(f"{key}.{p} = {value} is negative: a cost in milliseconds is >= 0")
+    if spec["fixed_ms"] <= 0 or spec["draft_ms"] <= 0:
+        raise SpecFitError(f"{key}: fixed_ms and draft_ms must be > 0, or a forward would cost nothing on the "
+                           f"emulated device (got fixed_ms={spec['fixed_ms']}, draft_ms={spec['draft_ms']})")
+
+
+def scaled(gpu: dict, reference_step_ms: float, step_ms: float, experts_per_token: int) -> dict:
+    """The toy's parameters from a GPU's (``gpu``, as :func:`specfit.bench.device.derive` gives them): one rule.
+
+    One unit for every GPU: a millisecond of the reference GPU's cached AR step (``reference_step_ms``, the A100's)
+    becomes ``step_ms / reference_step_ms`` on the toy, so each GPU keeps its speed relative to the reference; a time
+    per expert also scales by the experts one AR token executes (the paper's L * k = 48 * 8 = 384, the toy's
+    ``experts_per_token``), so that an AR token's expert union costs the same share of its step on both.
+    """
+    unit = step_ms / reference_step_ms
+    per_expert = unit * gpu["experts_per_token"] / experts_per_token
+    return {
+        "name": gpu["name"],
+        "fixed_ms": gpu["fixed_ms"] * unit,
+        "token_ms": gpu["token_ms"] * unit,
+        "expert_ms": gpu["expert_ms"] * per_expert,
+        "copy_ms": gpu["copy_ms"] * per_expert,
+        "draft_ms": gpu["draft_ms"] * unit,
+    }
+
+
+@dataclass
+class Overlap:
+    """Forwards on the emulated device: modelled and CPU time, and how often the CPU overran the model."""
+
+    forwards: int = 0
+    overruns: int = 0
+    modelled_s: float = 0.0
+    cpu_s: float = 0.0
+    waited_s: float = 0.0  # slept to reach the modelled time
+
+    def finish(self, started: float, modelled_ms: float) -> None:
+        """End a forward that began at ``started`` (perf_counter): wait until its modelled time has passed."""
+        cpu = time.perf_counter() - started
+        modelled = modelled_ms * 1e-3
+        self.forwards += 1
+        self.modelled_s += modelled
+        self.cpu_s += cpu
+        if cpu > modelled:
+            self.overruns += 1
+            return
+        _wait_until(started + modelled)
+        self.waited_s += modelled - cpu
+
+    def as_dict(self) -> dict:
+        return {"forwards": self.forwards, "overruns": self.overruns, "modelled_s": self.modelled_s,
+                "cpu_s": self.cpu_s, "waited_s": self.waited_s,
+                "overrun_share": self.overruns / self.forwards if self.forwards else 0.0}
+
+
+def _wait_until(deadline: float) -> None:
+    """Sleep to ``deadline`` (perf_counter), spinning the last 0.2 ms: a plain sleep overshoots by up to ~0.1 ms."""
+    remaining = deadline - time.perf_counter()
+    if remaining > 2e-4:
+        time.sleep(remaining - 2e-4)
+    while time.perf_counter() < deadline:
+        pass
+
+
+@dataclass
+class Timeline:
+    """The modelled clock of the forward in progress (ms from its start) and of the link."""
+
+    model: DeviceModel
+    target: Overlap = field(default_factory=Overlap)
+    drafter: Overlap = field(default_factory=Overlap)
+    started: float = 0.0
+    now: float = 0.0
+    link_free: float = 0.0
+
+    def begin(self) -> None:
+        self.started = time.perf_counter()
+        self.now = self.link_free = 0.0
+
+    def layer(self, index: int, tokens: int, steps: list) -> None:
+        if index == 0:
+            self.now += self.model.fixed(tokens)
+        self.now, self.link_free = self.model.layer_ms(steps, self.link_free, self.now)
+
+    def end(self) -> None:
+        self.target.finish(self.started, self.now)
+
+    def reset(self) -> None:
+        self.target, self.drafter = Overlap(), Overlap()
+
+    def as_dict(self) -> dict:
+        return {"label": self.model.label, "target": self.target.as_dict(), "drafter": self.drafter.as_dict()}
