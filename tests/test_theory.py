@@ -10,14 +10,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent / "selection"))  # run alone, before pytest collects that folder
-from test_cache_aware import ca_time, misses, resident_pools  # noqa: E402
-from test_selection import legal_subtrees, pools, reward, union  # noqa: E402
+from test_cache_aware import ca_time, misses, resident_pools
+from test_selection import legal_subtrees, pools, reward, union
 
-from specfit.coefficients import DraftCost  # noqa: E402
-from specfit.errors import SpecFitError  # noqa: E402
-from specfit.selection import Pool, select_specfit, select_specfit_ca, select_top_prob  # noqa: E402
-from specfit.theory import (CacheAwareCost, RecordedCycle, cache_aware_theory, committed, depth_cap,  # noqa: E402
-                            dinkelbach, parametric_value, recorded_cycles, selection_theory)
+from specfit.coefficients import DraftCost
+from specfit.errors import SpecFitError
+from specfit.selection import Pool, select_parametric, select_specfit, select_specfit_ca, select_top_prob
+from specfit.theory import (
+    CacheAwareCost,
+    RecordedCycle,
+    cache_aware_theory,
+    committed,
+    depth_cap,
+    recorded_cycles,
+    selection_theory,
+    solve_dinkelbach,
+)
 
 B = [1.0, 1.1, 1.3, 1.4, 1.6, 1.8, 1.9, 2.1]
 
@@ -79,9 +87,10 @@ def test_gap_lies_between_zero_and_the_bound_of_eq_7(data, beta):
 @given(data=st.data(), beta=st.sampled_from([0.01, 0.1, 0.5]))
 def test_dinkelbach_converges_to_the_root_of_h(data, beta):
     pools_ = [c.pool for c in data.draw(cycles(beta))]
-    lam, selections, _ = dinkelbach(pools_, B, beta)
-    assert parametric_value(selections, lam) == pytest.approx(0.0, abs=1e-9)
-    assert parametric_value(selections, lam) == pytest.approx(brute_h(pools_, lam, beta), abs=1e-12)
+    lam, selections, _ = solve_dinkelbach(lambda at: [select_parametric(p, B, beta, at) for p in pools_])
+    h = np.mean([s.reward - lam * s.time for s in selections])  # h(λ) of Eq. 9 at the maximizers S_λ
+    assert h == pytest.approx(0.0, abs=1e-9)
+    assert h == pytest.approx(brute_h(pools_, lam, beta), abs=1e-12)
     low, high = 0.0, 8.0 / min(B)  # h(0) >= 1 > 0; no ratio exceeds (1 + 7 nodes of p <= 1) / min b
     for _ in range(80):
         mid = 0.5 * (low + high)

@@ -36,8 +36,13 @@ from specfit.errors import SpecFitError
 from specfit.io import read_json, write_json
 from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, read_table, resident_mask
 from specfit.selection.pool import CandidatePool, Pool
-from specfit.selection.selectors import (Selection, select_parametric, select_parametric_ca, select_specfit,
-                                         select_specfit_ca)
+from specfit.selection.selectors import (
+    Selection,
+    select_parametric,
+    select_parametric_ca,
+    select_specfit,
+    select_specfit_ca,
+)
 from specfit.speculative.cycle import Cycle
 from specfit.speculative.routes import AtlasRoutes
 from specfit.stage import stage_main
@@ -66,11 +71,6 @@ def committed(nodes, accepted_path) -> int:
     while count < len(accepted_path) and accepted_path[count] in nodes:
         count += 1
     return 1 + count
-
-
-def parametric_value(selections: list[Selection], lam: float) -> float:
-    """h(λ) of Eq. 9, E[R̂(S_λ) - λ T̂(S_λ)], given each cycle's maximizer S_λ."""
-    return float(np.mean([s.reward - lam * s.time for s in selections]))
 
 
 @dataclass(frozen=True)
@@ -125,12 +125,6 @@ class CacheAwareCost:
     def coefficients(self) -> dict:
         return {"b": list(self.b), "beta_miss": self.beta_miss, "beta_hit": self.beta_hit,
                 "drafting": asdict(self.drafting)}
-
-
-def dinkelbach(pools: list[Pool], b, beta: float, k_max: int = 7, lam: float = 0.0, max_iter: int = 100):
-    """λ* under the paper's cost (`solve_dinkelbach`) over ``pools``. Returns (λ*, S* per cycle, iterations)."""
-    return solve_dinkelbach(lambda lam: [select_parametric(pool, b, beta, lam, k_max) for pool in pools], lam,
-                            max_iter)
 
 
 def solve_dinkelbach(select, lam: float = 0.0, max_iter: int = 100):

@@ -1,12 +1,14 @@
 """Speculative decoding on the offloaded target, one request at a time (batch size 1, greedy).
 
-- `config`: a method's parameters and the route sources (torch-free)
+- `config`: a method's parameters and the route sources, learned ones included (torch-free)
 - `cycle`: what a method sees of the cycle it decides in; the request's stopwatch
 - `draft`: the drafter's state and the candidate pool drafted level by level
 - `tree`: tree attention masks, positions and KV-cache pruning
 - `verify`: the target side: prefill, tree verification, greedy acceptance
-- `methods`: the registered methods (AR, EAGLE-3, SpecFit) and `build_method`
-- `routes`: SpecFit's route sources (live target queries, the atlas, a noisy predictor)
+- `methods`: the registered methods (AR, EAGLE-3, SpecFit; specfit-ca, beyond the paper, with the cache-aware cost)
+  and `build_method`
+- `routes`: SpecFit's route sources (live target queries, the atlas, a noisy predictor) and `route_source_for`
+- `learned`: learned routes (beyond the paper): the route predictor and the source that predicts with it
 - `request`: one request's decoding: `Session` and `decode_request`
 - `stream`: a method's timed request stream, resumable (what the decode and atlas stages run)
 

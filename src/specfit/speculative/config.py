@@ -30,10 +30,6 @@ class RouteSource:
         return not self.noisy and not self.learned
 
     @property
-    def needs_atlas(self) -> bool:
-        return not self.live and not self.learned
-
-    @property
     def built_by(self) -> RouteSource:
         """The live source whose run builds the atlas this source reads (itself when live)."""
         if self.learned:

@@ -35,17 +35,17 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from specfit.engine import make_engine
+from specfit.engine import OffloadEngine, make_engine
 from specfit.errors import SpecFitError
 from specfit.io import read_json, write_json, write_parquet
 from specfit.metrics import stream_metrics
-from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
+from specfit.models import Eagle3Drafter, check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, read_prompts
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.learned import LearnedRoutes
-from specfit.speculative.methods import build_method
+from specfit.speculative.methods import Method, build_method
 from specfit.speculative.request import Limits, decode_request
-from specfit.speculative.routes import AtlasRoutes, find_source
+from specfit.speculative.routes import AtlasRoutes, LiveRoutes, find_source
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class StreamSpec:
     warmup_tokens: int = 8  # output tokens of the warm-up request
 
     @classmethod
-    def from_dict(cls, spec: dict) -> "StreamSpec":
+    def from_dict(cls, spec: dict) -> StreamSpec:
         names = {f.name for f in fields(cls)}
         required = {f.name for f in fields(cls) if f.default is MISSING}
         missing, unknown = required - set(spec), set(spec) - names
@@ -106,26 +106,77 @@ class Parts:
 def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
     """Decode every prompt with ``spec.method``, after an untimed warm-up request; write the records."""
     torch.manual_seed(spec.seed)
+    loaded = load(spec, inputs, outputs)
+    prompts = read_prompts(inputs["prompts"], spec.max_requests)
+    parts = Parts(Path(str(outputs["requests"]) + ".parts"))
+    resumes = stream(loaded, spec, prompts, parts)
+
+    ids = [p["request_id"] for p in prompts]
+    requests, cycles = parts.read("requests", ids), parts.read("cycles", ids)
+    metrics = summarize(loaded, spec, prompts, requests, cycles, resumes, inputs.get("reference"))
+    if loaded.live is not None:
+        write_parquet(parts.read("atlas", ids), outputs["atlas"])
+    write_parquet(requests, outputs["requests"])
+    write_parquet(cycles, outputs["cycles"])
+    write_json(metrics, outputs["metrics"])
+    shutil.rmtree(parts.path)
+
+
+@dataclass
+class Loaded:
+    """What a stream decodes with: the offloaded target, the method and its drafter, and the method's route
+    sources that count what they answer."""
+
+    model: torch.nn.Module
+    engine: OffloadEngine
+    method: Method
+    drafter: Eagle3Drafter | None  # None for a method that does not draft (AR)
+    live: LiveRoutes | None  # routes of the target itself, kept as atlas rows (the atlas build)
+    atlas: AtlasRoutes | None  # routes replayed from an atlas
+    learned: LearnedRoutes | None  # routes from a route predictor
+
+    def decode(self, prompt: dict, limits: Limits):
+        return decode_request(
+            self.model, self.drafter, self.method, prompt["prompt_ids"], request_id=prompt["request_id"],
+            question_id=prompt["question_id"], limits=limits, engine=self.engine,
+        )
+
+    def warm_up(self, prompt: dict, limits: Limits) -> None:
+        """Decode ``prompt`` untimed, then start over: an empty expert cache and fresh counters."""
+        self.decode(prompt, limits)
+        self.engine.clear_cache()
+        self.engine.reset_stats()
+        self.method.reset()
+        for source in (self.atlas, self.learned):
+            if source is not None:
+                source.reset_counts()
+
+
+def load(spec: StreamSpec, inputs: dict, outputs: dict) -> Loaded:
+    """The target offloaded as ``spec`` says, the method and, if it drafts, the drafter; checkpoints are checked
+    from their configs and headers before any weight is read."""
     keys = {name: f"models.{spec.model}.{name}" for name in ("target", "drafter")}
     check_checkpoints(inputs["target"], inputs.get("drafter"), spec.model)  # configs and headers, before any weight
     model, _ = load_target(inputs["target"], spec.dtype, "cpu", key=keys["target"], logits_dtype=spec.logits_dtype)
     engine = make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device)
-    num_experts = engine.num_experts
-    method = build_method(spec.method, inputs, spec.seed, num_experts)
+    method = build_method(spec.method, inputs, spec.seed, engine.num_experts)
     drafter = None
     if method.drafts:
         if "drafter" not in inputs:
             raise SpecFitError(f"method {spec.method.name} needs the `drafter` input")
         drafter = load_drafter(inputs["drafter"], model, device=spec.torch_device, key=keys["drafter"])
-    live = method.live
-    atlas = find_source(getattr(method, "route_source", None), AtlasRoutes)  # routes replayed from an atlas
-    learned = find_source(getattr(method, "route_source", None), LearnedRoutes)  # routes from a route predictor
-    if live is not None and "atlas" not in outputs:
+    if method.live is not None and "atlas" not in outputs:
         raise SpecFitError("live routes build an atlas: give the `atlas` output")
+    source = getattr(method, "route_source", None)
+    return Loaded(model, engine, method, drafter, live=method.live, atlas=find_source(source, AtlasRoutes),
+                  learned=find_source(source, LearnedRoutes))
 
-    prompts = read_prompts(inputs["prompts"], spec.max_requests)
-    limits = Limits(spec.limit_tokens, spec.max_new_tokens, eos_ids(model))
-    parts = Parts(Path(str(outputs["requests"]) + ".parts"))
+
+def stream(loaded: Loaded, spec: StreamSpec, prompts: list[dict], parts: Parts) -> list[dict]:
+    """Decode the prompts that ``parts`` does not hold yet (a crashed run's finished requests are kept), after an
+    untimed warm-up request, keeping each request in ``parts`` as it finishes. Returns the resumes so far: where
+    each rerun after a crash picked up."""
+    limits = Limits(spec.limit_tokens, spec.max_new_tokens, eos_ids(loaded.model))
     done = parts.done()
     todo = [p for p in prompts if p["request_id"] not in done]
     resumes = read_json(parts.path / "resumes.json") if (parts.path / "resumes.json").exists() else []
@@ -134,27 +185,16 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
         write_json(resumes, parts.path / "resumes.json")
         log.warning("resuming at request %d: %d requests were finished", todo[0]["request_id"], len(done))
 
-    def decode(prompt: dict, limits: Limits):
-        return decode_request(
-            model, drafter, method, prompt["prompt_ids"], request_id=prompt["request_id"],
-            question_id=prompt["question_id"], limits=limits, engine=engine,
-        )
-
-    if todo:  # warm-up: the first request, short; then an empty expert cache and fresh counters
-        warmup = Limits(limits.limit_tokens, min(spec.warmup_tokens, limits.max_new_tokens), limits.eos_ids)
-        decode(todo[0], warmup)
-        engine.clear_cache()
-        engine.reset_stats()
-        method.reset()
-        for source in (atlas, learned):
-            if source is not None:
-                source.reset_counts()
+    if todo:  # warm-up: the first request, short
+        loaded.warm_up(todo[0], Limits(limits.limit_tokens, min(spec.warmup_tokens, limits.max_new_tokens),
+                                       limits.eos_ids))
     progress = tqdm(total=len(prompts), initial=len(prompts) - len(todo), unit="req", desc=spec.method.name)
     tokens = seconds = 0.0
+    live = loaded.live
     for prompt in todo:
         if live is not None:
             live.rows.clear()  # on disk request by request, not held for the whole stream
-        result = decode(prompt, limits)
+        result = loaded.decode(prompt, limits)
         tables = {"requests": [result.request], "cycles": result.cycles}
         if live is not None:
             tables["atlas"] = live.rows
@@ -164,14 +204,20 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
         progress.update()
         progress.set_postfix(tok_s=f"{tokens / seconds:.1f}")
     progress.close()
+    return resumes
 
-    ids = [p["request_id"] for p in prompts]
-    requests, cycles = parts.read("requests", ids), parts.read("cycles", ids)
+
+def summarize(loaded: Loaded, spec: StreamSpec, prompts: list[dict], requests: pa.Table, cycles: pa.Table,
+              resumes: list[dict], reference=None) -> dict:
+    """The stream's metrics.json: `specfit.metrics.stream_metrics` with the engine's and the route sources'
+    counters, and the lossless check against the ``reference`` AR run's requests (when given)."""
+    engine = loaded.engine
     metrics = stream_metrics(requests.to_pylist(), cycles, prompts, spec.seed)
     metrics.update(
         method=spec.method.name, slots=spec.slots, slot_rows_allocated=slot_rows(engine),
         link_emulated=engine.link_emulated, timing_label=engine.timing_label, resumed=resumes,
     )
+    atlas, learned = loaded.atlas, loaded.learned
     if atlas is not None:  # pool nodes (roots included) of this process's requests; missed: a fallback's routes
         metrics.update(atlas_nodes=atlas.nodes_looked_up, atlas_nodes_missed=atlas.nodes_missed,
                        atlas_nodes_from_earlier_rows=atlas.nodes_from_earlier_rows,
@@ -181,14 +227,9 @@ def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
         share = 100.0 * learned.seconds / t_cycles if t_cycles > 0 else None
         metrics["route_predictor"] = {**learned.stats(), "share_of_cycle_time_pct": share}
     metrics["lossless"] = None  # this run is the reference, or no AR run is configured beside it
-    if "reference" in inputs:
-        metrics["lossless"] = lossless_check(model, prompts, requests.to_pylist(), inputs["reference"])
-    if live is not None:
-        write_parquet(parts.read("atlas", ids), outputs["atlas"])
-    write_parquet(requests, outputs["requests"])
-    write_parquet(cycles, outputs["cycles"])
-    write_json(metrics, outputs["metrics"])
-    shutil.rmtree(parts.path)
+    if reference is not None:
+        metrics["lossless"] = lossless_check(loaded.model, prompts, requests.to_pylist(), reference)
+    return metrics
 
 
 def slot_rows(engine) -> int:
