@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specfit.report.inputs import DRAFT_KEYS, METRICS
+from specfit.report.quantities import DRAFT_KEYS, METRICS
 from specfit.workflow import decode_runs, load_config, method_rule
 from report.report_md import find, key_of, md_tables
 

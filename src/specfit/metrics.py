@@ -11,6 +11,15 @@ import pyarrow as pa
 from specfit.intervals import tps_interval
 from specfit.ngrams import stream_split
 
+# fresh vs repeated-4-gram cycles (specfit.ngrams): None without prompts
+SPLIT_KEYS = ("committed_per_cycle_fresh", "committed_per_cycle_repeated", "cycles_fresh", "cycles_repeated")
+# the keys `stream_metrics` returns, in order: the report reads metrics.json by these names
+KEYS = ("n_requests", "n_output_tokens", "cycles", "tps_dec", "tps_dec_low", "tps_dec_high", "tps_req",
+        "draft_nodes_per_cycle", "pool_nodes_per_cycle", "cycles_without_draft", "drafted_levels_per_cycle",
+        "accepted_per_cycle", "committed_per_cycle", *SPLIT_KEYS, "ms_per_cycle", "draft_ms_per_cycle",
+        "verify_ms_per_cycle", "select_ms_per_cycle", "commit_ms_per_cycle", "select_ms_median", "select_share_pct",
+        "h2d_per_token")
+
 
 def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] | None = None, seed: int = 0) -> dict:
     """Eq. 10 throughputs and per-cycle means; times in seconds unless the key says ms.
@@ -36,8 +45,7 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
         return float(np.mean(x)) if len(x) else None
 
     interval = tps_interval(requests, seed=seed) if requests and t_dec > 0 else None
-    split = dict.fromkeys(("committed_per_cycle_fresh", "committed_per_cycle_repeated", "cycles_fresh",
-                           "cycles_repeated"))
+    split = dict.fromkeys(SPLIT_KEYS)
     if prompts is not None:
         columns = ("request_id", "prefix_len", "committed")
         split = stream_split(prompts, requests, cycles.select(list(columns)).to_pylist())

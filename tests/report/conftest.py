@@ -3,9 +3,7 @@ built on it from the files its rule declares."""
 
 import pytest
 from report_fakes import declared, fake_root, tiny_spec
-from report_md import md_tables
-
-from specfit import report
+from report_md import build
 
 
 @pytest.fixture()
@@ -19,5 +17,5 @@ def built(tree):
     spec = tiny_spec()
     written = fake_root(tree, spec)
     out = tree / "reports" / "all"
-    report.run(spec, declared(spec), {"report": str(out)})
-    return spec, written, out, md_tables((out / "report.md").read_text())
+    _md, tables = build(spec, declared(spec), out)
+    return spec, written, out, tables

@@ -1,11 +1,29 @@
-"""Reading the report's Markdown back: its tables, the metrics.json key behind a column, and the printed
-intervals (also used by tests/test_workflow_end_to_end.py)."""
+"""Building the report and reading it back: its tables by id and their rows by key, the Markdown's tables, the
+metrics.json key behind a column, and the printed intervals (also used by tests/test_workflow_end_to_end.py)."""
 
 import re
 
-from specfit import intervals
-from specfit.report.inputs import METRICS
+from specfit import intervals, report
 from specfit.report.page import EMULATED, interval_note
+from specfit.report.quantities import METRICS
+
+
+def build(spec: dict, inputs: dict, out) -> tuple[str, dict]:
+    """The report written into ``out``: its Markdown, and its tables by id (`specfit.report.page.Table`)."""
+    parts = report.write(spec, inputs, out)
+    tables = {t.id: t for part in parts for section in part.sections for t in section.tables}
+    return (out / "report.md").read_text(), tables
+
+
+def rows(table) -> dict:
+    """A table's rows by key."""
+    assert len(set(table.keys)) == len(table.rows), table.id
+    return dict(zip(table.keys, table.rows))
+
+
+def ids(tables, name: str) -> list[str]:
+    """The ids of the tables named ``name`` (the first part of an id)."""
+    return [i for i in tables if i.split("/")[0] == name]
 
 
 def md_tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -40,7 +58,7 @@ def key_of(header: str) -> str:
 
 def missing_inputs(md: str) -> list[str]:
     """Every path the report lists under "Missing inputs"."""
-    return re.findall(r"^- `([^`]+)`$", md, re.M)
+    return re.findall(r"^- `([^`]+)`$", md, re.MULTILINE)
 
 
 def tps_text(written, run) -> str:

@@ -5,9 +5,9 @@ the paper's figures beside, tokens per transfer; and the paper's workloads under
 
 import pytest
 from report_fakes import DEVICE, declared, fake_root, runs_by, tiny_spec
-from report_md import assert_no_win_inside_a_tie, captions, find, md_tables, pct_text, ratio_of, tps_text, x_text
+from report_md import assert_no_win_inside_a_tie, build, ids, pct_text, ratio_of, rows, tps_text, x_text
 
-from specfit import intervals, report
+from specfit import intervals
 from specfit.paper import paper_results
 from specfit.report.page import EMULATED
 from specfit.workflow import DecodeRun
@@ -16,12 +16,9 @@ OTHER = "cpu-4090link"
 PAPER = paper_results()
 
 
-def build(tree, spec):
+def built(tree, spec):
     written = fake_root(tree, spec)
-    out = tree / "report"
-    report.run(spec, declared(spec), {"report": str(out)})
-    md = (out / "report.md").read_text()
-    return written, md, md_tables(md)
+    return written, *build(spec, declared(spec), tree / "report")
 
 
 def whole(rows):
@@ -38,8 +35,8 @@ def request_ratio(written, num, den):
     return ci
 
 
-def cells_of(rows):
-    return {row[0]: row[1:] for row in rows}
+def cells_of(table):
+    return {key: row[1:] for key, row in rows(table).items()}
 
 
 def share(written, eagle, fit, key):
@@ -51,76 +48,66 @@ def share(written, eagle, fit, key):
 def test_summarization_headline_has_prefill_gain_verification_share_and_tokens_per_transfer(tree, seed):
     spec = tiny_spec(workload="summarization")
     written = fake_root(tree, spec, seed=seed)
-    out = tree / "report"
-    report.run(spec, declared(spec), {"report": str(out)})
-    md = (out / "report.md").read_text()
-    tables = md_tables(md)
+    md, tables = build(spec, declared(spec), tree / "report")
     runs = runs_by(written)
     fit, eagle = runs["specfit", 4], runs["eagle3", 4]
-    _, rows = find(tables, f"Headline ratios, {DEVICE} vs paper a100, summarization")
-    cells = cells_of(rows)
+    cells = cells_of(tables[f"headline/toy/{DEVICE}/summarization"])
     # gains including prefill: TPS_req with its paired bootstrap interval, the paper's 19.9% beside
-    assert cells["SpecFit over cached EAGLE-3, prefill included: Request TPS (%)"] == [
-        "19.9", pct_text(request_ratio(written, fit, eagle))]
+    assert cells["incl_prefill_pct"] == ["19.9", pct_text(request_ratio(written, fit, eagle))]
     # verification's share of the time saved per cycle: the drop in verify ms over the drop in ms/cycle
-    assert cells["Verification's share of the time SpecFit saves per cycle vs cached EAGLE-3 (%)"] == [
-        "78.3", share(written, eagle, fit, "verify_ms_per_cycle")]
+    assert cells["verification_share_of_saving_pct"] == ["78.3", share(written, eagle, fit, "verify_ms_per_cycle")]
     # tokens per transfer: output tokens per H2D transfer, 1 / H2D/token
     advantage = 100 * (written[eagle]["h2d_per_token"] / written[fit]["h2d_per_token"] - 1)
-    assert cells["SpecFit more tokens per transfer than cached EAGLE-3 (%)"] == ["28.3", f"{advantage:.1f}"]
-    assert cells["SpecFit drafting time per cycle cut vs cached EAGLE-3 (%)"][0] == "44.9"
+    assert cells["tokens_per_transfer_advantage_pct"] == ["28.3", f"{advantage:.1f}"]
+    assert cells["drafting_time_cut_pct"][0] == "44.9"
 
     # the same figures in the throughput and counters sections, with the paper beside
-    header, rows = find(tables, f"Gains at the same cache, toy / {DEVICE}, summarization")
-    assert f"[{EMULATED}]" in header[1] and f"[{EMULATED}]" in header[2]
-    assert header[3:] == ["Paper a100, Decode TPS (%)", "Paper a100, prefill included (%)"]
-    gains = cells_of(rows)
-    assert gains["Yes (4)"] == [pct_text(ratio_of(written, fit, eagle)), pct_text(request_ratio(written, fit, eagle)),
-                                "21.6", "19.9"]
+    t = tables[f"gains/toy/{DEVICE}/summarization"]
+    assert f"[{EMULATED}]" in t.header[1] and f"[{EMULATED}]" in t.header[2]
+    assert t.header[3:] == ["Paper a100, Decode TPS (%)", "Paper a100, prefill included (%)"]
+    gains = cells_of(t)
+    assert gains[4] == [pct_text(ratio_of(written, fit, eagle)), pct_text(request_ratio(written, fit, eagle)),
+                        "21.6", "19.9"]
     nocache = runs["specfit", 0], runs["eagle3", 0]
-    assert gains["No"] == [pct_text(ratio_of(written, *nocache)), pct_text(request_ratio(written, *nocache)),
-                           "31.6", "–"]
+    assert gains[0] == [pct_text(ratio_of(written, *nocache)), pct_text(request_ratio(written, *nocache)), "31.6", "–"]
 
-    header, rows = find(tables, f"Time saved per cycle, specfit vs eagle3 with the cache (4 slots), toy / {DEVICE}, "
-                                "summarization")
-    assert header[-2:] == ["Paper a100 cut (%)", "Paper a100 share of the time saved (%)"]
-    saved = cells_of(rows)
+    t = tables[f"time-saved/toy/{DEVICE}/summarization"]
+    assert t.header[-2:] == ["Paper a100 cut (%)", "Paper a100 share of the time saved (%)"]
+    saved = cells_of(t)
     e, s = written[eagle], written[fit]
     total = e["ms_per_cycle"] - s["ms_per_cycle"]
-    for label, key, paper_cut, paper_share in (("Whole cycle (ms/cycle)", "ms_per_cycle", "28.5", "–"),
-                                               ("Drafting", "draft_ms_per_cycle", "44.9", "–"),
-                                               ("Verification (target forward)", "verify_ms_per_cycle", "–", "78.3")):
-        assert saved[label] == [f"{e[key]:.2f}", f"{s[key]:.2f}", f"{e[key] - s[key]:.2f}",
-                                f"{100 * (1 - s[key] / e[key]):.1f}", share(written, eagle, fit, key),
-                                paper_cut, paper_share]
+    for key, paper_cut, paper_share in (("ms_per_cycle", "28.5", "–"), ("draft_ms_per_cycle", "44.9", "–"),
+                                        ("verify_ms_per_cycle", "–", "78.3")):
+        assert saved[key] == [f"{e[key]:.2f}", f"{s[key]:.2f}", f"{e[key] - s[key]:.2f}",
+                              f"{100 * (1 - s[key] / e[key]):.1f}", share(written, eagle, fit, key),
+                              paper_cut, paper_share]
     rest = [m["ms_per_cycle"] - m["draft_ms_per_cycle"] - m["verify_ms_per_cycle"] for m in (e, s)]
-    assert saved["Rest (selection, commit, synchronization)"][:3] == [f"{rest[0]:.2f}", f"{rest[1]:.2f}",
-                                                                      f"{rest[0] - rest[1]:.2f}"]
+    assert saved["rest"][:3] == [f"{rest[0]:.2f}", f"{rest[1]:.2f}", f"{rest[0] - rest[1]:.2f}"]
     if total > 0:  # the parts add up to the whole
-        parts = [float(saved[label][4]) for label in saved if label != "Whole cycle (ms/cycle)"]
+        parts = [float(saved[key][4]) for key in saved if key != "ms_per_cycle"]
         assert sum(parts) == pytest.approx(100.0, abs=0.2)
     assert_no_win_inside_a_tie(md)
 
 
 def test_figure_4_per_slot_count_with_the_paper_beside(tree):
     spec = tiny_spec(workload="summarization", slots=(0, 2, 3, 4))
-    written, md, tables = build(tree, spec)
+    written, _md, tables = built(tree, spec)
     runs = runs_by(written)
     sweep = PAPER["slot_sweep"]
-    header, rows = find(tables, f"Slot sweep, toy / {DEVICE}, summarization")
-    assert header[4:] == ["Paper slots (A100, by rank)", "Paper EAGLE-3 Decode TPS", "Paper SpecFit Decode TPS",
-                          "Paper gain (%)"]
-    assert [row[0] for row in rows] == ["4", "3", "2", "0"]
-    for j, row in enumerate(rows):
-        eagle, fit = runs["eagle3", int(row[0])], runs["specfit", int(row[0])]
+    t = tables[f"sweep/toy/{DEVICE}/summarization"]
+    assert t.header[4:] == ["Paper slots (A100, by rank)", "Paper EAGLE-3 Decode TPS", "Paper SpecFit Decode TPS",
+                            "Paper gain (%)"]
+    assert t.keys == [4, 3, 2, 0]
+    for j, (slots, row) in enumerate(rows(t).items()):
+        eagle, fit = runs["eagle3", slots], runs["specfit", slots]
         assert row[1:4] == [tps_text(written, eagle), tps_text(written, fit), pct_text(ratio_of(written, fit, eagle))]
         assert row[4:] == [str(sweep["slots"][j]), f"{sweep['decode_tps']['eagle3'][j]:.2f}",
                            f"{sweep['decode_tps']['specfit'][j]:.2f}", f"{sweep['specfit_gain_pct'][j]:.1f}"]
-    header, rows = find(tables, f"Cycle time and transfers per slot count, toy / {DEVICE}, summarization")
-    assert f"[{EMULATED}]" in header[1] and "Tokens/transfer" in header[6]
+    t = tables[f"sweep-cost/toy/{DEVICE}/summarization"]
+    assert f"[{EMULATED}]" in t.header[1] and "Tokens/transfer" in t.header[6]
     paper_cells = []
-    for row in rows:
-        e, s = written[runs["eagle3", int(row[0])]], written[runs["specfit", int(row[0])]]
+    for slots, row in rows(t).items():
+        e, s = written[runs["eagle3", slots]], written[runs["specfit", slots]]
         assert row[1:9] == [f"{e['ms_per_cycle']:.1f}", f"{s['ms_per_cycle']:.1f}",
                              f"{100 * (1 - s['ms_per_cycle'] / e['ms_per_cycle']):.1f}",
                              f"{e['h2d_per_token']:.1f}", f"{s['h2d_per_token']:.1f}",
@@ -142,42 +129,41 @@ def test_gsm8k_odd_stands_for_gsm8k_on_the_rtx4090(tree):
                                                                                     "step": 2}, paper="gsm8k")
     block = spec["runs"][0]
     spec["runs"] = [dict(block, devices=[DEVICE]), dict(block, devices=[OTHER], workloads=["gsm8k-odd"])]
-    written, md, tables = build(tree, spec)
+    written, md, tables = built(tree, spec)
     other = {(r.method, r.slots): r for r in written if isinstance(r, DecodeRun) and r.device == OTHER}
     runs = runs_by(written)
 
     # Table 4 beside this run's RTX 4090 stand-in
-    header, rows = find(tables, f"{OTHER} vs paper rtx4090, gsm8k-odd (paper: gsm8k)")
+    t = tables[f"paper/toy/{OTHER}/gsm8k-odd"]
+    assert t.caption == f"{OTHER} vs paper rtx4090, gsm8k-odd (paper: gsm8k) [{EMULATED}]"
     table4 = PAPER["decode_tps"]["rtx4090"]["gsm8k"]
-    for row in rows:
-        run = other[row[0], 4 if row[1] == "Yes" else 0]
-        assert row[2] == f"{table4[row[0]]['cache' if row[1] == 'Yes' else 'no_cache']:.2f}"
+    for (rule, mode), row in rows(t).items():
+        run = other[rule, 4 if mode == "cache" else 0]
+        assert row[2] == f"{table4[rule]['cache' if mode == 'cache' else 'no_cache']:.2f}"
         assert row[3] == tps_text(written, run)
         assert row[5] == x_text(ratio_of(written, run, other["ar", 0]))
-    _, rows = find(tables, f"Headline ratios, {OTHER} vs paper rtx4090, gsm8k-odd (paper: gsm8k)")
-    cells = cells_of(rows)
-    assert cells["SpecFit over cached EAGLE-3 (%)"] == ["10.8", pct_text(ratio_of(written, other["specfit", 4],
-                                                                                   other["eagle3", 4]))]
-    assert cells["SpecFit cycle shorter than cached EAGLE-3 (%)"][0] == "16.5"  # the text's figure
-    assert cells["SpecFit more tokens per transfer than cached EAGLE-3 (%)"][0] == f"{100 * (150.0 / 128.3 - 1):.1f}"
-    find(tables, f"Headline ratios, {DEVICE} vs paper a100, gsm8k")
+    cells = cells_of(tables[f"headline/toy/{OTHER}/gsm8k-odd"])
+    assert cells["vs_cached_eagle3_pct"] == ["10.8", pct_text(ratio_of(written, other["specfit", 4],
+                                                                        other["eagle3", 4]))]
+    assert cells["shorter_cycle_pct"][0] == "16.5"  # the text's figure
+    assert cells["tokens_per_transfer_advantage_pct"][0] == f"{100 * (150.0 / 128.3 - 1):.1f}"
+    assert f"headline/toy/{DEVICE}/gsm8k" in tables
     assert f"Workloads are mapped by their config key `paper`: gsm8k-odd on {OTHER} for the paper's gsm8k." in md
 
     # the devices side by side: one table for the paper's gsm8k, each device's stand-in named
-    header, rows = find(tables, f"gsm8k on every device ({DEVICE}: gsm8k, {OTHER}: gsm8k-odd)")
-    assert header[:2] == ["Device", "Workload"]
-    assert {(row[0], row[1]) for row in rows} == {(DEVICE, "gsm8k"), (OTHER, "gsm8k-odd")} and len(rows) == 12
-    for row in rows:
-        run = (runs if row[0] == DEVICE else other)[row[2], 0 if row[3] == "No" else 4]
-        ar = (runs if row[0] == DEVICE else other)["ar", 0]
+    t = tables["devices/toy/gsm8k"]
+    assert t.caption.startswith(f"gsm8k on every device ({DEVICE}: gsm8k, {OTHER}: gsm8k-odd)")
+    assert {(run.device, run.workload) for run in t.keys} == {(DEVICE, "gsm8k"), (OTHER, "gsm8k-odd")}
+    assert len(t.rows) == 12
+    for run, row in rows(t).items():
+        assert row[:4] == [run.device, run.workload, run.method, "No" if run.slots == 0 else "Yes (4)"]
+        ar = (runs if run.device == DEVICE else other)["ar", 0]
         assert row[4:6] == [tps_text(written, run), x_text(ratio_of(written, run, ar))]
 
     # without the key, gsm8k-odd is none of the paper's workloads: Table 4 and the side by side are gone
     del spec["workloads"]["gsm8k-odd"]["paper"]
-    out = tree / "report-nokey"
-    report.run(spec, declared(spec), {"report": str(out)})
-    md = (out / "report.md").read_text()
-    assert not any(c.startswith(f"{OTHER} vs paper") for c in captions(md_tables(md)))
+    md, tables = build(spec, declared(spec), tree / "report-nokey")
+    assert not ids(tables, "devices") and f"paper/toy/{OTHER}/gsm8k-odd" not in tables
     assert "No workload runs on more than one device." in md
 
 
@@ -192,30 +178,29 @@ def test_noisy_routes_on_the_papers_40_questions_beside_a_full_gsm8k(tree):
     spec["runs"] = [dict(block, methods=["ar", "eagle3", "specfit"]),
                     dict(block, workloads=["gsm8k-odd"], methods=["ar"], slots=[0]),
                     dict(block, workloads=["gsm8k-odd"], methods=["specfit", "specfit-noisy"], slots=[4])]
-    written, md, tables = build(tree, spec)
+    written, md, tables = built(tree, spec)
     odd = {(r.method, r.slots): r for r in written if isinstance(r, DecodeRun) and r.workload == "gsm8k-odd"}
-    assert [c for c in captions(tables) if " vs paper " in c] == [
-        f"{DEVICE} vs paper a100, gsm8k [{EMULATED}]", f"Headline ratios, {DEVICE} vs paper a100, gsm8k [{EMULATED}]"]
-    header, _ = find(tables, "Theory on the pools")
-    assert header == ["Quantity", "gsm8k", "paper", "gsm8k-odd"]  # Table 5 (80 questions) beside gsm8k only
-    assert len([c for c in captions(tables) if c.startswith("Exact vs noisy routes")]) == 1
-    header, rows = find(tables, f"Exact vs noisy routes, toy / {DEVICE}, gsm8k-odd")
-    assert header[-1] == "Paper speedup (A100, 40 odd-numbered GSM8K questions; noisy: 60% accuracy)"
-    by_kind = {row[1]: row for row in rows}
+    assert ids(tables, "paper") + ids(tables, "headline") == [f"paper/toy/{DEVICE}/gsm8k",
+                                                             f"headline/toy/{DEVICE}/gsm8k"]
+    # Table 5 (80 questions) beside gsm8k only
+    assert tables[f"theory/toy/{DEVICE}"].header == ["Quantity", "gsm8k", "paper", "gsm8k-odd"]
+    assert ids(tables, "noisy-routes") == [f"noisy-routes/toy/{DEVICE}/gsm8k-odd"]
+    t = tables[f"noisy-routes/toy/{DEVICE}/gsm8k-odd"]
+    assert t.header[-1] == "Paper speedup (A100, 40 odd-numbered GSM8K questions; noisy: 60% accuracy)"
+    by_kind = {row[1]: row for row in t.rows}
     for kind, method, paper_x in (("exact (atlas)", "specfit", "2.27×"), ("noisy, accuracy 0.6", "specfit-noisy",
                                                                           "2.26×")):
         run = odd[method, 4]
         assert by_kind[kind][3:] == [tps_text(written, run), x_text(ratio_of(written, run, odd["ar", 0])), paper_x]
     assert "does not run the paper's" not in md  # these are its 40 questions
     # the gsm8k-odd runs have no EAGLE-3: their section tables show what they hold
-    header, rows = find(tables, f"Throughput, toy / {DEVICE}, gsm8k-odd")
-    assert {row[0] for row in rows} == {"ar", "specfit", "specfit-noisy"}
+    assert {run.method for run in tables[f"throughput/toy/{DEVICE}/gsm8k-odd"].keys} == {"ar", "specfit",
+                                                                                        "specfit-noisy"}
 
 
 def test_theory_rows_for_the_length_limit(built):
-    spec, written, out, tables = built
-    _, rows = find(tables, "Theory on the pools")
-    cells = cells_of(rows)
-    assert cells["Cycles stopped before the deepest level they could draft (%)"] == ["55.5", "33.7"]
-    assert cells["Cycles whose depth the length limit capped"] == ["7", "–"]
-    assert cells["Cycles that drafted nothing (root only)"] == ["2", "–"]
+    _spec, _written, _out, tables = built
+    cells = cells_of(tables[f"theory/toy/{DEVICE}"])
+    assert cells["stopped_early_pct"] == ["55.5", "33.7"]
+    assert cells["length_limited_cycles"] == ["7", "–"]
+    assert cells["empty_pool_cycles"] == ["2", "–"]

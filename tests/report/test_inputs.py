@@ -8,16 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from report_fakes import DEVICE, declared, fake_root, runs_by, tiny_spec, write_requests
-from report_md import captions, find, md_tables, missing_inputs
+from report_md import build, missing_inputs, rows
 
-from specfit import paths, report
+from specfit import metrics, paths, report
 from specfit.errors import SpecFitError
-
-
-def build(tree, spec, inputs) -> str:
-    out = tree / "report"
-    report.run(spec, inputs, {"report": str(out)})
-    return (out / "report.md").read_text()
+from specfit.report.quantities import LATER_KEYS, METRICS
 
 
 def test_a_file_on_disk_but_not_declared_is_not_read(tree):
@@ -35,17 +30,15 @@ def test_a_file_on_disk_but_not_declared_is_not_read(tree):
     for name, path in undeclared.items():
         assert (tree / path).is_file()
         inputs[name].remove(path)
-    md = build(tree, spec, inputs)
+    md, tables = build(spec, inputs, tree / "report")
     assert set(missing_inputs(md)) == set(undeclared.values())
-    tables = md_tables(md)
-    assert not any(c.startswith("Theory on the pools") for c in captions(tables))
-    header, rows = find(tables, f"Counters per verification cycle, toy / {DEVICE}, gsm8k")
-    assert ["eagle3", "Yes (4)"] not in [row[:2] for row in rows] and len(rows) == 5
-    header, rows = find(tables, f"Throughput, toy / {DEVICE}, gsm8k")
-    row = next(row for row in rows if row[:2] == ["specfit", "Yes (4)"])
+    assert f"theory/toy/{DEVICE}" not in tables
+    t = tables[f"counters/toy/{DEVICE}/gsm8k"]
+    assert runs["eagle3", 4] not in t.keys and len(t.rows) == 5
+    row = rows(tables[f"throughput/toy/{DEVICE}/gsm8k"])[runs["specfit", 4]]
     assert row[2] == f"{written[runs['specfit', 4]]['tps_dec']:.2f} [no interval]"
-    header, rows = find(tables, f"Cost coefficients, toy / {DEVICE}")
-    assert header[1].startswith("With cache (4 slots)") and not header[2].startswith("Without cache")
+    t = tables[f"calibration/toy/{DEVICE}"]
+    assert t.header[1].startswith("With cache (4 slots)") and not t.header[2].startswith("Without cache")
     assert "calibration.png" not in md  # the only fit's points are not declared: no scatter
 
 
@@ -54,11 +47,11 @@ def test_the_workflow_folder_is_no_input(tree, caplog):
     spec = tiny_spec()
     fake_root(tree, spec)
     with caplog.at_level(logging.WARNING, logger="specfit.report"):
-        md = build(tree, spec, {"root": str(tree)})
+        md, tables = build(spec, {"root": str(tree)}, tree / "report")
     assert "root" in caplog.text
     inputs = declared(spec)  # requests and probe points count as missing only beside their metrics and fits
     assert set(missing_inputs(md)) == {*inputs["metrics"], *inputs["calibration"], *inputs["theory"]}
-    assert not any(c.startswith(("Throughput", "Counters", "Cost coefficients")) for c in captions(md_tables(md)))
+    assert not [i for i in tables if i.startswith(("throughput/", "counters/", "calibration/"))]
 
 
 def test_declared_paths_match_however_written(tree, caplog):
@@ -66,14 +59,14 @@ def test_declared_paths_match_however_written(tree, caplog):
     is logged."""
     spec = tiny_spec()
     fake_root(tree, spec)
-    plain = build(tree, spec, declared(spec))
+    plain, _ = build(spec, declared(spec), tree / "report")
     inputs = {name: [f"./{p}" if i % 2 else str(tree / p) for i, p in enumerate(files)]
               for name, files in declared(spec).items()}
     inputs["metrics"].append("data/decode/toy/elsewhere/metrics.json")
     with caplog.at_level(logging.WARNING, logger="specfit.report"):
-        md = build(tree, spec, inputs)
+        md, _ = build(spec, inputs, tree / "report")
     assert "data/decode/toy/elsewhere/metrics.json" in caplog.text
-    date = re.compile(r"^- \*\*Date \(UTC\)\*\*.*$", re.M)
+    date = re.compile(r"^- \*\*Date \(UTC\)\*\*.*$", re.MULTILINE)
     assert date.sub("", md) == date.sub("", plain)
     assert not missing_inputs(md)
 
@@ -84,15 +77,13 @@ def test_a_run_without_requests_has_no_interval(tree):
     runs = runs_by(written)
     gone = runs["eagle3", 4]
     (tree / gone.file("requests.parquet")).unlink()  # declared, not on disk
-    md = build(tree, spec, declared(spec))
+    md, tables = build(spec, declared(spec), tree / "report")
     assert missing_inputs(md).count(gone.file("requests.parquet")) >= 1  # listed as a missing input
-    header, rows = find(md_tables(md), f"Throughput, toy / {DEVICE}, gsm8k")
-    row = next(row for row in rows if row[:2] == ["eagle3", "Yes (4)"])
+    row = rows(tables[f"throughput/toy/{DEVICE}/gsm8k"])[gone]
     ar = written[runs["ar", 0]]["tps_dec"]
     assert row[2] == f"{written[gone]['tps_dec']:.2f} [no interval]"
     assert row[4] == f"{written[gone]['tps_dec'] / ar:.2f}× [no interval]"
-    header, rows = find(md_tables(md), f"Headline ratios, {DEVICE} vs paper a100, gsm8k")
-    assert dict((row[0], row[2]) for row in rows)["SpecFit over cached EAGLE-3 (%)"].endswith("[no interval]")
+    assert rows(tables[f"headline/toy/{DEVICE}/gsm8k"])["vs_cached_eagle3_pct"][2].endswith("[no interval]")
 
 
 def test_requests_that_disagree_with_metrics_are_an_error(tree):
@@ -117,3 +108,14 @@ def test_malformed_metrics_is_an_error(tree):
     with pytest.raises(SpecFitError, match=f"^{re.escape(run.file('metrics.json'))} lacks tps_dec"):
         report.run(spec, declared(spec), {"report": str(tree / "report")})
     assert not (tree / "report").exists()
+
+
+def test_the_keys_read_are_the_keys_written():
+    """The metrics.json keys the report shows are ones `specfit.metrics.stream_metrics` writes (`metrics.KEYS`, in
+    its order)."""
+    requests = [{"request_id": 0, "n_output": 5, "t_request_s": 1.0, "t_prefill_s": 0.2, "h2d_transfers": 7}]
+    cycles = pa.table({"committed": [2, 2], "accepted": [1, 1], "drafted_levels": [2, 0], "t_draft_s": [0.1, 0.0],
+                       "t_select_s": [0.01, 0.0], "t_verify_s": [0.2, 0.2], "t_commit_s": [0.01, 0.01],
+                       "selected": [[1, 2], []], "pool_token": [[0, 1, 2], [0]]})
+    assert tuple(metrics.stream_metrics(requests, cycles)) == metrics.KEYS
+    assert set(METRICS) <= set(metrics.KEYS) and set(LATER_KEYS) <= set(metrics.KEYS)

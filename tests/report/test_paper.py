@@ -1,27 +1,26 @@
 """The paper beside this run: its figures, the headline ratios, and which config method plays which role."""
 
 from report_fakes import DEVICE, runs_by, tiny_spec
-from report_md import find, pct_text, ratio_of, tps_text, x_text
+from report_md import pct_text, ratio_of, rows, tps_text, x_text
 
-from specfit.report.paper import Roles, paper_device
+from specfit.report.scope import Roles, paper_device
 
 
 def test_paper_side_by_side_compares_ratios(built):
-    spec, written, out, tables = built
-    header, rows = find(tables, f"Headline ratios, {DEVICE} vs paper a100, gsm8k")
-    cells = {row[0]: row[1:] for row in rows}
+    _spec, written, out, tables = built
+    cells = {key: row[1:] for key, row in rows(tables[f"headline/toy/{DEVICE}/gsm8k"]).items()}
     runs = runs_by(written)
     ci = ratio_of(written, runs["specfit", 4], runs["eagle3", 4])
     gain = 100 * (written[runs["specfit", 4]]["tps_dec"] / written[runs["eagle3", 4]]["tps_dec"] - 1)
-    assert cells["SpecFit over cached EAGLE-3 (%)"] == ["7.0", pct_text(ci)]
+    assert cells["vs_cached_eagle3_pct"] == ["7.0", pct_text(ci)]
     assert pct_text(ci).startswith(f"{gain:.1f} [")
-    header, rows = find(tables, f"{DEVICE} vs paper a100, gsm8k")
-    for row in rows:
-        run = runs[row[0], 4 if row[1] == "Yes" else 0]
+    for (rule, mode), row in rows(tables[f"paper/toy/{DEVICE}/gsm8k"]).items():
+        run = runs[rule, 4 if mode == "cache" else 0]
+        assert row[:2] == [rule, "Yes" if mode == "cache" else "No"]
         assert row[3] == tps_text(written, run)
         assert row[5] == x_text(ratio_of(written, run, runs["ar", 0]))
-    assert cells["SpecFit (cache) over AR without cache (×)"][0] == "2.29"  # as the text says; 10.79 / 4.70 = 2.30
-    assert cells["Vanilla EAGLE-3 over AR without cache (×)"][0] == "1.33"  # not stated for GSM8K: computed
+    assert cells["vs_ar_x"][0] == "2.29"  # as the text says; 10.79 / 4.70 = 2.30
+    assert cells["vanilla_eagle3_vs_ar_x"][0] == "1.33"  # not stated for GSM8K: computed
     assert "miniature" in (out / "report.md").read_text()
 
 
@@ -45,7 +44,7 @@ def test_the_paper_config_puts_its_workloads_and_noisy_routes_where_the_paper_ha
     from snakemake.utils import update_config
 
     from specfit.paper import paper_results
-    from specfit.report.paper import paper_workload, stand_ins
+    from specfit.report.scope import paper_workload, stand_ins
     from specfit.workflow import DecodeRun, decode_runs, validate_config, workload_ids
 
     config = yaml.safe_load((root / "config.yaml").read_text())

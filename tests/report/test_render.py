@@ -5,15 +5,14 @@ import re
 import subprocess
 import sys
 
-from report_fakes import DEVICE, declared, fake_root, tiny_spec
-from report_md import find, md_tables
+from report_fakes import declared, fake_root, tiny_spec
 
 from specfit.report.page import EMULATED
 from specfit.report.render import config_hash, git_commit
 
 
 def test_html_links_are_relative_and_exist(built):
-    spec, written, out, tables = built
+    spec, _written, out, _tables = built
     html = (out / "index.html").read_text()
     sources = re.findall(r'<img src="([^"]+)"', html)
     assert len(sources) >= 2  # throughput bars and the calibration scatter
@@ -26,7 +25,6 @@ def test_html_links_are_relative_and_exist(built):
     md = (out / "report.md").read_text()
     for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", md):
         assert (out / link).is_file()
-    assert not list(out.parent.glob(".tmp-*"))
 
 
 def test_the_command_line_runs_without_pandas(tree):
@@ -44,13 +42,13 @@ def test_the_command_line_runs_without_pandas(tree):
             "runpy.run_module('specfit.report', run_name='__main__', alter_sys=True)\n")
     out = tree / "report"
     proc = subprocess.run([sys.executable, "-c", code, "--spec", json.dumps(spec), *flags, "--out", f"report={out}"],
-                          capture_output=True, text=True, cwd=tree)
+                          capture_output=True, text=True, cwd=tree, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "declared inputs are not read" not in proc.stderr
     assert (out / "report.md").is_file() and (out / "figures").is_dir()
+    assert not list(out.parent.glob(".tmp-*"))  # written atomically
     md = (out / "report.md").read_text()
-    header, rows = find(md_tables(md), f"Cost coefficients, toy / {DEVICE}")
-    assert rows  # the calibration section read its points parquet without pandas
+    assert "calibration.png" in md  # the calibration section read its points parquet without pandas
     assert "Missing inputs" not in md
 
 

@@ -1,10 +1,9 @@
 """What the report reads: the keys and columns of each input, the files the rule declares, and `Inputs`, the loaded
 files with the bootstrap intervals of their decode TPS.
 
-The report reads a file only when its rule declares it (`Declared`): for every file it expects (named by
-`specfit.paths`), a file the rule does not declare or the disk lacks is missing, and its section says so. A file
-it reads without the keys or columns below is an error. A learned route predictor (`specfit.predictor`) is declared
-as its folder (``predictor``, `specfit.paths.predictor`): the report reads the metrics.json in it.
+The report reads a file only when its rule declares it (`Declared`): a file it expects (named by `specfit.paths`)
+that the rule does not declare or the disk lacks is missing, and its section says so. A file it reads without the
+keys or columns below is an error. A learned route predictor is declared as its folder (`specfit.paths.predictor`).
 """
 
 from __future__ import annotations
@@ -20,62 +19,29 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from specfit import intervals, paths
-from specfit.paper import paper_results
 from specfit.errors import SpecFitError
-from specfit.report.page import est, ratio, show, tagged
-from specfit.stage import paths_of
+from specfit.metrics import SPLIT_KEYS
+from specfit.paper import paper_results
+from specfit.report.page import Estimate, est, ratio
+from specfit.report.quantities import (
+    LATER_KEYS,
+    LINK_EMULATED,
+    LOSSLESS,
+    METRICS,
+    THEORY,
+    THEORY_CACHE_AWARE,
+    TIMING_LABEL,
+)
 from specfit.speculative.config import ROUTED_RULES
-from specfit.workflow import (DecodeRun, decode_runs, method_config, method_rule, theory_cost, theory_file,
-                              theory_runs)
+from specfit.stage import paths_of
+from specfit.workflow import DecodeRun, decode_runs, method_config, method_rule, theory_cost, theory_file, theory_runs
 
 log = logging.getLogger("specfit.report")
 
 
-# ------------------------------------------------------------------------------------ what the inputs hold
-@dataclass(frozen=True)
-class Quantity:
-    label: str
-    fmt: str  # format spec of the printed value
-    timing: bool = False  # measured on the clock: labelled "emulated link" when the link is emulated
-
-
-# metrics.json (specfit.decode) key -> how the report prints it. A renamed key is one edit here.
-METRICS = {
-    "tps_dec": Quantity("Decode TPS", ".2f", timing=True),
-    "tps_req": Quantity("Request TPS", ".2f", timing=True),
-    "draft_nodes_per_cycle": Quantity("Draft nodes", ".2f"),
-    "committed_per_cycle": Quantity("Committed", ".2f"),
-    "committed_per_cycle_fresh": Quantity("Committed, fresh cycles", ".2f"),
-    "committed_per_cycle_repeated": Quantity("Committed, repeated cycles", ".2f"),
-    "cycles_fresh": Quantity("Fresh cycles", "d"),
-    "cycles_repeated": Quantity("Repeated cycles", "d"),
-    "cycles": Quantity("Cycles", "d"),
-    "ms_per_cycle": Quantity("ms/cycle", ".1f", timing=True),
-    "h2d_per_token": Quantity("H2D/token", ".1f"),
-    "draft_ms_per_cycle": Quantity("Draft ms/cycle", ".1f", timing=True),
-    "verify_ms_per_cycle": Quantity("Verify ms/cycle", ".1f", timing=True),
-    "select_ms_median": Quantity("Selection ms/cycle (median)", ".2f", timing=True),
-    "select_share_pct": Quantity("Selection share of decode time (%)", ".2f", timing=True),
-    "n_requests": Quantity("Requests", "d"),
-    "n_output_tokens": Quantity("Output tokens", "d"),
-}
-# fresh vs repeated-4-gram cycles (specfit.ngrams): shown for drafting methods; absent from older metrics.json
-SPLIT_KEYS = ("committed_per_cycle_fresh", "committed_per_cycle_repeated", "cycles_fresh", "cycles_repeated")
-DRAFT_KEYS = ("draft_nodes_per_cycle", "draft_ms_per_cycle", *SPLIT_KEYS)  # AR: a dash, as in the paper
-LINK_EMULATED, TIMING_LABEL, LOSSLESS, RESUMED = "link_emulated", "timing_label", "lossless", "resumed"
-METRICS_REQUIRED = (*(k for k in METRICS if k not in SPLIT_KEYS), LINK_EMULATED, TIMING_LABEL, LOSSLESS)
-
-# requests.parquet beside each metrics.json (REQUEST_SCHEMA of specfit.speculative.request): the columns the
-# intervals read
+METRICS_REQUIRED = (*(k for k in METRICS if k not in (*SPLIT_KEYS, *LATER_KEYS)), LINK_EMULATED, TIMING_LABEL, LOSSLESS)
+# requests.parquet beside each metrics.json (specfit.speculative.request): the columns the intervals read
 REQUEST_COLUMNS = ("request_id", "n_output", "t_request_s", "t_prefill_s")
-TOKENS_PER_TRANSFER = "Tokens/transfer"  # output tokens per H2D expert transfer, prefill included: 1 / H2D/token
-
-
-def tokens_per_transfer(m: dict | None) -> float | None:
-    """Output (committed) tokens per H2D expert transfer over whole requests, prefill included (the paper's
-    "token-per-transfer", Section 4.4): 1 / h2d_per_token; None without transfers."""
-    h2d = None if m is None else m.get("h2d_per_token")
-    return None if not h2d else 1.0 / h2d
 TPS_MATCH_RTOL = 1e-6  # metrics.json's tps_dec (tps_req) and the one its requests.parquet gives must agree
 
 # paths.calibration and paths.calibration_points (specfit.calibrate)
@@ -84,7 +50,6 @@ CALIBRATION_REQUIRED = ("b", "beta", "source", "r2", "rmse_ms", "n_points", "slo
 # the cache-aware fit ("cache_aware", null for the paper's presets): the keys the report reads
 CACHE_AWARE_REQUIRED = ("b", "beta_miss", "beta_hit", "beta_hit_identified", "r2", "rmse_ms", "n_points", "r2_means",
                         "rmse_means_ms", "n_probes")
-CACHE_AWARE_R2_GOAL = 0.9  # issue 12: the cache-aware model with the cache, R² on the probe means
 POINTS_COLUMNS = ("k", "tree", "y_ms", "pred_ms")
 
 # the learned route predictor (specfit.predictor): its folder (paths.predictor, declared as a folder) holds this file
@@ -93,61 +58,8 @@ PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "tr
                       "train_requests", "validation_requests", "train_nodes", "validation_nodes", "hidden_size",
                       "num_layers", "num_experts", "top_k", "params", "flop_per_node", "us_per_pool",
                       "pool_nodes_timed", "torch_device", "training")
-ROUTE_PREDICTOR = "route_predictor"  # a learned-route decode run's metrics.json: the predictor's time in its cycles
-
-
-# paths.theory (specfit.theory.selection_theory, cache_aware_theory) -> Table 5 rows: the key (a pair of keys for
-# the rows at β / 2β), the label, the key in paper_results.yaml ``theory`` (None: not in the paper).
-@dataclass(frozen=True)
-class TheoryRow:
-    keys: tuple[str, ...]
-    label: str
-    paper: str | None
-    fmt: str
-
-
-THEORY = (
-    TheoryRow(("cycles",), "Cycles", "cycles", "d"),
-    TheoryRow(("lambda_star",), "λ* (largest predicted throughput, tokens/ms)", None, ".5g"),
-    TheoryRow(("theta",), "Θ of the ratio rule (tokens/ms)", None, ".5g"),
-    TheoryRow(("gap_pct",), "λ* − Θ (% of λ*)", "gap_pct_of_lambda", ".2f"),
-    TheoryRow(("bound_pct",), "Bound of Equation 7 (% of λ*)", "bound_pct_of_lambda", ".2f"),
-    TheoryRow(("s_star_differs_pct",), "Cycles with S* ≠ Ŝ (%)", "differ_pct", ".1f"),
-    TheoryRow(("rho_cv",), "Coefficient of variation of ρ", "cv_rho", ".2f"),
-    TheoryRow(("s_star_gain_pct",), "Gain of S* with recorded acceptances (%)", "gain_recorded_pct", ".2f"),
-    TheoryRow(("union_per_reward_beta", "union_per_reward_2beta"), "Mean F(Ŝ)/R̂(Ŝ) at β / 2β", "mean_F_over_R",
-              ".1f"),
-    TheoryRow(("selected_nodes_beta", "selected_nodes_2beta"), "Mean selected nodes at β / 2β", "mean_selected_nodes",
-              ".2f"),
-    TheoryRow(("drafted_levels_mean",), "Mean drafted levels", "mean_drafted_levels", ".2f"),
-    TheoryRow(("stopped_early_pct",), "Cycles stopped before the deepest level they could draft (%)",
-              "stopped_before_5_pct", ".1f"),
-    TheoryRow(("length_limited_cycles",), "Cycles whose depth the length limit capped", None, "d"),
-    TheoryRow(("empty_pool_cycles",), "Cycles that drafted nothing (root only)", None, "d"),
-    TheoryRow(("recorded_selection_differs_pct",), "Cycles where reselection differs from the recorded Ŝ (%)", None,
-              ".1f"),
-    TheoryRow(("dinkelbach_iterations",), "Dinkelbach iterations", None, "d"),
-)
-# beyond the paper: the rows Table 5 under specfit-ca's cache-aware cost adds (specfit.theory.cache_aware_theory)
-THEORY_CACHE_AWARE = (
-    TheoryRow(("misses_per_reward_beta", "misses_per_reward_2beta"), "Mean M(Ŝ)/R̂(Ŝ) at β / 2β (experts copied)",
-              None, ".1f"),
-    TheoryRow(("cycles_without_residency",), "Cycles priced with nothing resident (no residency recorded)",
-              None, "d"),
-)
 THEORY_REQUIRED = tuple(k for row in THEORY for k in row.keys)
 THEORY_CACHE_AWARE_REQUIRED = (*THEORY_REQUIRED, *(k for row in THEORY_CACHE_AWARE for k in row.keys))
-PAPER_PAIR = ("beta", "two_beta")  # paper_results.yaml keys of a β / 2β pair
-
-
-def column(key: str, emulated: bool) -> str:
-    """The header of a metrics.json column; timings over an emulated link say so."""
-    q = METRICS[key]
-    return tagged(q.label, emulated and q.timing)
-
-
-def tps_cell(e) -> str:
-    return show(e, METRICS["tps_dec"].fmt)
 
 
 # ------------------------------------------------------------------------------------ the declared files
@@ -251,7 +163,7 @@ class Inputs:
     def run(self, model, device, workload, method, slots) -> dict | None:
         return self.metrics.get(DecodeRun(model, device, workload, method, slots))
 
-    def tps(self, run: DecodeRun | None) -> dict | None:
+    def tps(self, run: DecodeRun | None) -> Estimate | None:
         """A run's decode TPS (metrics.json) with its bootstrap interval over requests."""
         m = self.metrics.get(run)
         if m is None or m["tps_dec"] is None:
@@ -274,15 +186,15 @@ class Inputs:
             raise SpecFitError(f"{run.path}: metrics.json has {key} {self.metrics[run][key]}, its requests.parquet "
                                f"gives {value}: the two files come from different runs")
 
-    def speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> dict | None:
+    def speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> Estimate | None:
         """TPS(num) / TPS(den) with a paired bootstrap interval over the request ids both runs hold."""
         return self._ratio(num, den, "tps_dec", lambda rows: rows)
 
-    def request_speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> dict | None:
+    def request_speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> Estimate | None:
         """TPS_req(num) / TPS_req(den), prefill included (Eq. 10), with the same paired bootstrap as `speedup`."""
         return self._ratio(num, den, "tps_req", whole_requests)
 
-    def _ratio(self, num, den, key: str, rows_of) -> dict | None:
+    def _ratio(self, num, den, key: str, rows_of) -> Estimate | None:
         """metrics.json's ``key`` of num over den; the interval resamples ``rows_of(requests)``, whose decode TPS
         (`specfit.intervals`) is that key, after checking each run's requests.parquet gives its metrics.json's."""
         a, b = self.metrics.get(num), self.metrics.get(den)

@@ -1,16 +1,17 @@
 """The page's building blocks (tables, figures, sections, parts) and how a cell prints a number or an estimate.
 
-An estimate is a run's value with its 95% bootstrap interval (`specfit.intervals`): a dict with value, low and
-high, and for a ratio of two runs a verdict ("faster", "slower", "tie").
+An estimate is a run's value with its 95% bootstrap interval (`specfit.intervals`); a ratio of two runs' also carries
+its verdict. A table has a stable id and a key per row, which tests look it up by.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from specfit import intervals
+from specfit.report.verdict import Verdict
 
 EMULATED = "emulated link"
 MISSING = "–"
@@ -20,9 +21,21 @@ NO_INTERVAL = "[no interval]"
 # ------------------------------------------------------------------------------------ the page's building blocks
 @dataclass
 class Table:
+    id: str  # section / model / device / workload ...
     caption: str
     header: list[str]
     rows: list[list[str]]
+    keys: list = field(default_factory=list)  # one per row: what the row is about (a run, a metrics.json key, ...)
+
+
+Column = tuple[str, Callable]  # header, the cell of an item
+
+
+def table(id: str, caption: str, columns: list[Column], items, key=lambda item: item) -> Table:
+    """A row per item, a cell per column."""
+    items = list(items)
+    return Table(id, caption, [h for h, _ in columns], [[cell(x) for _, cell in columns] for x in items],
+                 [key(x) for x in items])
 
 
 @dataclass
@@ -71,15 +84,15 @@ def pct_less(a, b):
     return None if r is None else 100.0 * (1.0 - r)
 
 
-def share_of(part_saved: float, saved: float) -> float:
-    """One part's share of a time saving, in percent; NaN ("n/a") when nothing is saved."""
-    return float("nan") if saved <= 0 else 100.0 * part_saved / saved
-
-
 def pct_more(a, b):
     """How many percent ``a`` lies above ``b``."""
     r = ratio(a, b)
     return None if r is None else 100.0 * (r - 1.0)
+
+
+def share_of(part_saved: float, saved: float) -> float:
+    """One part's share of a time saving, in percent; NaN ("n/a") when nothing is saved."""
+    return float("nan") if saved <= 0 else 100.0 * part_saved / saved
 
 
 def x_fmt(value) -> str:
@@ -90,59 +103,53 @@ def cache_cell(slots: int) -> str:
     return f"Yes ({slots})" if slots > 0 else "No"
 
 
-# ------------------------------------------------------------------------------------ intervals
-def interval_note(seed: int) -> str:
-    return (f"Decode TPS in brackets: 95% interval, a percentile bootstrap over the run's requests "
-            f"({intervals.N_BOOT} resamples, seed {seed}). Ratios between runs (speedups, gains): the same bootstrap "
-            f"paired over request ids (both runs resampled with the same prompts); a ratio whose interval "
-            f"includes 1 is a tie, “faster” / “slower” only when the whole interval lies above / below 1.")
+def tagged(text: str, emulated: bool) -> str:
+    return f"{text} [{EMULATED}]" if emulated else text
 
 
-def est(value, ci: dict | None = None) -> dict | None:
+# ------------------------------------------------------------------------------------ estimates
+@dataclass(frozen=True)
+class Estimate:
+    value: float
+    low: float | None = None  # None: no interval (a requests.parquet is missing)
+    high: float | None = None
+    verdict: Verdict | None = None  # a ratio's, from its interval
+
+
+def est(value, ci: dict | None = None) -> Estimate | None:
     """A run's estimate: value, with its interval (and verdict, for a ratio) where the requests give one."""
     if value is None:
         return None
-    out = {"value": value, "low": None, "high": None}
-    if ci is not None:
-        out.update(low=ci["low"], high=ci["high"])
-        if "verdict" in ci:
-            out["verdict"] = ci["verdict"]
-    return out
+    if ci is None:
+        return Estimate(value)
+    return Estimate(value, ci["low"], ci["high"], Verdict.of(ci["low"], ci["high"]) if "verdict" in ci else None)
 
 
-def as_pct(e: dict | None) -> dict | None:
+def as_pct(e: Estimate | None) -> Estimate | None:
     """A ratio estimate as a percent change, 100 (r − 1), verdict kept."""
     if e is None:
         return None
-    return {**e, **{k: None if e[k] is None else 100.0 * (e[k] - 1.0) for k in ("value", "low", "high")}}
+    return replace(e, value=100.0 * (e.value - 1.0), low=None if e.low is None else 100.0 * (e.low - 1.0),
+                   high=None if e.high is None else 100.0 * (e.high - 1.0))
 
 
 def show(value, spec: str, unit: str = "") -> str:
-    """A paper number (float) or a run's estimate (dict): "1.03× [0.97, 1.09] tie", "5.21 [4.80, 5.66]"."""
-    if not isinstance(value, dict):
+    """A paper number (float) or a run's estimate: "1.03× [0.97, 1.09] tie", "5.21 [4.80, 5.66]"."""
+    if not isinstance(value, Estimate):
         return MISSING if value is None else fmt(value, spec) + unit
-    text = fmt(value["value"], spec) + unit
-    if value["low"] is None:
+    text = fmt(value.value, spec) + unit
+    if value.low is None:
         return f"{text} {NO_INTERVAL}"
-    text += f" [{fmt(value['low'], spec)}, {fmt(value['high'], spec)}]"
-    return f"{text} {value['verdict']}" if "verdict" in value else text
+    text += f" [{fmt(value.low, spec)}, {fmt(value.high, spec)}]"
+    return f"{text} {value.verdict}" if value.verdict else text
 
 
 def x_cell(e) -> str:
     return show(e, ".2f", "×")
 
 
-def error_bar(e: dict | None):
-    """Matplotlib yerr of an estimate ([[below], [above]]), None without an interval."""
-    if e is None or e["low"] is None:
-        return None
-    return [[max(0.0, e["value"] - e["low"])], [max(0.0, e["high"] - e["value"])]]
-
-
-# ------------------------------------------------------------------------------------ labels
-def slug(*parts: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
-
-
-def tagged(text: str, emulated: bool) -> str:
-    return f"{text} [{EMULATED}]" if emulated else text
+def interval_note(seed: int) -> str:
+    return (f"Decode TPS in brackets: 95% interval, a percentile bootstrap over the run's requests "
+            f"({intervals.N_BOOT} resamples, seed {seed}). Ratios between runs (speedups, gains): the same bootstrap "
+            f"paired over request ids (both runs resampled with the same prompts); a ratio whose interval "
+            f"includes 1 is a tie, “faster” / “slower” only when the whole interval lies above / below 1.")

@@ -1,5 +1,5 @@
-"""The page on disk: figures saved as PNG, the provenance block, and the HTML page and its Markdown twin rendered
-from the Jinja2 templates (templates/report.html.j2, templates/report.md.j2).
+"""The page on disk: the provenance block, and the HTML page and its Markdown twin rendered from the Jinja2 templates
+(templates/report.html.j2, templates/report.md.j2).
 """
 
 from __future__ import annotations
@@ -11,25 +11,11 @@ import subprocess
 from pathlib import Path
 
 import jinja2
-import matplotlib.pyplot as plt
 
-from specfit.report.page import Figure
 from specfit.workflow import spec_json
 
 VERSIONS = ("specfit", "torch", "transformers", "snakemake", "numpy")
 TEMPLATES = {"index.html": "report.html.j2", "report.md": "report.md.j2"}  # output file -> template
-
-
-class Figures:
-    def __init__(self, folder: Path):
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def save(self, fig, name: str, caption: str) -> Figure:
-        fig.tight_layout()
-        fig.savefig(self.folder / f"{name}.png", dpi=110)
-        plt.close(fig)
-        return Figure(f"{self.folder.name}/{name}.png", caption)
 
 
 # ------------------------------------------------------------------------------------ provenance

@@ -7,19 +7,19 @@ import re
 import pytest
 from markupsafe import escape
 from report_fakes import DEVICE, declared, decode_tps, fake_root, request_tps, tiny_spec, write_requests
-from report_md import assert_no_win_inside_a_tie, find, md_tables, missing_inputs, ratio_of, tps_text, x_text
+from report_md import assert_no_win_inside_a_tie, build, missing_inputs, ratio_of, rows, tps_text, x_text
 
-from specfit import paths, report
+from specfit import paths
 from specfit.errors import SpecFitError
 from specfit.report.inputs import PREDICTOR_REQUIRED, load_inputs, predictor_metrics
-from specfit.report.learned import TITLE
 from specfit.report.page import EMULATED, interval_note
+from specfit.report.sections.learned_routes import TITLE
 from specfit.workflow import DecodeRun
 
 METHODS = ("ar", "eagle3", "specfit", "specfit-noisy", "specfit-learned")
-SIDE = f"Exact vs learned vs simulated noisy routes, toy / {DEVICE} [{EMULATED}]"
-GOALS = f"specfit-learned against the issue's goals per cell, toy / {DEVICE} [{EMULATED}]"
-PREDICTOR = f"The route predictor of toy ({predictor_metrics('toy')}), and its cost at Qwen3-30B-A3B's size"
+SIDE = f"learned-routes/toy/{DEVICE}"
+GOALS = f"learned-routes-goals/toy/{DEVICE}"
+PREDICTOR = f"route-predictor/toy/{DEVICE}"
 # decode tokens per second: with the cache SpecFit well ahead of EAGLE-3 (the learned run copies SpecFit's requests:
 # a tie); without it SpecFit behind EAGLE-3 and the learned run far behind SpecFit
 SPEEDS = {("ar", 0): 10, ("eagle3", 0): 10, ("specfit", 0): 6, ("specfit-learned", 0): 2,
@@ -74,11 +74,10 @@ def fake_learned(tree, spec):
     return written
 
 
-def build(tree, spec, inputs=None):
+def built(tree, spec, inputs=None):
     out = tree / "reports" / "all"
-    report.run(spec, declared(spec) if inputs is None else inputs, {"report": str(out)})
-    md = (out / "report.md").read_text()
-    return md, md_tables(md), (out / "index.html").read_text()
+    md, tables = build(spec, declared(spec) if inputs is None else inputs, out)
+    return md, tables, (out / "index.html").read_text()
 
 
 def section(md: str) -> str:
@@ -90,16 +89,17 @@ def learned(tree):
     spec = learned_spec()
     written = fake_learned(tree, spec)
     write_predictor(tree)
-    return spec, written, *build(tree, spec)
+    return spec, written, *built(tree, spec)
 
 
 def test_exact_learned_and_noisy_side_by_side(learned):
-    spec, written, md, tables, html = learned
-    header, rows = find(tables, SIDE)
-    assert header == ["Workload", "Cache", "Method", "Routes", "Route accuracy", "Draft nodes per cycle",
-                      "Committed per cycle", f"Decode TPS [{EMULATED}]", f"/ specfit (×) [{EMULATED}]",
-                      f"Predictor share of cycle time (%) [{EMULATED}]"]
-    assert [row[:5] for row in rows] == [
+    _spec, written, _md, tables, _html = learned
+    t = tables[SIDE]
+    assert t.caption == f"Exact vs learned vs simulated noisy routes, toy / {DEVICE} [{EMULATED}]"
+    assert t.header == ["Workload", "Cache", "Method", "Routes", "Route accuracy", "Draft nodes per cycle",
+                        "Committed per cycle", f"Decode TPS [{EMULATED}]", f"/ specfit (×) [{EMULATED}]",
+                        f"Predictor share of cycle time (%) [{EMULATED}]"]
+    assert [row[:5] for row in t.rows] == [
         ["gsm8k", "Yes (4)", "specfit", "exact (atlas)", "100% (exact)"],
         ["gsm8k", "Yes (4)", "specfit-learned", "learned", "71.2% (held-out)"],
         ["gsm8k", "Yes (4)", "specfit-noisy", "noisy (simulated)", "60% (configured)"],
@@ -107,21 +107,22 @@ def test_exact_learned_and_noisy_side_by_side(learned):
         ["gsm8k", "No", "specfit", "exact (atlas)", "100% (exact)"],
         ["gsm8k", "No", "specfit-learned", "learned", "71.2% (held-out)"],
         ["gsm8k", "No", "eagle3", "none (full draft tree)", "–"]]  # no noisy run without the cache
-    for row in rows:
-        run, slots = run_of(row[2], 4 if row[1] == "Yes (4)" else 0), 4 if row[1] == "Yes (4)" else 0
-        m = written[run]
+    assert t.keys == [run_of(row[2], 4 if row[1] == "Yes (4)" else 0) for row in t.rows]
+    for run, row in rows(t).items():
+        slots, m = run.slots, written[run]
         assert row[5:8] == [f"{m['draft_nodes_per_cycle']:.2f}", f"{m['committed_per_cycle']:.2f}",
                             tps_text(written, run)]
         atlas = run_of("specfit", slots)
         assert row[8] == ("–" if row[2] in ("specfit", "eagle3") else x_text(ratio_of(written, run, atlas)))
         assert row[9] == (f"{SHARES[slots]:.2f}" if row[2] == "specfit-learned" else "–")
-    assert rows[1][8] == "1.00× [1.00, 1.00] tie"
+    assert t.rows[1][8] == "1.00× [1.00, 1.00] tie"
 
 
 def test_goals_per_cell_and_the_verdict(learned):
-    spec, written, md, tables, html = learned
-    header, rows = find(tables, GOALS)
-    assert header == ["Workload", "Cache", f"specfit-learned / specfit (×) [{EMULATED}]", "≥ 98% of specfit",
+    _spec, written, md, tables, html = learned
+    t = tables[GOALS]
+    assert t.caption == f"specfit-learned against the issue's goals per cell, toy / {DEVICE} [{EMULATED}]"
+    assert t.header == ["Workload", "Cache", f"specfit-learned / specfit (×) [{EMULATED}]", "≥ 98% of specfit",
                       f"specfit / eagle3 (×) [{EMULATED}]", f"specfit-learned / eagle3 (×) [{EMULATED}]",
                       "Faster than eagle3 where specfit is", f"Predictor share of cycle time (%) [{EMULATED}]",
                       "≤ 5% of a cycle"]
@@ -129,7 +130,8 @@ def test_goals_per_cell_and_the_verdict(learned):
     slower = ratio_of(written, learned0, run_of("specfit", 0))
     atlas_eagle0 = ratio_of(written, run_of("specfit", 0), run_of("eagle3", 0))
     assert slower["verdict"] == "slower" and atlas_eagle0["verdict"] == "slower"
-    assert rows == [
+    assert t.keys == [("gsm8k", 4), ("gsm8k", 0)]
+    assert t.rows == [
         ["gsm8k", "Yes (4)", "1.00× [1.00, 1.00] tie", "yes (tie within the interval)",
          x_text(ratio_of(written, run_of("specfit", 4), run_of("eagle3", 4))),
          x_text(ratio_of(written, learned4, run_of("eagle3", 4))), "yes", "1.23", "yes"],
@@ -149,29 +151,30 @@ def test_goals_per_cell_and_the_verdict(learned):
             f"[{EMULATED}]; missed in: gsm8k, cache No." in text)
     assert interval_note(0) in text
     assert assert_no_win_inside_a_tie(text) == 3 + 6  # learned and noisy over exact routes; the goals table
-    titles = re.findall(r"^### (.+)$", md, re.M)
+    titles = re.findall(r"^### (.+)$", md, re.MULTILINE)
     assert titles[titles.index(TITLE) - 1].startswith("Decode throughput with and without the expert cache")
     assert f"<h3>{TITLE}</h3>" in html
-    assert f"<caption>{escape(GOALS)}</caption>" in html
+    assert f"<caption>{escape(t.caption)}</caption>" in html
 
 
 def test_the_predictor_table(learned):
-    spec, written, md, tables, html = learned
-    header, rows = find(tables, PREDICTOR)
-    assert header == ["Quantity", "toy (hidden 128, 3 MoE layers, 32 experts, top-4)",
+    _spec, written, md, tables, _html = learned
+    t = tables[PREDICTOR]
+    assert t.caption == f"The route predictor of toy ({predictor_metrics('toy')}), and its cost at Qwen3-30B-A3B's size"
+    assert t.header == ["Quantity", "toy (hidden 128, 3 MoE layers, 32 experts, top-4)",
                       "At Qwen3-30B-A3B's size (hidden 2048, 48 MoE layers, 128 experts)",
                       "Paper's estimate (section 4.6)"]
-    by = {row[0]: row[1:] for row in rows}
-    assert by["Held-out route accuracy (draft nodes, mean over layers)"] == ["71.2%", "–", "60% (simulated predictor)"]
-    assert by["Held-out recall per MoE layer"] == ["0: 81.0%, 1: 55.0%, 2: 77.0%", "–", "–"]
+    by = {key: row[1:] for key, row in rows(t).items()}
+    assert by["route_accuracy"] == ["71.2%", "–", "60% (simulated predictor)"]
+    assert by["recall_per_layer"] == ["0: 81.0%, 1: 55.0%, 2: 77.0%", "–", "–"]
     # Qwen3-30B-A3B: (2 · 2048 + 1) · 48 · 128 parameters, 2 · 4096 · 48 · 128 FLOP; the paper's 12.6M, 25 MFLOP
-    assert by["Parameters"] == ["24,672 (0.025M)", "25,171,968 (25.2M)", "12.6M"]
-    assert by["FLOP per node"] == ["49,152 (0.0492 MFLOP)", "50,331,648 (50.3 MFLOP)", "25 MFLOP"]
-    assert by["µs per pool of 19 nodes (on cpu: compute only, no link)"] == ["30.2", "–", "–"]
+    assert by["params"] == ["24,672 (0.025M)", "25,171,968 (25.2M)", "12.6M"]
+    assert by["flop_per_node"] == ["49,152 (0.0492 MFLOP)", "50,331,648 (50.3 MFLOP)", "25 MFLOP"]
+    assert rows(t)["us_per_pool"] == ["µs per pool of 19 nodes (on cpu: compute only, no link)", "30.2", "–", "–"]
     per_cycle = sorted(1e3 * 0.0123 / written[run_of("specfit-learned", s)]["cycles"] for s in (0, 4))
-    assert by[f"Predictor ms per decode cycle in the {DEVICE} runs [{EMULATED}]"] == [
-        f"{per_cycle[0]:.3f} – {per_cycle[1]:.3f}", "–", "0.1–0.2 (added ms per cycle)"]
-    assert by["Training"][0].startswith("1500 steps, 1.1 s on cpu (2 threads), final loss 1.510; 42 requests")
+    assert rows(t)["ms_per_cycle"] == [f"Predictor ms per decode cycle in the {DEVICE} runs [{EMULATED}]",
+                                       f"{per_cycle[0]:.3f} – {per_cycle[1]:.3f}", "–", "0.1–0.2 (added ms per cycle)"]
+    assert by["training"][0].startswith("1500 steps, 1.1 s on cpu (2 threads), final loss 1.510; 42 requests")
     text = section(md)
     assert "2.0× the paper's estimate of a linear head from the hidden state alone (12.6M parameters" in text
     assert "Its µs per pool is plain cpu compute, timed apart from any link" in text
@@ -187,14 +190,13 @@ def test_a_missing_predictor_metrics_file_is_named(tree, declare):
     if not declare:  # on disk but not declared: not read
         write_predictor(tree)
         inputs["predictor"] = []
-    md, tables, _ = build(tree, spec, inputs)
+    md, tables, _ = built(tree, spec, inputs)
     text = section(md)
     assert missing_inputs(text) == ["data/predictor/toy/metrics.json"]
     assert "Goal 1, route accuracy ≥ 60%: not judged. data/predictor/toy/metrics.json is missing." in text
     assert "not judged: goal 1" in text
-    _, rows = find(tables, SIDE)
-    assert [row[4] for row in rows if row[2] == "specfit-learned"] == ["–", "–"]
-    assert not [c for c, _, _ in tables if c.startswith("The route predictor")]
+    assert [row[4] for run, row in rows(tables[SIDE]).items() if run.method == "specfit-learned"] == ["–", "–"]
+    assert PREDICTOR not in tables
 
 
 def test_an_older_learned_run_without_predictor_time_is_not_judged(tree):
@@ -204,9 +206,8 @@ def test_an_older_learned_run_without_predictor_time_is_not_judged(tree):
     run = run_of("specfit-learned", 0)
     written[run].pop("route_predictor")
     set_metrics(tree, written, run)
-    md, tables, _ = build(tree, spec)
-    _, rows = find(tables, GOALS)
-    assert rows[1][7:] == ["–", "not judged (its metrics.json has no route_predictor)"]
+    md, tables, _ = built(tree, spec)
+    assert rows(tables[GOALS])["gsm8k", 0][7:] == ["–", "not judged (its metrics.json has no route_predictor)"]
     assert ("Goal 4, predictor time ≤ 5% of a cycle: not judged. Met in 1 of 2 cells; largest share 1.23% "
             f"[{EMULATED}]; not judged in: gsm8k, cache No (its metrics.json has no route_predictor)." in md)
 
@@ -226,5 +227,5 @@ def test_without_a_learned_method_there_is_no_section(tree):
     spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-noisy"))
     fake_root(tree, spec)
     assert declared(spec)["predictor"] == []
-    md, _, html = build(tree, spec)
+    md, _, html = built(tree, spec)
     assert TITLE not in md and TITLE not in html and predictor_metrics("toy") not in md

@@ -1,0 +1,121 @@
+"""The paper's figures (paper_results.yaml) beside this run's: its cells under metrics.json keys, its headline ratios
+computed by the same code as this run's, and `Beside`, what it has for one of its GPUs, section by section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specfit.report.page import as_pct, pct_less, pct_more, ratio, share_of
+
+# paper_results.yaml counters -> metrics.json keys, so that paper and run go through the same code
+PAPER_COUNTERS = {"draft_nodes": "draft_nodes_per_cycle", "committed": "committed_per_cycle", "cycles": "cycles",
+                  "ms_per_cycle": "ms_per_cycle", "h2d_per_token": "h2d_per_token"}
+PAPER_CACHE = {"cache": "cache", "nocache": "no_cache"}
+PAPER_DEVICES = ("a100", "rtx4090")
+PAPER_WORKLOADS = ("summarization", "gsm8k")  # the workload keys of paper_results.yaml
+RULES = ("ar", "eagle3", "specfit")  # the paper's methods
+
+
+def paper_cells(paper: dict, gpu: str, workload: str | None) -> dict | None:
+    """(method rule, cache mode) -> the paper's figures for one GPU and paper workload, under metrics.json keys."""
+    tps = paper["decode_tps"].get(gpu, {}).get(workload)
+    counters = paper["counters"].get(gpu, {}).get(workload)
+    if tps is None:
+        return None
+    out = {}
+    for rule in RULES:
+        for mode, paper_mode in PAPER_CACHE.items():
+            out[rule, mode] = {"tps_dec": tps[rule][paper_mode]}
+            if counters is not None:
+                out[rule, mode].update({PAPER_COUNTERS[k]: v for k, v in counters[rule][paper_mode].items()})
+    return out
+
+
+def share_of_saving(c: dict, key: str) -> float | None:
+    """How much of the time a SpecFit cycle saves against a cached EAGLE-3 cycle (ms/cycle) one part of the cycle
+    (``key``, e.g. verify_ms_per_cycle) saves, in percent; NaN ("n/a") when SpecFit's cycle saves no time."""
+    parts = [None if c.get((rule, "cache")) is None else c[rule, "cache"].get(k)
+             for rule in ("eagle3", "specfit") for k in (key, "ms_per_cycle")]
+    if any(p is None for p in parts):
+        return None
+    part_e, total_e, part_s, total_s = parts
+    return share_of(part_e - part_s, total_e - total_s)
+
+
+def headline(c: dict, tps_ratio=None, req_ratio=None) -> list[tuple[str, str, float | object | None, str]]:
+    """The paper's headline ratios from (rule, cache mode) cells, the same code for paper and run: label, the key of
+    the paper's text claim (``text_claims``), value, format. ``tps_ratio(cell, cell)`` / ``req_ratio(cell, cell)``
+    give a run's ratio of decode / request TPS as an estimate with its interval; without them the ratio is a plain
+    number (the paper's, whose cells have no request TPS: its text states that gain)."""
+
+    def v(rule, mode, key):
+        cell = c.get((rule, mode))
+        return None if cell is None else cell.get(key)
+
+    def tps(a, b, key="tps_dec", given=tps_ratio):
+        return given(a, b) if given is not None else ratio(v(*a, key), v(*b, key))
+
+    def pct(a, b, key="tps_dec", given=tps_ratio):
+        r = tps(a, b, key, given)
+        return as_pct(r) if given is not None else None if r is None else 100.0 * (r - 1.0)
+
+    fit, eagle = ("specfit", "cache"), ("eagle3", "cache")
+    return [
+        ("SpecFit over cached EAGLE-3 (%)", "vs_cached_eagle3_pct", pct(fit, eagle), ".1f"),
+        ("SpecFit over cached EAGLE-3, prefill included: Request TPS (%)", "incl_prefill_pct",
+         pct(fit, eagle, "tps_req", req_ratio), ".1f"),
+        ("SpecFit over vanilla EAGLE-3, no cache (%)", "vs_vanilla_eagle3_no_cache_pct",
+         pct(("specfit", "nocache"), ("eagle3", "nocache")), ".1f"),
+        ("SpecFit (cache) over AR without cache (×)", "vs_ar_x", tps(fit, ("ar", "nocache")), ".2f"),
+        ("Vanilla EAGLE-3 over AR without cache (×)", "vanilla_eagle3_vs_ar_x",
+         tps(("eagle3", "nocache"), ("ar", "nocache")), ".2f"),
+        ("SpecFit commits fewer tokens per cycle than cached EAGLE-3 (%)", "fewer_committed_pct",
+         pct_less(v(*fit, "committed_per_cycle"), v(*eagle, "committed_per_cycle")), ".1f"),
+        ("SpecFit cycle shorter than cached EAGLE-3 (%)", "shorter_cycle_pct",
+         pct_less(v(*fit, "ms_per_cycle"), v(*eagle, "ms_per_cycle")), ".1f"),
+        ("Verification's share of the time SpecFit saves per cycle vs cached EAGLE-3 (%)",
+         "verification_share_of_saving_pct", share_of_saving(c, "verify_ms_per_cycle"), ".1f"),
+        ("SpecFit fewer H2D/token than cached EAGLE-3 (%)", "fewer_h2d_per_token_pct",
+         pct_less(v(*fit, "h2d_per_token"), v(*eagle, "h2d_per_token")), ".1f"),
+        ("SpecFit more tokens per transfer than cached EAGLE-3 (%)", "tokens_per_transfer_advantage_pct",
+         pct_more(v(*eagle, "h2d_per_token"), v(*fit, "h2d_per_token")), ".1f"),
+        ("SpecFit drafting time per cycle cut vs cached EAGLE-3 (%)", "drafting_time_cut_pct",
+         pct_less(v(*fit, "draft_ms_per_cycle"), v(*eagle, "draft_ms_per_cycle")), ".1f"),
+    ]
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What the paper has for one of its GPUs, per section and paper workload: None (or {}) where it has nothing."""
+
+    paper: dict  # paper_results.yaml
+    gpu: str  # PAPER_DEVICES
+
+    def cells(self, workload: str | None) -> dict | None:
+        return paper_cells(self.paper, self.gpu, workload)
+
+    def claims(self, workload: str | None) -> dict[str, float | None]:
+        """The headline figures by text-claim key: the one its text states where it states one, else computed from
+        its tables."""
+        cells = self.cells(workload)
+        if cells is None:
+            return {}
+        claims = self.paper["text_claims"].get(workload if self.gpu == "a100" else f"{self.gpu}_{workload}", {})
+        return {claim: claims.get(claim, value) for _, claim, value, _ in headline(cells)}
+
+    def sweep(self, workload: str | None, n_slots: int) -> dict | None:
+        """Figure 4 (A100, summarization), its slot counts matched to this run's by rank (48, 24, 12, 0)."""
+        sweep = self.paper["slot_sweep"]
+        return sweep if (self.gpu, workload, n_slots) == ("a100", "summarization", len(sweep["slots"])) else None
+
+    def table5(self, workload: str | None) -> dict | None:
+        return self.paper["theory"].get(workload) if self.gpu == "a100" else None
+
+    def selection_cost(self) -> dict | None:
+        return self.paper["selection_cost"] if self.gpu == "a100" else None
+
+    def routes(self, workload: str | None) -> dict | None:
+        """Section 4.6's route-prediction figures (its 40 GSM8K questions on one GPU)."""
+        routes = self.paper["route_prediction"]
+        return routes if (self.gpu, workload) == (routes["device"], "gsm8k") else None

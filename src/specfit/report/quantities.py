@@ -1,0 +1,107 @@
+"""The quantities the report's inputs hold, by key, and how a table prints them: metrics.json (`specfit.metrics`),
+the theory's Table 5 rows (`specfit.theory`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specfit.metrics import SPLIT_KEYS
+from specfit.report.page import show, tagged
+
+
+@dataclass(frozen=True)
+class Quantity:
+    label: str
+    fmt: str  # format spec of the printed value
+    timing: bool = False  # measured on the clock: labelled "emulated link" when the link is emulated
+
+
+# metrics.json key (`specfit.metrics.KEYS`) -> how the report prints it
+METRICS = {
+    "tps_dec": Quantity("Decode TPS", ".2f", timing=True),
+    "tps_req": Quantity("Request TPS", ".2f", timing=True),
+    "draft_nodes_per_cycle": Quantity("Draft nodes", ".2f"),
+    "committed_per_cycle": Quantity("Committed", ".2f"),
+    "committed_per_cycle_fresh": Quantity("Committed, fresh cycles", ".2f"),
+    "committed_per_cycle_repeated": Quantity("Committed, repeated cycles", ".2f"),
+    "cycles_fresh": Quantity("Fresh cycles", "d"),
+    "cycles_repeated": Quantity("Repeated cycles", "d"),
+    "cycles": Quantity("Cycles", "d"),
+    "ms_per_cycle": Quantity("ms/cycle", ".1f", timing=True),
+    "h2d_per_token": Quantity("H2D/token", ".1f"),
+    "draft_ms_per_cycle": Quantity("Draft ms/cycle", ".1f", timing=True),
+    "verify_ms_per_cycle": Quantity("Verify ms/cycle", ".1f", timing=True),
+    "select_ms_per_cycle": Quantity("Select ms/cycle", ".2f", timing=True),
+    "commit_ms_per_cycle": Quantity("Commit ms/cycle", ".2f", timing=True),
+    "select_ms_median": Quantity("Selection ms/cycle (median)", ".2f", timing=True),
+    "select_share_pct": Quantity("Selection share of decode time (%)", ".2f", timing=True),
+    "n_requests": Quantity("Requests", "d"),
+    "n_output_tokens": Quantity("Output tokens", "d"),
+}
+DRAFT_KEYS = ("draft_nodes_per_cycle", "draft_ms_per_cycle", *SPLIT_KEYS)  # AR: a dash, as in the paper
+# issue 12's, absent from metrics.json written before it (a dash), beside SPLIT_KEYS (absent before the split)
+LATER_KEYS = ("select_ms_per_cycle", "commit_ms_per_cycle", "cycles_without_draft")
+# the keys specfit.speculative.stream adds to those of stream_metrics
+LINK_EMULATED, TIMING_LABEL, LOSSLESS, RESUMED = "link_emulated", "timing_label", "lossless", "resumed"
+ROUTE_PREDICTOR = "route_predictor"  # a learned-route run's: the predictor's time in its cycles
+
+TOKENS_PER_TRANSFER = "Tokens/transfer"  # output tokens per H2D expert transfer, prefill included: 1 / H2D/token
+
+
+def tokens_per_transfer(m: dict | None) -> float | None:
+    """Output tokens per H2D expert transfer over whole requests, prefill included (the paper's "token-per-transfer",
+    Section 4.4): 1 / h2d_per_token; None without transfers."""
+    h2d = None if m is None else m.get("h2d_per_token")
+    return None if not h2d else 1.0 / h2d
+
+
+# paths.theory (specfit.theory.selection_theory, cache_aware_theory) -> Table 5 rows: the key (a pair of keys for
+# the rows at β / 2β), the label, the key in paper_results.yaml ``theory`` (None: not in the paper).
+@dataclass(frozen=True)
+class TheoryRow:
+    keys: tuple[str, ...]
+    label: str
+    paper: str | None
+    fmt: str
+
+
+THEORY = (
+    TheoryRow(("cycles",), "Cycles", "cycles", "d"),
+    TheoryRow(("lambda_star",), "λ* (largest predicted throughput, tokens/ms)", None, ".5g"),
+    TheoryRow(("theta",), "Θ of the ratio rule (tokens/ms)", None, ".5g"),
+    TheoryRow(("gap_pct",), "λ* − Θ (% of λ*)", "gap_pct_of_lambda", ".2f"),
+    TheoryRow(("bound_pct",), "Bound of Equation 7 (% of λ*)", "bound_pct_of_lambda", ".2f"),
+    TheoryRow(("s_star_differs_pct",), "Cycles with S* ≠ Ŝ (%)", "differ_pct", ".1f"),
+    TheoryRow(("rho_cv",), "Coefficient of variation of ρ", "cv_rho", ".2f"),
+    TheoryRow(("s_star_gain_pct",), "Gain of S* with recorded acceptances (%)", "gain_recorded_pct", ".2f"),
+    TheoryRow(("union_per_reward_beta", "union_per_reward_2beta"), "Mean F(Ŝ)/R̂(Ŝ) at β / 2β", "mean_F_over_R",
+              ".1f"),
+    TheoryRow(("selected_nodes_beta", "selected_nodes_2beta"), "Mean selected nodes at β / 2β", "mean_selected_nodes",
+              ".2f"),
+    TheoryRow(("drafted_levels_mean",), "Mean drafted levels", "mean_drafted_levels", ".2f"),
+    TheoryRow(("stopped_early_pct",), "Cycles stopped before the deepest level they could draft (%)",
+              "stopped_before_5_pct", ".1f"),
+    TheoryRow(("length_limited_cycles",), "Cycles whose depth the length limit capped", None, "d"),
+    TheoryRow(("empty_pool_cycles",), "Cycles that drafted nothing (root only)", None, "d"),
+    TheoryRow(("recorded_selection_differs_pct",), "Cycles where reselection differs from the recorded Ŝ (%)", None,
+              ".1f"),
+    TheoryRow(("dinkelbach_iterations",), "Dinkelbach iterations", None, "d"),
+)
+# beyond the paper: the rows Table 5 under specfit-ca's cache-aware cost adds (specfit.theory.cache_aware_theory)
+THEORY_CACHE_AWARE = (
+    TheoryRow(("misses_per_reward_beta", "misses_per_reward_2beta"), "Mean M(Ŝ)/R̂(Ŝ) at β / 2β (experts copied)",
+              None, ".1f"),
+    TheoryRow(("cycles_without_residency",), "Cycles priced with nothing resident (no residency recorded)",
+              None, "d"),
+)
+PAPER_PAIR = ("beta", "two_beta")  # paper_results.yaml keys of a β / 2β pair
+
+
+def column(key: str, emulated: bool) -> str:
+    """The header of a metrics.json column; timings over an emulated link say so."""
+    q = METRICS[key]
+    return tagged(q.label, emulated and q.timing)
+
+
+def tps_cell(e) -> str:
+    return show(e, METRICS["tps_dec"].fmt)

@@ -1,0 +1,164 @@
+"""What a section sees: `Scope`, one (model, device) of the run, and `ModelScope`, one model on its devices; both with
+the config's methods in the paper's roles (`Roles`) and the paper's figures for the GPU a device stands for.
+
+The paper's figures sit beside the workload that stands for the paper's on each device: a workload's config key
+``paper`` (gsm8k-odd, the RTX 4090's 40 odd-numbered questions, stands for gsm8k), else its own name when it is one
+of the paper's (`stand_ins`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specfit.report.figures import Figures
+from specfit.report.inputs import Inputs
+from specfit.report.page import Section
+from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, RULES, Beside
+from specfit.report.quantities import LINK_EMULATED
+from specfit.workflow import DecodeRun, method_config, method_rule
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The config's methods in the paper's roles: AR, EAGLE-3, SpecFit (exact routes), SpecFit noisy routes; and,
+    beyond the paper, the cache- and draft-aware SpecFit (rule specfit-ca; None: no such method, no section)."""
+
+    ar: str | None
+    eagle3: str | None
+    specfit: str | None
+    noisy: list[str]
+    specfit_ca: str | None = None
+
+    @classmethod
+    def of(cls, spec: dict) -> Roles:
+        def first(rule, routes=None):
+            return next((m for m in spec["methods"] if method_rule(spec, m) == rule
+                         and (routes is None or method_config(spec, m).route_source.name == routes)), None)
+
+        noisy = [m for m in spec["methods"] if method_rule(spec, m) == "specfit"
+                 and method_config(spec, m).route_source.name == "noisy"]
+        return cls(first("ar"), first("eagle3"), first("specfit", "atlas"), noisy, first("specfit-ca"))
+
+    def by_rule(self) -> dict[str, str | None]:
+        return {"ar": self.ar, "eagle3": self.eagle3, "specfit": self.specfit}
+
+
+def paper_device(spec: dict, device: str) -> str:
+    """The paper's GPU a device stands for: named in its name, label or coefficients, else by order."""
+    for name in PAPER_DEVICES:
+        d = spec["devices"][device]
+        if any(name.replace("rtx", "") in str(s).lower() for s in (device, d.get("label", ""), d.get("coefficients", ""))):
+            return name
+    return PAPER_DEVICES[min(list(spec["devices"]).index(device), len(PAPER_DEVICES) - 1)]
+
+
+def paper_workload(spec: dict, workload: str) -> str | None:
+    """The paper's workload a workload stands for: its config key ``paper``, else its own name when that is one of
+    the paper's."""
+    key = spec["workloads"][workload].get("paper")
+    return key if key is not None else workload if workload in PAPER_WORKLOADS else None
+
+
+def stand_ins(spec: dict, runs, roles: Roles, model: str, device: str) -> dict[str, str]:
+    """Paper workload -> the workload of (model, device) whose runs the report puts beside the paper's figures.
+
+    Where several workloads stand for one of the paper's (gsm8k and the noisy-route runs' gsm8k-odd on the A100),
+    the one with most of the paper's six runs (AR, EAGLE-3 and SpecFit at the main slots and without the cache) in
+    the config's matrix, then the one named as the paper's, then the first in the config.
+    """
+    main = spec["models"][model]["main_slots"][device]
+    wanted = {(m, s) for m in roles.by_rule().values() if m is not None for s in (main, 0)}
+    best = {}
+    for order, w in enumerate(spec["workloads"]):
+        pw = paper_workload(spec, w)
+        have = {(r.method, r.slots) for r in runs if (r.model, r.device, r.workload) == (model, device, w)}
+        if pw is None or not have & wanted:
+            continue
+        rank = (len(have & wanted), w == pw, -order)
+        if pw not in best or rank > best[pw][0]:
+            best[pw] = (rank, w)
+    return {pw: w for pw, (_, w) in sorted(best.items(), key=lambda kv: PAPER_WORKLOADS.index(kv[0]))}
+
+
+class Scope:
+    """One (model, device): its runs by workload, its main slot count, the paper's GPU and workloads it stands for."""
+
+    def __init__(self, inputs: Inputs, figures: Figures, model: str, device: str):
+        self.i, self.figures, self.model, self.device, self.spec = inputs, figures, model, device, inputs.spec
+        self.roles = Roles.of(self.spec)
+        self.main = self.spec["models"][model]["main_slots"][device]
+        self.runs = [r for r in inputs.runs if (r.model, r.device) == (model, device)]
+        self.workloads = [w for w in self.spec["workloads"] if any(r.workload == w for r in self.runs)]
+        self.gpu = paper_device(self.spec, device)
+        self.paper = Beside(inputs.paper, self.gpu)
+        self.stand_ins = stand_ins(self.spec, inputs.runs, self.roles, model, device)
+        self.link_emulated = self.emulated(self.runs)
+
+    def id(self, name: str, *more) -> str:
+        """A table's stable id: its name, the model, the device and what more tells it apart."""
+        return "/".join((name, self.model, self.device, *map(str, more)))
+
+    def paper_key(self, workload: str) -> str | None:
+        """The paper's workload whose figures sit beside this workload's on this device (`stand_ins`), else None."""
+        pw = paper_workload(self.spec, workload)
+        return pw if pw is not None and self.stand_ins.get(pw) == workload else None
+
+    def claims(self, workload: str) -> dict:
+        """The paper's headline figures (by text-claim key) beside the workload, {} if none."""
+        return self.paper.claims(self.paper_key(workload))
+
+    def runs_of(self, workload: str) -> list[DecodeRun]:
+        order = list(self.spec["methods"])
+        runs = [r for r in self.runs if r.workload == workload]
+        return sorted(runs, key=lambda r: (r.slots > 0, order.index(r.method), -r.slots))
+
+    def run(self, workload: str, method: str | None, slots: int) -> DecodeRun | None:
+        return None if method is None else DecodeRun(self.model, self.device, workload, method, slots)
+
+    def ar(self, workload: str) -> DecodeRun | None:
+        """AR without the cache: every speedup's baseline."""
+        return self.run(workload, self.roles.ar, 0)
+
+    def emulated(self, runs) -> bool:
+        return any(self.i.metrics[r][LINK_EMULATED] for r in runs if r in self.i.metrics)
+
+    def present(self, sec: Section, runs: list[DecodeRun]) -> tuple[list[DecodeRun], bool]:
+        """How a section opens on some runs: the metrics.json of those without go to its missing inputs. Returns
+        the runs with metrics and whether any of them was timed over an emulated link."""
+        sec.missing += self.i.missing(runs)
+        present = [r for r in runs if r in self.i.metrics]
+        return present, self.emulated(present)
+
+    def title(self, workload: str) -> str:
+        """Where a table's numbers come from: model, device, workload and its subset label."""
+        label = self.spec["workloads"][workload].get("subset_label", "")
+        return f"{self.model} / {self.device}, {workload}" + (f" ({label})" if label else "")
+
+
+class ModelScope:
+    """One model on each device it ran on, the devices in the paper's order (`Scope` per device)."""
+
+    def __init__(self, inputs: Inputs, figures: Figures, model: str):
+        self.i, self.model, self.spec = inputs, model, inputs.spec
+        devices = [d for d in self.spec["devices"] if any(r.model == model and r.device == d for r in inputs.runs)]
+        devices.sort(key=lambda d: PAPER_DEVICES.index(paper_device(self.spec, d)))
+        self.on = {d: Scope(inputs, figures, model, d) for d in devices}
+
+    def id(self, name: str, *more) -> str:
+        return "/".join((name, self.model, *map(str, more)))
+
+    def paper_runs(self, device: str, workload: str) -> dict[tuple[str, str], DecodeRun | None]:
+        """(method rule, cache mode) -> the run of the paper's three methods at the main slots and at 0."""
+        s = self.on[device]
+        return {(rule, mode): s.run(workload, method, slots) for rule, method in s.roles.by_rule().items()
+                for mode, slots in (("cache", s.main), ("nocache", 0))}
+
+    def workload_on(self, device: str, group: str) -> str | None:
+        """The workload of ``device`` in a side-by-side group: the device's stand-in for the paper's workload
+        ``group`` (`stand_ins`: gsm8k on the A100, gsm8k-odd on the RTX 4090), else the workload named ``group``."""
+        if group in PAPER_WORKLOADS:
+            return self.on[device].stand_ins.get(group)
+        return group if group in self.on[device].workloads else None
+
+
+__all__ = ["RULES", "ModelScope", "Roles", "Scope", "paper_device", "paper_workload", "stand_ins"]

@@ -1,0 +1,92 @@
+"""Verification and transfer counters (Tables 2 and 3), tokens per transfer, and where the time a SpecFit cycle saves
+against a cached EAGLE-3 cycle comes from (section 4.2)."""
+
+from __future__ import annotations
+
+from specfit.metrics import SPLIT_KEYS
+from specfit.report.page import MISSING, Section, cache_cell, fmt, pct_less, pct_more, share_of, table, tagged
+from specfit.report.quantities import DRAFT_KEYS, METRICS, TOKENS_PER_TRANSFER, column, tokens_per_transfer
+from specfit.report.scope import Scope
+from specfit.workflow import method_rule
+
+KEYS = ("draft_nodes_per_cycle", "committed_per_cycle", *SPLIT_KEYS, "cycles", "ms_per_cycle", "h2d_per_token",
+        "draft_ms_per_cycle", "verify_ms_per_cycle")
+PARTS = (("Whole cycle (ms/cycle)", "ms_per_cycle", "shorter_cycle_pct", None),  # row, key, the paper's cut, share
+         ("Drafting", "draft_ms_per_cycle", "drafting_time_cut_pct", None),
+         ("Verification (target forward)", "verify_ms_per_cycle", None, "verification_share_of_saving_pct"),
+         ("Rest (selection, commit, synchronization)", "rest", None, None))
+
+
+def section(s: Scope) -> Section:
+    sec = Section("Verification and transfer counters (Tables 2 and 3)")
+    saving = False
+    for w in s.workloads:
+        saving |= workload(s, sec, w)
+    if saving:
+        sec.notes.append("Time saved per cycle: each part's mean ms per cycle (drafting and verification as timed, "
+                         "the rest what ms/cycle leaves); a part's share is its drop over the drop in ms/cycle (n/a "
+                         "when SpecFit's cycle is not shorter), as the paper's 78.3% for verification on "
+                         "summarization.")
+    if sec.tables:
+        sec.notes.append("Cache: 'Yes (n)' = n expert slots per layer; 'No' = cache cleared before every target "
+                         "forward. H2D/token counts expert transfers per output token, prefill included; "
+                         f"{TOKENS_PER_TRANSFER} is its inverse, output tokens per H2D expert transfer over whole "
+                         "requests (the paper's token-per-transfer, Section 4.4).")
+        sec.notes.append("Fresh / repeated cycles: a cycle is repeated when the output 4-gram ending at its first "
+                         "committed token already occurred earlier in the output (a loop; the prompt does not "
+                         "count), fresh otherwise; 'Committed, fresh / repeated cycles' are the mean committed "
+                         "tokens of each kind, so loops can be read apart from fresh text.")
+    return sec
+
+
+def workload(s: Scope, sec: Section, w: str) -> bool:
+    """The counters and tokens per transfer of a workload's runs; whether it could say where SpecFit saves time."""
+    present, emulated = s.present(sec, s.runs_of(w))
+    if not present:
+        return False
+
+    def counter(k):
+        return column(k, emulated), lambda r: (MISSING if method_rule(s.spec, r.method) == "ar" and k in DRAFT_KEYS
+                                               else fmt(s.i.metrics[r].get(k), METRICS[k].fmt))
+
+    def over_eagle(r):
+        base = None if r.method == eagle else s.i.metrics.get(s.run(w, eagle, r.slots))
+        return fmt(pct_more(tokens_per_transfer(s.i.metrics[r]), tokens_per_transfer(base)), ".1f")
+
+    eagle = s.roles.eagle3
+    sec.tables.append(table(s.id("counters", w), tagged(f"Counters per verification cycle, {s.title(w)}", emulated),
+                            [("Method", lambda r: r.method), ("Cache", lambda r: cache_cell(r.slots)),
+                             *map(counter, KEYS)], present))
+    sec.tables.append(table(s.id("transfers", w), f"Tokens per transfer, {s.title(w)}", [
+        ("Method", lambda r: r.method), ("Cache", lambda r: cache_cell(r.slots)),
+        (column("h2d_per_token", False), lambda r: fmt(s.i.metrics[r].get("h2d_per_token"), ".1f")),
+        (TOKENS_PER_TRANSFER, lambda r: fmt(tokens_per_transfer(s.i.metrics[r]), ".4f")),
+        (f"Tokens per transfer over {eagle} at the same cache (%)", over_eagle)], present))
+    return time_saved(s, sec, w)
+
+
+def time_saved(s: Scope, sec: Section, workload: str) -> bool:
+    """Where the time a SpecFit cycle saves against a cached EAGLE-3 cycle comes from (section 4.2: verification
+    accounts for 78.3% of it on summarization): each part's drop over the drop in ms/cycle."""
+    runs = [s.run(workload, m, s.main) for m in (s.roles.eagle3, s.roles.specfit)]
+    if None in runs or any(r not in s.i.metrics for r in runs):
+        return False
+    e, f = ({k: s.i.metrics[r].get(k) for k in ("ms_per_cycle", "draft_ms_per_cycle", "verify_ms_per_cycle")}
+            for r in runs)
+    if None in (*e.values(), *f.values()):
+        return False
+    for m in (e, f):
+        m["rest"] = m["ms_per_cycle"] - m["draft_ms_per_cycle"] - m["verify_ms_per_cycle"]
+    saved = e["ms_per_cycle"] - f["ms_per_cycle"]
+    claims, emulated, eagle, fit = s.claims(workload), s.emulated(runs), runs[0].method, runs[1].method
+    paper = [(f"Paper {s.gpu} cut (%)", lambda p: fmt(claims.get(p[2]), ".1f")),
+             (f"Paper {s.gpu} share of the time saved (%)", lambda p: fmt(claims.get(p[3]), ".1f"))] if claims else []
+    sec.tables.append(table(s.id("time-saved", workload), tagged(
+        f"Time saved per cycle, {fit} vs {eagle} with the cache ({s.main} slots), {s.title(workload)}", emulated), [
+        ("Part of the cycle", lambda p: p[0]), (tagged(f"{eagle} ms", emulated), lambda p: fmt(e[p[1]], ".2f")),
+        (tagged(f"{fit} ms", emulated), lambda p: fmt(f[p[1]], ".2f")),
+        (tagged("Saved ms", emulated), lambda p: fmt(e[p[1]] - f[p[1]], ".2f")),
+        (tagged("Cut (%)", emulated), lambda p: fmt(pct_less(f[p[1]], e[p[1]]), ".1f")),
+        (tagged("Share of the time saved (%)", emulated), lambda p: fmt(share_of(e[p[1]] - f[p[1]], saved), ".1f")),
+        *paper], PARTS, key=lambda p: p[1]))
+    return True

@@ -1,0 +1,57 @@
+"""One model's devices side by side (Table 4 style): each workload, or the workload that stands for one of the
+paper's on each device, with the paper's three methods with and without the cache."""
+
+from __future__ import annotations
+
+from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, table, tagged, x_cell
+from specfit.report.quantities import DRAFT_KEYS, METRICS, column, tps_cell
+from specfit.report.scope import ModelScope, paper_workload
+
+KEYS = ("draft_nodes_per_cycle", "committed_per_cycle", "cycles", "ms_per_cycle", "h2d_per_token")
+
+
+def section(v: ModelScope) -> Section | None:
+    if len(v.on) < 2:
+        return None
+    sec = Section("Devices side by side (Table 4 style)")
+    for group in dict.fromkeys(paper_workload(v.spec, w) or w for w in v.spec["workloads"]):
+        on = {d: w for d in v.on if (w := v.workload_on(d, group)) is not None}
+        if len(on) < 2:
+            continue
+        group_table(v, sec, group, on)
+    if not sec.tables:
+        sec.notes.append("No workload runs on more than one device.")
+    else:
+        sec.missing = list(dict.fromkeys(sec.missing))
+        sec.notes.append("A paper workload's row on each device comes from the workload that stands for it there "
+                         "(config key `paper`: gsm8k-odd, the RTX 4090's 40 odd-numbered questions, for gsm8k).")
+        sec.notes.append(interval_note(v.i.seed))
+    return sec
+
+
+def group_table(v: ModelScope, sec: Section, group: str, on: dict[str, str]) -> None:
+    """One workload group's table: the workload of each device in ``on`` (device -> workload)."""
+    emulated = any(v.on[d].link_emulated for d in on)
+    rows = []  # device, workload, rule, cache mode, its run, AR's without the cache
+    for d, w in on.items():
+        runs = v.paper_runs(d, w)
+        for mode in ("nocache", "cache"):
+            for rule in ("ar", "eagle3", "specfit"):
+                if runs[rule, mode] in v.i.metrics:
+                    sec.missing += v.i.missing_requests([runs[rule, mode], runs["ar", "nocache"]])
+                    rows.append((d, w, rule, mode, runs[rule, mode], runs["ar", "nocache"]))
+    if not rows:
+        return
+
+    def counter(k):
+        return column(k, emulated), lambda x: (MISSING if x[2] == "ar" and k in DRAFT_KEYS
+                                               else fmt(v.i.metrics[x[4]][k], METRICS[k].fmt))
+
+    shown = ", ".join(f"{d}: {w}" for d, w in on.items()) if any(w != group for w in on.values()) else ""
+    sec.tables.append(table(v.id("devices", group), tagged(
+        f"{group} on every device" + (f" ({shown})" if shown else ""), emulated), [
+        ("Device", lambda x: x[0]), ("Workload", lambda x: x[1]), ("Method", lambda x: x[2]),
+        ("Cache", lambda x: cache_cell(v.on[x[0]].main if x[3] == "cache" else 0)),
+        (column("tps_dec", emulated), lambda x: tps_cell(v.i.tps(x[4]))),
+        (tagged("Speedup over AR without cache", emulated), lambda x: x_cell(v.i.speedup(x[4], x[5]))),
+        *map(counter, KEYS)], rows, key=lambda x: x[4]))

@@ -1,0 +1,180 @@
+"""Beyond the paper: learned routes (``routes: learned``, issue 13). SpecFit reads its routes from a trained route
+predictor (`specfit.speculative.learned`) instead of the target (the paper's oracle, ``routes: atlas``). Per cell
+(workload × slots) where a learned-route run exists: exact, learned and the paper's simulated 60% predictor's routes
+(``routes: noisy``) side by side, EAGLE-3 beside them; the issue's goals judged with the paired bootstrap intervals;
+and the predictor itself (`specfit.report.sections.route_predictor`).
+
+The goals: route accuracy at least 60% (held-out, draft nodes, mean over layers); learned-route SpecFit at least
+98% of SpecFit's decode TPS with exact routes (a tie within the interval counts); faster than EAGLE-3 in every cell
+where SpecFit with exact routes is (a tie does not count); the predictor's time at most 5% of a cycle.
+"""
+
+from __future__ import annotations
+
+from specfit.report.inputs import learned_methods, predictor_metrics
+from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, table, tagged, x_cell
+from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell
+from specfit.report.scope import Scope
+from specfit.report.sections.cells import Cell, cells_of
+from specfit.report.sections.route_predictor import count, pct, predictor_table, share_pct
+from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged
+from specfit.workflow import method_config, method_rule
+
+TITLE = "Beyond the paper: learned routes"
+ACCURACY_GOAL = 0.60  # held-out route accuracy of the predictor
+TPS_GOAL = 0.98  # learned / exact-route SpecFit decode TPS (a tie within the interval counts)
+SHARE_GOAL_PCT = 5.0  # the predictor's share of the decode cycles' time
+
+
+def with_routes(spec: dict, method: str, routes: str) -> list[str]:
+    """The methods with the same rule as ``method`` and routes from ``routes`` (atlas: exact; noisy: simulated)."""
+    rule = method_rule(spec, method)
+    return [m for m in spec["methods"] if method_rule(spec, m) == rule
+            and method_config(spec, m).route_source.name == routes]
+
+
+# ------------------------------------------------------------------------------------ the goals per cell
+def judge(c: Cell, metrics: dict) -> None:
+    learned, atlas, eagle = c.runs["learned"], c.runs["atlas"], c.runs["eagle3"]
+    e = c.ratios["atlas"]  # learned at least TPS_GOAL of exact routes; a tie counts as met
+    if e is None or e.verdict is None:
+        c.goals["tps"] = not_judged([learned, atlas], metrics, "exact-route")
+    else:
+        c.goals["tps"] = (Outcome(Verdict.MET, "tie within the interval", Verdict.TIE) if e.verdict == Verdict.TIE
+                          else at_least(e.value, TPS_GOAL))
+    e = c.ratios["atlas/eagle3"]  # faster than EAGLE-3 where exact routes are; a tie does not count
+    if e is None or e.verdict is None:
+        c.goals["eagle3"] = not_judged([atlas, eagle], metrics, "exact-route or EAGLE-3")
+    elif e.verdict != Verdict.FASTER:
+        c.goals["eagle3"] = Outcome(Verdict.NOT_REQUIRED, "exact routes slower than EAGLE-3"
+                                    if e.verdict == Verdict.SLOWER else "exact routes tie with EAGLE-3", e.verdict)
+    else:
+        o = judged(c.ratios["eagle3"], (Verdict.FASTER,), [learned, eagle], metrics, "EAGLE-3")
+        c.goals["eagle3"] = Outcome(o.verdict, str(o.basis), o.basis) if o.verdict == Verdict.MISSED else o
+    share = share_pct(metrics.get(learned))  # the predictor's share of a cycle at most SHARE_GOAL_PCT
+    c.goals["share"] = (Outcome(Verdict.NOT_JUDGED, "no metrics.json") if learned not in metrics
+                        else Outcome(Verdict.NOT_JUDGED, f"its metrics.json has no {ROUTE_PREDICTOR}") if share is None
+                        else at_least(SHARE_GOAL_PCT, share))
+
+
+def goal_line(n: int, what: str, cells: list[Cell], key: str, extra: str = "") -> tuple[Verdict, str]:
+    """The verdict of one goal over the cells and its sentence: met when every cell that requires it meets it;
+    ``extra`` follows the count of cells."""
+    by = {v: [c for c in cells if c.goals[key].verdict == v] for v in Verdict}
+    required = [c for c in cells if c.goals[key].verdict != Verdict.NOT_REQUIRED]
+    state = Verdict.MISSED if by[Verdict.MISSED] else Verdict.NOT_JUDGED if by[Verdict.NOT_JUDGED] else Verdict.MET
+    tally = (f"Met in {len(by[Verdict.MET])} of {len(required)} cells" if required else "No cell requires it") + extra
+    if by[Verdict.MISSED]:
+        tally += "; missed in: " + "; ".join(c.label for c in by[Verdict.MISSED])
+    if by[Verdict.NOT_JUDGED]:
+        tally += "; not judged in: " + "; ".join(f"{c.label} ({c.goals[key].why})" for c in by[Verdict.NOT_JUDGED])
+    return state, f"Goal {n}, {what}: {state}. {tally}."
+
+
+def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bool, atlas: str, eagle: str
+               ) -> list[str]:
+    """The verdict on each of the issue's four goals, then all together."""
+    goal = f"Goal 1, route accuracy ≥ {100 * ACCURACY_GOAL:.0f}%"
+    if predictor is None:
+        lines = [(Verdict.NOT_JUDGED, f"{goal}: not judged. {predictor_metrics(s.model)} is missing.")]
+    else:
+        acc, layers = predictor["route_accuracy"], predictor["recall_per_layer"]
+        low = [j for j, r in enumerate(layers) if r < ACCURACY_GOAL]
+        state = at_least(acc, ACCURACY_GOAL).verdict
+        lines = [(state, f"{goal}: {state}. Held-out route accuracy {pct(acc)} over "
+                         f"{count(predictor['validation_nodes'])} draft nodes of {predictor['validation_requests']} "
+                         f"held-out requests (chance {pct(predictor['chance_accuracy'])}); per layer: "
+                         + ", ".join(f"layer {j} {pct(r)}" for j, r in enumerate(layers)) + "; "
+                         + (f"below {100 * ACCURACY_GOAL:.0f}% in layer{'s' if len(low) > 1 else ''} "
+                            f"{', '.join(map(str, low))}." if low else f"every layer ≥ {100 * ACCURACY_GOAL:.0f}%."))]
+    ties = sum(c.goals["tps"].basis == Verdict.TIE for c in cells)
+    lines.append(goal_line(2, f"decode TPS ≥ {100 * TPS_GOAL:.0f}% of SpecFit with exact routes ({atlas})", cells,
+                           "tps", f", {ties} of them by a tie within the interval (a tie counts as met)" if ties
+                           else ""))
+    required = sum(c.goals["eagle3"].verdict != Verdict.NOT_REQUIRED for c in cells)
+    lines.append(goal_line(3, f"faster than {eagle} wherever {atlas} is (a tie does not count)", cells, "eagle3",
+                           f" that require it (the other {len(cells) - required} do not: there {atlas} is not "
+                           f"faster than {eagle})" if 0 < required < len(cells) else
+                           f": in none of the {len(cells)} cells is {atlas} faster than {eagle}" if not required
+                           else ""))
+    shares = [x for x in (share_pct(s.i.metrics.get(c.runs["learned"])) for c in cells) if x is not None]
+    lines.append(goal_line(4, f"predictor time ≤ {SHARE_GOAL_PCT:g}% of a cycle", cells, "share",
+                           tagged(f"; largest share {max(shares):.2f}%", emulated) if shares else ""))
+    states = [state for state, _ in lines]
+    verdict = f"Issue 13's goals, {s.model} / {s.device}: {states.count(Verdict.MET)} of {len(states)} met"
+    for which in (Verdict.MISSED, Verdict.NOT_JUDGED):
+        if goals := [str(j + 1) for j, state in enumerate(states) if state == which]:
+            verdict += f"; {which}: goal{'s' if len(goals) > 1 else ''} {' and '.join(goals)}"
+    return [verdict + "."] + [text for _, text in lines]
+
+
+# ------------------------------------------------------------------------------------ the section
+def section(s: Scope) -> Section | None:
+    """None when no method has ``routes: learned`` or none runs on this device."""
+    i, cells = s.i, []
+    for method in learned_methods(s.spec):
+        atlas = next(iter(with_routes(s.spec, method, "atlas")), None)
+        noisy = {("noisy", m): m for m in with_routes(s.spec, method, "noisy")}
+        cells += cells_of(s, method, {"atlas": atlas, "learned": method, **noisy, "eagle3": s.roles.eagle3})
+    if not cells:
+        return None
+    sec = Section(TITLE)
+    keys = [r for c in cells for r in c.runs.values() if r is not None]
+    sec.missing += i.missing(keys) + i.missing_requests(keys) + i.missing_predictor(s.model)
+    predictor = i.predictor.get(s.model)
+    emulated = s.emulated(keys)
+    rows = []  # cell, run, its routes, their accuracy
+    for c in cells:
+        learned, atlas, eagle = c.runs["learned"], c.runs["atlas"], c.runs["eagle3"]
+        c.ratios = {"atlas": i.speedup(learned, atlas), "atlas/eagle3": i.speedup(atlas, eagle),
+                    "eagle3": i.speedup(learned, eagle)}
+        judge(c, i.metrics)
+        noisy = [r for role, r in c.runs.items() if isinstance(role, tuple) and r is not None]
+        rows += [(c, r, routes, accuracy) for r, routes, accuracy in (
+            (atlas, "exact (atlas)", "100% (exact)"),
+            (learned, "learned", MISSING if predictor is None else f"{pct(predictor['route_accuracy'])} (held-out)"),
+            *((r, "noisy (simulated)", f"{pct(method_config(s.spec, r.method).accuracy, '.0f')} (configured)")
+              for r in noisy),
+            (eagle, "none (full draft tree)", MISSING)) if r is not None]
+    atlas = next((c.runs["atlas"].method for c in cells if c.runs["atlas"] is not None), None) or "exact routes"
+    eagle, learned = s.roles.eagle3 or "EAGLE-3", cells[0].runs["learned"].method
+
+    def per_cycle(key):
+        return lambda x: MISSING if x[1] not in i.metrics else fmt(i.metrics[x[1]][key], ".2f")
+
+    sec.tables.append(table(s.id("learned-routes"), tagged(f"Exact vs learned vs simulated noisy routes, {s.model} "
+                                                           f"/ {s.device}", emulated), [
+        ("Workload", lambda x: x[0].workload), ("Cache", lambda x: cache_cell(x[0].slots)),
+        ("Method", lambda x: x[1].method), ("Routes", lambda x: x[2]), ("Route accuracy", lambda x: x[3]),
+        (METRICS["draft_nodes_per_cycle"].label + " per cycle", per_cycle("draft_nodes_per_cycle")),
+        (METRICS["committed_per_cycle"].label + " per cycle", per_cycle("committed_per_cycle")),
+        (column("tps_dec", emulated), lambda x: tps_cell(i.tps(x[1]))),
+        (tagged(f"/ {atlas} (×)", emulated), lambda x: MISSING if x[1] in (x[0].runs["atlas"], x[0].runs["eagle3"])
+         else x_cell(i.speedup(x[1], x[0].runs["atlas"]))),
+        (tagged("Predictor share of cycle time (%)", emulated), lambda x: fmt(share_pct(i.metrics.get(x[1])), ".2f")
+         if x[1] == x[0].runs["learned"] else MISSING)], rows, key=lambda x: x[1]))
+    sec.tables.append(table(s.id("learned-routes-goals"), tagged(f"{learned} against the issue's goals per cell, "
+                                                                 f"{s.model} / {s.device}", emulated), [
+        ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
+        (tagged(f"{learned} / {atlas} (×)", emulated), lambda c: x_cell(c.ratios["atlas"])),
+        (f"≥ {100 * TPS_GOAL:.0f}% of {atlas}", lambda c: c.goals["tps"].answer()),
+        (tagged(f"{atlas} / {eagle} (×)", emulated), lambda c: x_cell(c.ratios["atlas/eagle3"])),
+        (tagged(f"{learned} / {eagle} (×)", emulated), lambda c: x_cell(c.ratios["eagle3"])),
+        (f"Faster than {eagle} where {atlas} is", lambda c: c.goals["eagle3"].answer()),
+        (tagged("Predictor share of cycle time (%)", emulated),
+         lambda c: fmt(share_pct(i.metrics.get(c.runs["learned"])), ".2f")),
+        (f"≤ {SHARE_GOAL_PCT:g}% of a cycle", lambda c: c.goals["share"].answer())], cells,
+        key=lambda c: (c.workload, c.slots)))
+    sec.notes.append(
+        f"{learned} is SpecFit without the paper's oracle: instead of the target's own routes of every draft "
+        "node (exact routes, read from the atlas), a linear route predictor trained on the target's routes of "
+        "drafted pools from questions no workload evaluates guesses each node's top-k experts per MoE layer from "
+        "what the drafter holds for the node (its hidden state and its token's embedding), inside the timed "
+        "decode loop. Route accuracy: the fraction of the true top-k experts predicted (exact routes: 100%; "
+        "learned: the predictor's held-out accuracy over draft nodes, mean over layers; noisy: the paper's "
+        "simulated predictor, each expert kept with the configured probability).")
+    sec.notes += goal_notes(s, cells, predictor, emulated, atlas, eagle)
+    sec.notes.append(interval_note(i.seed))
+    if predictor is not None:
+        predictor_table(s, sec, predictor, [c.runs["learned"] for c in cells], emulated)
+    return sec

@@ -1,0 +1,33 @@
+"""The selector's time per cycle (section 4.6), included in every measured throughput, the paper's beside SpecFit's
+main run on the A100."""
+
+from __future__ import annotations
+
+from specfit.report.page import MISSING, Section, cache_cell, fmt, table, tagged
+from specfit.report.quantities import column
+from specfit.report.scope import Scope
+from specfit.workflow import method_rule
+
+
+def section(s: Scope) -> Section:
+    sec = Section("Selection cost (section 4.6)")
+    paper = s.paper.selection_cost()
+    runs, emulated = [], False
+    for w in s.workloads:
+        present, any_emulated = s.present(sec, [r for r in s.runs_of(w) if method_rule(s.spec, r.method) == "specfit"])
+        emulated |= any_emulated
+        runs += present
+
+    def beside(key, spec):  # the paper's figure beside SpecFit's run at the main slots
+        return lambda r: (fmt(paper[key].get(s.paper_key(r.workload)), spec)
+                          if paper is not None and r.method == s.roles.specfit and r.slots == s.main else MISSING)
+
+    if runs:
+        sec.tables.append(table(s.id("selection-cost"), tagged(
+            "Selector time per cycle, included in every measured throughput", emulated), [
+            ("Workload", lambda r: r.workload), ("Method", lambda r: r.method), ("Cache", lambda r: cache_cell(r.slots)),
+            (column("select_ms_median", emulated), lambda r: fmt(s.i.metrics[r]["select_ms_median"], ".2f")),
+            (column("select_share_pct", emulated), lambda r: fmt(s.i.metrics[r]["select_share_pct"], ".2f")),
+            ("Paper median ms (A100)", beside("median_ms_per_cycle", ".2f")),
+            ("Paper share (%)", beside("share_of_decode_time_pct", ".1f"))], runs))
+    return sec

@@ -1,0 +1,196 @@
+"""Beyond the paper: the cache- and draft-aware SpecFit (rule ``specfit-ca``, issue 12) beside AR, EAGLE-3 and the
+paper's SpecFit in every cell (workload × slots) where it ran, judged against the issue's goal with the paired
+bootstrap intervals; for a cell that misses it, where the time went and why, in words made from those numbers.
+
+The goal, per cell: specfit-ca at least as fast as the faster of AR and EAGLE-3 in the cell (a tie within the
+interval counts) and, with the cache (slots > 0), faster than the paper's SpecFit (a tie does not count). Without
+the cache every expert is copied, the cache-aware cost has nothing to tell apart, and only the first part counts.
+"""
+
+from __future__ import annotations
+
+from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, table, tagged, x_cell
+from specfit.report.quantities import LATER_KEYS, METRICS, column, tps_cell
+from specfit.report.scope import Scope
+from specfit.report.sections.cells import Cell, cells_of
+from specfit.report.verdict import Verdict, judged, overall
+
+TITLE = "Beyond the paper: specfit-ca"
+BASELINES = ("ar", "eagle3")  # the best of these in a cell is the bar to meet (a tie counts)
+ROLES = ("ar", "eagle3", "specfit", "specfit-ca")  # the table's methods, by rule
+LABELS = {"ar": "AR", "eagle3": "EAGLE-3", "specfit": "SpecFit", "specfit-ca": "specfit-ca"}  # when a role is absent
+# the parts of a cycle as the stream times them (specfit.speculative.request.Session), metrics.json keys
+PARTS = (("verify", "verify_ms_per_cycle"), ("drafting", "draft_ms_per_cycle"), ("selection", "select_ms_per_cycle"),
+         ("commit", "commit_ms_per_cycle"))
+PART_SHARE = 0.02  # a part enters the sentence when it differs by at least this share of the rival's cycle
+NOISE = 0.05  # H2D/token enters the sentence when it differs by more than this share (5%)
+
+
+def judge(s: Scope, c: Cell) -> None:
+    """Goal met: specfit-ca / best ties or wins, and with the cache specfit-ca / SpecFit wins. A part that fails
+    decides the cell even when the other cannot be judged."""
+    i, ca = s.i, c.runs["specfit-ca"]
+    base = [c.runs[b] for b in BASELINES if c.runs[b] is not None]
+    if base and all(r in i.metrics for r in base):
+        best = max(base, key=lambda r: i.metrics[r]["tps_dec"] or 0.0)
+        c.best = next(b for b in BASELINES if c.runs[b] == best)
+    c.ratios = {"best": None if c.best is None else i.speedup(ca, c.runs[c.best]),
+                "specfit": i.speedup(ca, c.runs["specfit"])}
+    parts = [judged(c.ratios["best"], (Verdict.TIE, Verdict.FASTER), [ca, *(base or [None])], i.metrics,
+                    "AR or EAGLE-3")]
+    if c.cached:
+        parts.append(judged(c.ratios["specfit"], (Verdict.FASTER,), [ca, c.runs["specfit"]], i.metrics, "SpecFit"))
+    c.goals["goal"] = overall(parts)
+
+
+def section(s: Scope) -> Section | None:
+    """None when no method has rule specfit-ca or it has no run on this device."""
+    if (ca := s.roles.specfit_ca) is None:
+        return None
+    names = {"ar": s.roles.ar, "eagle3": s.roles.eagle3, "specfit": s.roles.specfit, "specfit-ca": ca}
+    if not (cells := cells_of(s, ca, names)):
+        return None
+    i, sec = s.i, Section(TITLE)
+    keys = [r for c in cells for r in c.runs.values() if r is not None]
+    sec.missing += i.missing(keys) + i.missing_requests(keys)
+    emulated = s.emulated(keys)
+    for c in cells:
+        judge(s, c)
+    label = {role: names[role] or LABELS[role] for role in ROLES}
+    sec.tables.append(table(s.id("specfit-ca"), tagged(f"{ca} against the issue's goal per cell, {s.model} / "
+                                                       f"{s.device}", emulated), [
+        ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
+        *((tagged(f"{label[role]} Decode TPS", emulated), lambda c, role=role: tps_cell(i.tps(c.runs[role])))
+          for role in ROLES),
+        (f"Best of {label['ar']}, {label['eagle3']}", lambda c: MISSING if c.best is None else names[c.best]),
+        (tagged(f"{ca} / best (×)", emulated), lambda c: x_cell(c.ratios["best"])),
+        (tagged(f"{ca} / {label['specfit']} (×)", emulated), lambda c: x_cell(c.ratios["specfit"]) + (
+            "" if c.cached or c.ratios["specfit"] is None else " (not counted: no cache)")),
+        ("Goal met", lambda c: c.goals["goal"].answer())], cells, key=lambda c: (c.workload, c.slots)))
+    verdicts = [c.goals["goal"].verdict for c in cells]
+    sec.notes.append(
+        f"{ca} is SpecFit beyond the paper: it prices the experts its layer cache already holds apart from the ones "
+        "it must copy (β_hit, β_miss), drafts a further level only when it could pay for itself, and skips drafting "
+        f"while speculation has not paid lately. The goal, per cell (workload × slots): {ca} at least as fast as the "
+        f"faster of {label['ar']} and {label['eagle3']} in that cell (a tie within the interval counts) and, with the "
+        f"cache (slots > 0), faster than the paper's SpecFit ({label['specfit']}; a tie does not count). Without the "
+        "cache (slots 0) only the first part counts: every expert is copied, so the cache-aware cost is the paper's.")
+    summary = f"Goal met in {verdicts.count(Verdict.MET)} of {len(cells)} cells."
+    if unjudged := [c for c in cells if c.goals["goal"].verdict == Verdict.NOT_JUDGED]:
+        summary += f" {len(unjudged)} not judged: " + "; ".join(
+            f"{c.workload}, cache {cache_cell(c.slots)}: {c.goals['goal'].why}" for c in unjudged) + "."
+    sec.notes += [summary, interval_note(i.seed)]
+    if missed := [c for c in cells if c.goals["goal"].verdict == Verdict.MISSED]:
+        where_the_time_went(s, sec, missed, ca, emulated)
+    return sec
+
+
+# ------------------------------------------------------------------------------------ the numbers of a missed cell
+def drafted_nothing_pct(m: dict) -> float | None:
+    """The share of cycles whose pool held the root alone: ``cycles_without_draft``; from an older metrics.json,
+    100% when its mean pool size is 0, else unknown."""
+    n, cycles = m.get("cycles_without_draft"), m.get("cycles")
+    if n is not None and cycles:
+        return 100.0 * n / cycles
+    return 100.0 if m.get("pool_nodes_per_cycle") == 0 else None
+
+
+def ms_per_token(m: dict) -> float | None:
+    """ms per committed token of the decode loop: ms/cycle over committed tokens per cycle."""
+    ms, committed = m.get("ms_per_cycle"), m.get("committed_per_cycle")
+    return None if ms is None or not committed else ms / committed
+
+
+def time_row(name: str, m: dict, is_ar: bool) -> list[str]:
+    """One method's row of "where the time went" (AR drafts nothing: a dash where only drafting counts)."""
+    return [name, fmt(m.get("ms_per_cycle"), ".2f"), MISSING if is_ar else fmt(m.get("draft_ms_per_cycle"), ".2f"),
+            fmt(m.get("select_ms_per_cycle"), ".2f"), fmt(m.get("verify_ms_per_cycle"), ".2f"),
+            fmt(m.get("commit_ms_per_cycle"), ".2f"), fmt(m.get("committed_per_cycle"), ".2f"),
+            fmt(ms_per_token(m), ".2f"), fmt(m.get("h2d_per_token"), METRICS["h2d_per_token"].fmt),
+            MISSING if is_ar else fmt(drafted_nothing_pct(m), ".1f")]
+
+
+def time_header(emulated: bool) -> list[str]:
+    return ["Method", *(column(k, emulated) for k in ("ms_per_cycle", "draft_ms_per_cycle", "select_ms_per_cycle",
+                                                     "verify_ms_per_cycle", "commit_ms_per_cycle")),
+            METRICS["committed_per_cycle"].label + " per cycle", tagged("ms per committed token", emulated),
+            column("h2d_per_token", emulated), "Cycles that drafted nothing (%)"]
+
+
+def why(name: str, m: dict, rival: str, r: dict, rival_is_ar: bool, e) -> str:
+    """Why ``name`` (metrics ``m``) misses against ``rival`` (``r``), in words made from the numbers: the ratio,
+    the cycle and the parts that differ, the tokens a cycle commits and what it would need, the expert copies per
+    token, and the cycles that drafted nothing."""
+    clauses = []
+    ms, r_ms = m.get("ms_per_cycle"), r.get("ms_per_cycle")
+    if ms is not None and r_ms is not None:
+        parts = []
+        for label, key in PARTS:
+            a, b = m.get(key), 0.0 if rival_is_ar and label == "drafting" else r.get(key)  # AR drafts nothing
+            if a is None or b is None or abs(a - b) < PART_SHARE * r_ms:
+                continue
+            if label == "drafting" and rival_is_ar:
+                parts.append((abs(a - b), f"drafting adds {a - b:.2f} ms/cycle"))
+            else:
+                what = "forward" if rival_is_ar and label == "verify" else label
+                parts.append((abs(a - b), (f"{label} is {abs(a - b):.2f} ms/cycle {'slower' if a > b else 'faster'} "
+                                           f"than {rival}'s {what}")))
+        text = f"its cycle takes {ms:.2f} ms against {r_ms:.2f} ms"
+        if parts:
+            text += " (" + ", ".join(p for _, p in sorted(parts, key=lambda p: -p[0])) + ")"
+        clauses.append(text)
+    c, r_c = m.get("committed_per_cycle"), r.get("committed_per_cycle")
+    t, r_t = ms_per_token(m), ms_per_token(r)
+    if c is not None and r_c is not None:
+        text = f"it commits {c:.2f} tokens per cycle against {r_c:.2f}"
+        if t is not None and r_t is not None:
+            text += f", {t:.2f} ms per committed token against {r_t:.2f}"
+            if t > r_t and ms is not None:
+                text += (f": at its cycle time it would need {ms / r_t:.2f} tokens per cycle, or at its tokens a "
+                         f"cycle of {c * r_t:.2f} ms, to match")
+            elif e is not None and e.verdict == Verdict.TIE:
+                text += ": not slower per committed token, but the gain lies within the interval"
+            else:
+                text += ": not slower per committed token"
+        clauses.append(text)
+    h, r_h = m.get("h2d_per_token"), r.get("h2d_per_token")
+    if h is not None and r_h is not None and abs(h - r_h) > NOISE * max(r_h, 1e-9):
+        clauses.append(f"it copies {h:.1f} experts per token against {r_h:.1f} ({'more' if h > r_h else 'fewer'})")
+    empty = drafted_nothing_pct(m)
+    if empty is not None and empty > 0:
+        r_empty = None if rival_is_ar else drafted_nothing_pct(r)
+        clauses.append(f"{empty:.0f}% of its cycles drafted nothing"
+                       + ("" if r_empty is None else f" ({rival}: {r_empty:.0f}%)"))
+    return f"{name} / {rival}: {x_cell(e)}" + ("; " + "; ".join(clauses) if clauses else "") + "."
+
+
+def where_the_time_went(s: Scope, sec: Section, missed: list[Cell], ca: str, emulated: bool) -> None:
+    """Per missed cell, each method's cycle in parts; then, per comparison that failed, the sentence that says why."""
+    i, reasons, older = s.i, [], False
+    for c in missed:
+        present = [(role, c.runs[role]) for role in ROLES if c.runs[role] in i.metrics]
+        older |= any(k not in i.metrics[r] for _, r in present for k in LATER_KEYS)
+        sec.tables.append(Table(
+            s.id("where-the-time-went", c.workload, c.slots),
+            tagged(f"Where the time went, {s.title(c.workload)}, cache {cache_cell(c.slots)}", emulated),
+            time_header(emulated), [time_row(r.method, i.metrics[r], role == "ar") for role, r in present],
+            [r for _, r in present]))
+        fails = [(c.best, c.ratios["best"])] if c.ratios["best"] and c.ratios["best"].verdict == Verdict.SLOWER else []
+        if c.cached and c.ratios["specfit"] and c.ratios["specfit"].verdict in (Verdict.SLOWER, Verdict.TIE):
+            fails.append(("specfit", c.ratios["specfit"]))
+        m = i.metrics[c.runs["specfit-ca"]]
+        reasons += [[c.workload, cache_cell(c.slots), c.runs[role].method,
+                     why(ca, m, c.runs[role].method, i.metrics[c.runs[role]], role == "ar", e)] for role, e in fails]
+    sec.tables.append(Table(s.id("specfit-ca-why"), tagged(f"Why {ca} misses the goal, {s.model} / {s.device}",
+                                                              emulated),
+                            ["Workload", "Cache", "Against", tagged("Why (from the numbers above)", emulated)], reasons))
+    sec.notes.append(
+        "Where the time went, in the cells that miss the goal: each method's mean ms per cycle and its parts as the "
+        "stream times them (draft: the drafter's catch-up and levels; select: the selection and the decision whether "
+        "to draft; verify: the target's forward with its expert copies; commit), the tokens a cycle commits, ms per "
+        "committed token (ms/cycle over committed per cycle), H2D expert copies per output token (prefill included) "
+        "and the share of cycles whose pool held the root alone (drafted nothing).")
+    if older:
+        sec.notes.append("Select and commit ms/cycle and the cycles that drafted nothing are absent from metrics.json "
+                         "written before they were recorded: a dash (drafted nothing: 100% where the mean pool is "
+                         "empty).")

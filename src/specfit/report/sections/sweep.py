@@ -1,0 +1,90 @@
+"""The cache-size sweep (Figure 4): EAGLE-3 and SpecFit at each slot count, their cycle time and transfers, and the
+paper's Figure 4 beside on the workload that stands for its summarization on the A100."""
+
+from __future__ import annotations
+
+from specfit.report import figures
+from specfit.report.page import Section, as_pct, fmt, interval_note, pct_less, pct_more, show, table, tagged
+from specfit.report.quantities import TOKENS_PER_TRANSFER, column, tokens_per_transfer, tps_cell
+from specfit.report.scope import Scope
+
+
+def section(s: Scope) -> Section:
+    sec = Section("Cache-size sweep (Figure 4)")
+    a, b = pair = (s.roles.eagle3, s.roles.specfit)
+    for w in s.workloads:
+        workload(s, sec, w, pair)
+    if sec.tables:
+        sec.notes.append(interval_note(s.i.seed))
+        sec.notes.append(f"{TOKENS_PER_TRANSFER}: output tokens per H2D expert transfer over whole requests, "
+                         "prefill included (1 / H2D/token), as the paper's full-request token-per-transfer "
+                         "advantages (Section 4.4: 28.3%, 42.7% and 49.5% at 48, 24 and 12 slots; at 0 slots "
+                         "computed from Figure 4b).")
+    elif not sec.missing:
+        sec.notes.append(f"No workload has at least three slot values for both {a} and {b}.")
+    return sec
+
+
+def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
+    a, b = pair
+    slots = {m: {r.slots for r in s.runs_of(w) if r.method == m} for m in pair if m}
+    if len(slots) < 2 or min(len(x) for x in slots.values()) < 3:
+        return
+    common = sorted(slots[a] & slots[b], key=lambda x: (x == 0, -x))
+    runs = [s.run(w, m, x) for m in pair for x in common]
+    present, emulated = s.present(sec, runs)
+    if not present:
+        return
+    sec.missing += s.i.missing_requests(runs)
+    m = {(k, x): s.i.metrics.get(s.run(w, k, x)) or {} for k in pair for x in common}
+    tps = {(k, x): s.i.tps(s.run(w, k, x)) for k in pair for x in common}
+    per = {(k, x): tokens_per_transfer(m[k, x] or None) for k in pair for x in common}
+    paper = s.paper.sweep(s.paper_key(w), len(common))
+    rank = {x: j for j, x in enumerate(common)}
+    by = [("Paper slots (A100, by rank)", lambda x: str(paper["slots"][rank[x]]))]
+
+    def p(*keys, spec=".1f"):
+        return lambda x: fmt(paper[keys[0]][keys[1]][rank[x]] if len(keys) == 2 else paper[keys[0]][rank[x]], spec)
+
+    def cut(key):
+        return lambda x: fmt(pct_less(paper[key]["specfit"][rank[x]], paper[key]["eagle3"][rank[x]]), ".1f")
+
+    def stated(x):
+        value = paper["tokens_per_transfer_advantage_pct"][rank[x]]
+        h2d = paper["h2d_per_token"]
+        return fmt(value if value is not None else pct_more(h2d["eagle3"][rank[x]], h2d["specfit"][rank[x]]), ".1f")
+
+    paper_tps = [*by, ("Paper EAGLE-3 Decode TPS", p("decode_tps", "eagle3", spec=".2f")),
+                 ("Paper SpecFit Decode TPS", p("decode_tps", "specfit", spec=".2f")),
+                 ("Paper gain (%)", p("specfit_gain_pct"))] if paper else []
+    paper_cost = [*by, ("Paper EAGLE-3 ms/cycle", p("ms_per_cycle", "eagle3")),
+                  ("Paper SpecFit ms/cycle", p("ms_per_cycle", "specfit")),
+                  ("Paper cycle shorter (%)", cut("ms_per_cycle")),
+                  ("Paper EAGLE-3 H2D/token", p("h2d_per_token", "eagle3")),
+                  ("Paper SpecFit H2D/token", p("h2d_per_token", "specfit")),
+                  ("Paper tokens per transfer over EAGLE-3 (%)", stated)] if paper else []
+    sec.tables.append(table(s.id("sweep", w), tagged(f"Slot sweep, {s.title(w)} (0 = no cache)", emulated), [
+        ("Slots", str), (tagged(f"{a} Decode TPS", emulated), lambda x: tps_cell(tps[a, x])),
+        (tagged(f"{b} Decode TPS", emulated), lambda x: tps_cell(tps[b, x])),
+        (tagged(f"{b} gain over {a} (%)", emulated),
+         lambda x: show(as_pct(s.i.speedup(s.run(w, b, x), s.run(w, a, x))), ".1f")), *paper_tps], common))
+    sec.tables.append(table(s.id("sweep-cost", w), tagged(f"Cycle time and transfers per slot count, "
+                                                          f"{s.title(w)} (0 = no cache)", emulated), [
+        ("Slots", str), (tagged(f"{a} ms/cycle", emulated), lambda x: fmt(m[a, x].get("ms_per_cycle"), ".1f")),
+        (tagged(f"{b} ms/cycle", emulated), lambda x: fmt(m[b, x].get("ms_per_cycle"), ".1f")),
+        (tagged(f"{b} cycle shorter (%)", emulated),
+         lambda x: fmt(pct_less(m[b, x].get("ms_per_cycle"), m[a, x].get("ms_per_cycle")), ".1f")),
+        (f"{a} H2D/token", lambda x: fmt(m[a, x].get("h2d_per_token"), ".1f")),
+        (f"{b} H2D/token", lambda x: fmt(m[b, x].get("h2d_per_token"), ".1f")),
+        (f"{a} {TOKENS_PER_TRANSFER}", lambda x: fmt(per[a, x], ".4f")),
+        (f"{b} {TOKENS_PER_TRANSFER}", lambda x: fmt(per[b, x], ".4f")),
+        (f"{b} tokens per transfer over {a} (%)", lambda x: fmt(pct_more(per[b, x], per[a, x]), ".1f")),
+        *paper_cost], common))
+    panels = [(column("tps_dec", emulated), {k: [tps[k, x] for x in common] for k in pair}),
+              (column("ms_per_cycle", emulated), {k: [m[k, x].get("ms_per_cycle") for x in common] for k in pair}),
+              (column("h2d_per_token", False), {k: [m[k, x].get("h2d_per_token") for x in common] for k in pair}),
+              (TOKENS_PER_TRANSFER, {k: [per[k, x] for x in common] for k in pair})]
+    fig = figures.sweep(panels, common, tagged(f"{s.model} / {s.device} / {w}: (a) decode TPS, (b) ms/cycle, "
+                                               "H2D/token and tokens per transfer vs slots", emulated))
+    sec.figures.append(s.figures.save(fig, figures.slug(s.model, s.device, w, "sweep"),
+                                      tagged(f"Slot sweep, {s.title(w)}", emulated)))

@@ -1,0 +1,75 @@
+"""Every verdict the report prints, one type: a ratio's (faster, slower, tie), decided by its interval alone
+(`specfit.intervals.verdict`), and a goal's (met, not met, not required, not judged), decided from such verdicts or a
+number against its bound. A new kind of claim adds its words here and judges with `Verdict.of` like the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from specfit import intervals
+
+
+class Verdict(StrEnum):
+    FASTER = "faster"
+    SLOWER = "slower"
+    TIE = "tie"
+    MET = "met"
+    MISSED = "not met"
+    NOT_REQUIRED = "not required"
+    NOT_JUDGED = "not judged"
+
+    @classmethod
+    def of(cls, low: float, high: float) -> Verdict:
+        """A ratio's verdict from its interval: faster when it lies above 1, slower when below, else a tie."""
+        return cls(intervals.verdict(low, high))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One goal's verdict in one place (a cell, a device), with what it rests on: the reason it is not judged or
+    not required, the detail that decided it; ``basis`` is the ratio's verdict it was decided on, if one."""
+
+    verdict: Verdict
+    why: str = ""
+    basis: Verdict | None = None
+
+    def answer(self) -> str:
+        """As a table's goal column prints it: "yes", "no", "not judged (why)", ..."""
+        word = {Verdict.MET: "yes", Verdict.MISSED: "no"}.get(self.verdict, str(self.verdict))
+        return f"{word} ({self.why})" if self.why else word
+
+    def word(self) -> str:
+        """As a sentence prints it: "met (why)", "not met (why)", ..."""
+        return f"{self.verdict} ({self.why})" if self.why else str(self.verdict)
+
+
+def at_least(value: float, bound: float, why: str = "") -> Outcome:
+    return Outcome(Verdict.MET if value >= bound else Verdict.MISSED, why)
+
+
+def not_judged(runs: list, metrics: dict, what: str) -> Outcome:
+    """Why a goal over ``runs`` (None: not in the config's matrix) has no verdict: a run is absent, its metrics.json
+    is, or a requests.parquet is (no interval)."""
+    if any(r is None for r in runs):
+        return Outcome(Verdict.NOT_JUDGED, f"no {what} run in this cell")
+    if lacking := [r.method for r in runs if r not in metrics]:
+        return Outcome(Verdict.NOT_JUDGED, f"no metrics.json of {', '.join(lacking)}")
+    return Outcome(Verdict.NOT_JUDGED, "no interval: a requests.parquet is missing")
+
+
+def judged(e, ok: tuple[Verdict, ...], runs: list, metrics: dict, what: str) -> Outcome:
+    """Met when the ratio ``e``'s verdict is one of ``ok``; not judged without a ratio or its interval."""
+    if e is None or e.verdict is None:
+        return not_judged(runs, metrics, what)
+    return Outcome(Verdict.MET if e.verdict in ok else Verdict.MISSED, basis=e.verdict)
+
+
+def overall(outcomes: list[Outcome]) -> Outcome:
+    """Several goals at once: not met when one is not met (even if another cannot be judged), else not judged when
+    one is not (its reason), else met."""
+    for v in (Verdict.MISSED, Verdict.NOT_JUDGED):
+        if first := next((o for o in outcomes if o.verdict == v), None):
+            return first
+    return Outcome(Verdict.MET)
