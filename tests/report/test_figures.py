@@ -28,8 +28,8 @@ def whole(rows):
 
 def request_ratio(written, num, den):
     ci = intervals.ratio_interval(whole(written["requests", num]), whole(written["requests", den]), seed=0)
-    tps = [sum(r["n_output"] for r in written["requests", run]) / sum(r["t_request_s"] for r in written["requests", run])
-           for run in (num, den)]
+    tps = [sum(r["n_output"] for r in written["requests", run])
+           / sum(r["t_request_s"] for r in written["requests", run]) for run in (num, den)]
     assert ci["value"] == pytest.approx(tps[0] / tps[1])  # the same request ids in both runs
     assert tps == pytest.approx([written[num]["tps_req"], written[den]["tps_req"]])
     return ci

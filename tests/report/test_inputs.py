@@ -116,6 +116,6 @@ def test_the_keys_read_are_the_keys_written():
     requests = [{"request_id": 0, "n_output": 5, "t_request_s": 1.0, "t_prefill_s": 0.2, "h2d_transfers": 7}]
     cycles = pa.table({"committed": [2, 2], "accepted": [1, 1], "drafted_levels": [2, 0], "t_draft_s": [0.1, 0.0],
                        "t_select_s": [0.01, 0.0], "t_verify_s": [0.2, 0.2], "t_commit_s": [0.01, 0.01],
-                       "selected": [[1, 2], []], "pool_token": [[0, 1, 2], [0]]})
+                       "h2d_transfers": [3, 4], "selected": [[1, 2], []], "pool_token": [[0, 1, 2], [0]]})
     assert tuple(metrics.stream_metrics(requests, cycles)) == metrics.KEYS
     assert set(METRICS) <= set(metrics.KEYS) and set(LATER_KEYS) <= set(metrics.KEYS)

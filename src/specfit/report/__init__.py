@@ -12,8 +12,6 @@ inputs: metrics, requests (each decode run's metrics.json and requests.parquet),
 outputs: report (a folder)
 """
 
-from __future__ import annotations
-
 import logging
 from pathlib import Path
 

@@ -2,8 +2,6 @@
 the throughput bars (Figures 2-3), the cache-size sweep (Figure 4) and the calibration scatter (Appendix B).
 """
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 
@@ -39,7 +37,7 @@ def error_bar(e: Estimate | None):
     return [[max(0.0, e.value - e.low)], [max(0.0, e.high - e.value)]]
 
 
-def throughput(bars: dict[str, list[Estimate | None]], ticks: list[str], title: str):
+def throughput_bars(bars: dict[str, list[Estimate | None]], ticks: list[str], title: str):
     """Decode TPS per method (a colour each) at each x (with the cache, without), with its interval."""
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     width = 0.8 / len(bars)
@@ -58,7 +56,7 @@ def throughput(bars: dict[str, list[Estimate | None]], ticks: list[str], title: 
     return fig
 
 
-def sweep(panels: list[tuple[str, dict[str, list]]], slots: list[int], title: str):
+def sweep_panels(panels: list[tuple[str, dict[str, list]]], slots: list[int], title: str):
     """One panel per quantity (title, method -> a value or estimate per slot count) against the slot count."""
     fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.4))
     xs = range(len(slots))
@@ -80,7 +78,7 @@ def sweep(panels: list[tuple[str, dict[str, list]]], slots: list[int], title: st
     return fig
 
 
-def calibration(frames: dict[str, dict], title: str):
+def calibration_scatter(frames: dict[str, dict], title: str):
     """Measured against predicted cycle time of each fit's probes (label -> its points)."""
     fig, ax = plt.subplots(figsize=(5, 4.2))
     lo = min(min(f["y_ms"].min(), f["pred_ms"].min()) for f in frames.values())

@@ -6,8 +6,6 @@ that the rule does not declare or the disk lacks is missing, and its section say
 keys or columns below is an error. A learned route predictor is declared as its folder (`specfit.paths.predictor`).
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import math
@@ -62,7 +60,6 @@ THEORY_REQUIRED = tuple(k for row in THEORY for k in row.keys)
 THEORY_CACHE_AWARE_REQUIRED = (*THEORY_REQUIRED, *(k for row in THEORY_CACHE_AWARE for k in row.keys))
 
 
-# ------------------------------------------------------------------------------------ the declared files
 INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor")  # the rule's list inputs
 
 
@@ -75,8 +72,7 @@ class Declared:
     """The files the rule declares, per input name (`INPUT_NAMES`), each as declared."""
 
     def __init__(self, inputs: dict):
-        unknown = sorted(set(inputs) - set(INPUT_NAMES))
-        if unknown:
+        if unknown := sorted(set(inputs) - set(INPUT_NAMES)):
             log.warning("ignoring inputs the report does not read: %s", ", ".join(unknown))
         self.files = {name: {_key(p): p for p in paths_of(inputs, name)} for name in INPUT_NAMES}
         self.expected: set[tuple[str, str]] = set()
@@ -102,8 +98,7 @@ def _load_json(path: str | None, required: tuple[str, ...]) -> dict | None:
         data = json.loads(Path(path).read_text())
     except json.JSONDecodeError as err:
         raise SpecFitError(f"{path} is not valid JSON: {err}") from err
-    lacking = [k for k in required if not isinstance(data, dict) or k not in data]
-    if lacking:
+    if lacking := [k for k in required if not isinstance(data, dict) or k not in data]:
         raise SpecFitError(f"{path} lacks {', '.join(lacking)} (the report reads these keys)")
     return data
 
@@ -112,25 +107,11 @@ def _load_columns(path: str | None, columns: tuple[str, ...]):
     if path is None or not Path(path).is_file():
         return None
     table = pq.read_table(path)
-    lacking = [c for c in columns if c not in table.column_names]
-    if lacking:
+    if lacking := [c for c in columns if c not in table.column_names]:
         raise SpecFitError(f"{path} lacks columns {', '.join(lacking)}")
     return table.select(list(columns))
 
 
-def _load_points(path: str | None) -> dict[str, np.ndarray] | None:
-    """A calibration's probe points: column name -> numpy array."""
-    table = _load_columns(path, POINTS_COLUMNS)
-    return None if table is None else {c: table.column(c).to_numpy() for c in POINTS_COLUMNS}
-
-
-def _load_requests(path: str | None) -> list[dict] | None:
-    """A decode run's requests (the columns the intervals read), one dict per request."""
-    table = _load_columns(path, REQUEST_COLUMNS)
-    return None if table is None else table.to_pylist()
-
-
-# ------------------------------------------------------------------------------------ the loaded inputs
 @dataclass
 class Inputs:
     spec: dict
@@ -160,9 +141,6 @@ class Inputs:
         """The learned route predictor's metrics.json of ``model`` when the report has not read it."""
         return [] if model in self.predictor else [predictor_metrics(model)]
 
-    def run(self, model, device, workload, method, slots) -> dict | None:
-        return self.metrics.get(DecodeRun(model, device, workload, method, slots))
-
     def tps(self, run: DecodeRun | None) -> Estimate | None:
         """A run's decode TPS (metrics.json) with its bootstrap interval over requests."""
         m = self.metrics.get(run)
@@ -181,7 +159,7 @@ class Inputs:
         return est(m["tps_dec"], self._intervals[key])
 
     def _check_agrees(self, run: DecodeRun, key: str, value: float) -> None:
-        """metrics.json's ``key`` is ``value``, what the run's requests.parquet gives; else the files are not one run's."""
+        """metrics.json's ``key`` is ``value``, what the run's requests.parquet gives; else they are not one run's."""
         if not math.isclose(value, self.metrics[run][key], rel_tol=TPS_MATCH_RTOL):
             raise SpecFitError(f"{run.path}: metrics.json has {key} {self.metrics[run][key]}, its requests.parquet "
                                f"gives {value}: the two files come from different runs")
@@ -245,34 +223,30 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
         requests_path = files.path("requests", r.file("requests.parquet"))
         if data is not None:
             metrics[r] = data
-            rows = _load_requests(requests_path)
-            if rows is not None:
-                requests[r] = rows
+            if (table := _load_columns(requests_path, REQUEST_COLUMNS)) is not None:
+                requests[r] = table.to_pylist()
     calibration, points, theory = {}, {}, {}
     for model, device in sorted({(r.model, r.device) for r in runs}):
         for mode in paths.CACHE_MODES:
             data = _load_json(files.path("calibration", paths.calibration(model, device, mode)), CALIBRATION_REQUIRED)
             if data is not None:
-                lacking = [k for k in CACHE_AWARE_REQUIRED if data["cache_aware"] is not None
-                           and k not in data["cache_aware"]]
-                if lacking:
+                if lacking := [k for k in CACHE_AWARE_REQUIRED if data["cache_aware"] is not None
+                               and k not in data["cache_aware"]]:
                     raise SpecFitError(f"{paths.calibration(model, device, mode)}: cache_aware lacks "
                                        f"{', '.join(lacking)} (the report reads these keys)")
                 calibration[model, device, mode] = data
-            frame = _load_points(files.path("points", paths.calibration_points(model, device, mode)))
-            if frame is not None:
-                points[model, device, mode] = frame
+            table = _load_columns(files.path("points", paths.calibration_points(model, device, mode)), POINTS_COLUMNS)
+            if table is not None:
+                points[model, device, mode] = {c: table.column(c).to_numpy() for c in POINTS_COLUMNS}
     for r in theory_runs(spec):
         required = THEORY_REQUIRED if theory_cost(spec, r) == "paper" else THEORY_CACHE_AWARE_REQUIRED
-        data = _load_json(files.path("theory", theory_file(spec, r)), required)
-        if data is not None:
+        if (data := _load_json(files.path("theory", theory_file(spec, r)), required)) is not None:
             theory[r] = data
     predictor = {}
     learned = set(learned_methods(spec))
     for model in sorted({r.model for r in runs if r.method in learned}):
         folder = files.path("predictor", paths.predictor(model))
-        data = _load_json(None if folder is None else f"{folder}/{PREDICTOR_METRICS}", PREDICTOR_REQUIRED)
-        if data is not None:
+        if (data := _load_json(folder and f"{folder}/{PREDICTOR_METRICS}", PREDICTOR_REQUIRED)) is not None:
             predictor[model] = data
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))

@@ -1,10 +1,6 @@
-"""The page's building blocks (tables, figures, sections, parts) and how a cell prints a number or an estimate.
-
-An estimate is a run's value with its 95% bootstrap interval (`specfit.intervals`); a ratio of two runs' also carries
-its verdict. A table has a stable id and a key per row, which tests look it up by.
-"""
-
-from __future__ import annotations
+"""The page's building blocks (tables, figures, sections, parts) and how a cell prints a number or an estimate: a
+run's value with its 95% bootstrap interval (`specfit.intervals`), a ratio of two runs' with its verdict too. A table
+has a stable id and a key per row, which tests look it up by."""
 
 import math
 from collections.abc import Callable
@@ -18,7 +14,6 @@ MISSING = "–"
 NO_INTERVAL = "[no interval]"
 
 
-# ------------------------------------------------------------------------------------ the page's building blocks
 @dataclass
 class Table:
     id: str  # section / model / device / workload ...
@@ -28,11 +23,8 @@ class Table:
     keys: list = field(default_factory=list)  # one per row: what the row is about (a run, a metrics.json key, ...)
 
 
-Column = tuple[str, Callable]  # header, the cell of an item
-
-
-def table(id: str, caption: str, columns: list[Column], items, key=lambda item: item) -> Table:
-    """A row per item, a cell per column."""
+def table(id: str, caption: str, columns: list[tuple[str, Callable]], items, key=lambda item: item) -> Table:
+    """A row per item, a cell per column (header, the cell of an item)."""
     items = list(items)
     return Table(id, caption, [h for h, _ in columns], [[cell(x) for _, cell in columns] for x in items],
                  [key(x) for x in items])
@@ -60,7 +52,6 @@ class Part:
     sections: list[Section]
 
 
-# ------------------------------------------------------------------------------------ numbers
 def fmt(value, spec: str) -> str:
     """One number as the tables print it; None is a dash."""
     if value is None:
@@ -69,9 +60,7 @@ def fmt(value, spec: str) -> str:
         return "n/a"
     if spec == "d":
         return str(int(value))
-    if isinstance(value, str):
-        return value
-    return format(value, spec)
+    return value if isinstance(value, str) else format(value, spec)
 
 
 def ratio(a, b):
@@ -107,7 +96,6 @@ def tagged(text: str, emulated: bool) -> str:
     return f"{text} [{EMULATED}]" if emulated else text
 
 
-# ------------------------------------------------------------------------------------ estimates
 @dataclass(frozen=True)
 class Estimate:
     value: float
@@ -118,10 +106,8 @@ class Estimate:
 
 def est(value, ci: dict | None = None) -> Estimate | None:
     """A run's estimate: value, with its interval (and verdict, for a ratio) where the requests give one."""
-    if value is None:
-        return None
-    if ci is None:
-        return Estimate(value)
+    if value is None or ci is None:
+        return None if value is None else Estimate(value)
     return Estimate(value, ci["low"], ci["high"], Verdict.of(ci["low"], ci["high"]) if "verdict" in ci else None)
 
 
@@ -129,8 +115,8 @@ def as_pct(e: Estimate | None) -> Estimate | None:
     """A ratio estimate as a percent change, 100 (r − 1), verdict kept."""
     if e is None:
         return None
-    return replace(e, value=100.0 * (e.value - 1.0), low=None if e.low is None else 100.0 * (e.low - 1.0),
-                   high=None if e.high is None else 100.0 * (e.high - 1.0))
+    return replace(e, **{k: None if getattr(e, k) is None else 100.0 * (getattr(e, k) - 1.0)
+                         for k in ("value", "low", "high")})
 
 
 def show(value, spec: str, unit: str = "") -> str:

@@ -2,8 +2,6 @@
 computed by the same code as this run's, and `Beside`, what it has for one of its GPUs, section by section.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from specfit.report.page import as_pct, pct_less, pct_more, ratio, share_of

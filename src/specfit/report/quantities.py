@@ -1,8 +1,6 @@
 """The quantities the report's inputs hold, by key, and how a table prints them: metrics.json (`specfit.metrics`),
 the theory's Table 5 rows (`specfit.theory`)."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from specfit.metrics import SPLIT_KEYS

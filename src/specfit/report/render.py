@@ -2,8 +2,6 @@
 (templates/report.html.j2, templates/report.md.j2).
 """
 
-from __future__ import annotations
-
 import datetime
 import hashlib
 import importlib.metadata
@@ -18,7 +16,6 @@ VERSIONS = ("specfit", "torch", "transformers", "snakemake", "numpy")
 TEMPLATES = {"index.html": "report.html.j2", "report.md": "report.md.j2"}  # output file -> template
 
 
-# ------------------------------------------------------------------------------------ provenance
 def config_hash(spec: dict) -> str:
     return hashlib.sha256(spec_json(spec).encode()).hexdigest()
 
@@ -56,7 +53,6 @@ def provenance(spec: dict) -> list[tuple[str, str]]:
     return rows
 
 
-# ------------------------------------------------------------------------------------ rendering
 def md_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 

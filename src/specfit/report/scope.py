@@ -6,15 +6,14 @@ The paper's figures sit beside the workload that stands for the paper's on each 
 of the paper's (`stand_ins`).
 """
 
-from __future__ import annotations
-
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specfit.report.figures import Figures
 from specfit.report.inputs import Inputs
-from specfit.report.page import Section
-from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, RULES, Beside
+from specfit.report.page import Estimate, Section, cache_cell
+from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, Beside
 from specfit.report.quantities import LINK_EMULATED
+from specfit.report.verdict import Outcome
 from specfit.workflow import DecodeRun, method_config, method_rule
 
 
@@ -30,7 +29,7 @@ class Roles:
     specfit_ca: str | None = None
 
     @classmethod
-    def of(cls, spec: dict) -> Roles:
+    def of(cls, spec: dict) -> "Roles":
         def first(rule, routes=None):
             return next((m for m in spec["methods"] if method_rule(spec, m) == rule
                          and (routes is None or method_config(spec, m).route_source.name == routes)), None)
@@ -45,9 +44,9 @@ class Roles:
 
 def paper_device(spec: dict, device: str) -> str:
     """The paper's GPU a device stands for: named in its name, label or coefficients, else by order."""
+    d = spec["devices"][device]
     for name in PAPER_DEVICES:
-        d = spec["devices"][device]
-        if any(name.replace("rtx", "") in str(s).lower() for s in (device, d.get("label", ""), d.get("coefficients", ""))):
+        if any(name.replace("rtx", "") in str(s).lower() for s in (device, d.get("label", ""), d.get("coefficients"))):
             return name
     return PAPER_DEVICES[min(list(spec["devices"]).index(device), len(PAPER_DEVICES) - 1)]
 
@@ -78,6 +77,27 @@ def stand_ins(spec: dict, runs, roles: Roles, model: str, device: str) -> dict[s
         if pw not in best or rank > best[pw][0]:
             best[pw] = (rank, w)
     return {pw: w for pw, (_, w) in sorted(best.items(), key=lambda kv: PAPER_WORKLOADS.index(kv[0]))}
+
+
+@dataclass
+class Cell:
+    """One workload × slots of a method beyond the paper: the run of each role beside it (None: not in the config's
+    matrix), the ratios between them and the verdict on each of the issue's goals."""
+
+    workload: str
+    slots: int
+    runs: dict[str, DecodeRun | None]  # by role
+    ratios: dict[str, Estimate | None] = field(default_factory=dict)  # by name, decode TPS with paired intervals
+    goals: dict[str, Outcome] = field(default_factory=dict)  # by goal
+    best: str | None = None  # the role a ratio is taken against where the section chooses it (the faster one)
+
+    @property
+    def cached(self) -> bool:
+        return self.slots > 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.workload}, cache {cache_cell(self.slots)}"
 
 
 class Scope:
@@ -129,6 +149,16 @@ class Scope:
         present = [r for r in runs if r in self.i.metrics]
         return present, self.emulated(present)
 
+    def cells(self, method: str, roles: dict) -> list[Cell]:
+        """A `Cell` per workload × slots where ``method`` ran on this device; ``roles``: role -> method name."""
+        matrix, cells = set(self.runs), []
+        for w in self.workloads:
+            for slots in sorted({r.slots for r in self.runs if r.workload == w and r.method == method},
+                                key=lambda x: (x == 0, -x)):
+                runs = {role: self.run(w, name, slots) for role, name in roles.items()}
+                cells.append(Cell(w, slots, {role: r if r in matrix else None for role, r in runs.items()}))
+        return cells
+
     def title(self, workload: str) -> str:
         """Where a table's numbers come from: model, device, workload and its subset label."""
         label = self.spec["workloads"][workload].get("subset_label", "")
@@ -160,5 +190,3 @@ class ModelScope:
             return self.on[device].stand_ins.get(group)
         return group if group in self.on[device].workloads else None
 
-
-__all__ = ["RULES", "ModelScope", "Roles", "Scope", "paper_device", "paper_workload", "stand_ins"]

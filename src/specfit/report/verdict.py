@@ -1,42 +1,40 @@
 """Every verdict the report prints, one type: a ratio's (faster, slower, tie), decided by its interval alone
 (`specfit.intervals.verdict`), and a goal's (met, not met, not required, not judged), decided from such verdicts or a
-number against its bound. A new kind of claim adds its words here and judges with `Verdict.of` like the rest.
-"""
-
-from __future__ import annotations
+number against its bound. A new kind of claim adds its words here and judges with `Verdict.of` like the rest."""
 
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 
 from specfit import intervals
 
 
-class Verdict(StrEnum):
-    FASTER = "faster"
-    SLOWER = "slower"
-    TIE = "tie"
-    MET = "met"
-    MISSED = "not met"
-    NOT_REQUIRED = "not required"
-    NOT_JUDGED = "not judged"
+class Verdict(str, Enum):
+    FASTER, SLOWER, TIE = "faster", "slower", "tie"
+    MET, MISSED, NOT_REQUIRED, NOT_JUDGED = "met", "not met", "not required", "not judged"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
     @classmethod
-    def of(cls, low: float, high: float) -> Verdict:
+    def of(cls, low: float, high: float) -> "Verdict":
         """A ratio's verdict from its interval: faster when it lies above 1, slower when below, else a tie."""
         return cls(intervals.verdict(low, high))
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One goal's verdict in one place (a cell, a device), with what it rests on: the reason it is not judged or
-    not required, the detail that decided it; ``basis`` is the ratio's verdict it was decided on, if one."""
+    """One goal's verdict in one place (a cell, a device); ``why``: the reason it is not judged or not required, or
+    what decided it; ``basis``: the ratio's verdict it was decided on, if one."""
 
     verdict: Verdict
     why: str = ""
     basis: Verdict | None = None
 
     def answer(self) -> str:
-        """As a table's goal column prints it: "yes", "no", "not judged (why)", ..."""
+        """As a goal column prints it: "yes", "no", "not judged (why)", ..."""
         word = {Verdict.MET: "yes", Verdict.MISSED: "no"}.get(self.verdict, str(self.verdict))
         return f"{word} ({self.why})" if self.why else word
 
@@ -50,8 +48,8 @@ def at_least(value: float, bound: float, why: str = "") -> Outcome:
 
 
 def not_judged(runs: list, metrics: dict, what: str) -> Outcome:
-    """Why a goal over ``runs`` (None: not in the config's matrix) has no verdict: a run is absent, its metrics.json
-    is, or a requests.parquet is (no interval)."""
+    """Why a goal over ``runs`` (None: not in the config's matrix) has no verdict: a run, its metrics.json or a
+    requests.parquet (the interval) is missing."""
     if any(r is None for r in runs):
         return Outcome(Verdict.NOT_JUDGED, f"no {what} run in this cell")
     if lacking := [r.method for r in runs if r not in metrics]:
@@ -67,8 +65,7 @@ def judged(e, ok: tuple[Verdict, ...], runs: list, metrics: dict, what: str) -> 
 
 
 def overall(outcomes: list[Outcome]) -> Outcome:
-    """Several goals at once: not met when one is not met (even if another cannot be judged), else not judged when
-    one is not (its reason), else met."""
+    """Several goals at once: the first not met (even if another cannot be judged), else the first not judged."""
     for v in (Verdict.MISSED, Verdict.NOT_JUDGED):
         if first := next((o for o in outcomes if o.verdict == v), None):
             return first

@@ -1,10 +1,8 @@
 """The calibration fit T(S) = b_|S| + β F(S) (Appendix B) beside the paper's coefficients, the cache-aware model
 T(S) = b_|S| + β_miss M(S) + β_hit H(S) (issue 12) fitted on the same probes, and the probes' scatter."""
 
-from __future__ import annotations
-
 from specfit import paths
-from specfit.report import figures
+from specfit.report.figures import calibration_scatter, slug
 from specfit.report.page import MISSING, Section, fmt, table, tagged
 from specfit.report.scope import Scope
 from specfit.report.verdict import at_least
@@ -48,8 +46,8 @@ def section(s: Scope) -> Section:
     sec.missing += [paths.calibration_points(s.model, s.device, mode) for mode in fits
                     if NAMES[mode] not in frames and fits[mode]["source"] == "fit"]
     if frames:
-        fig = figures.calibration(frames, tagged(f"{s.model} / {s.device}: calibration probes", emulated))
-        sec.figures.append(s.figures.save(fig, figures.slug(s.model, s.device, "calibration"), tagged(
+        fig = calibration_scatter(frames, tagged(f"{s.model} / {s.device}: calibration probes", emulated))
+        sec.figures.append(s.figures.save(fig, slug(s.model, s.device, "calibration"), tagged(
             f"Calibration, {s.model} / {s.device}: measured vs predicted cycle time", emulated)))
     return sec
 
@@ -80,7 +78,8 @@ def cache_aware(s: Scope, sec: Section, fits: dict, n_b: int, emulated: bool) ->
             ("r2_means", "R², cache-aware, on the probe means", ca(lambda c: fmt(c["r2_means"], ".4f"))),
             ("r2_paper", "R², b + β F, on the probe means", lambda mode, f: fmt(f["r2"], ".4f")),
             ("r2", "R², cache-aware, per repeat (fitted)", ca(lambda c: fmt(c["r2"], ".4f"))),
-            ("rmse_means_ms", "RMSE (ms), cache-aware, on the probe means", ca(lambda c: fmt(c["rmse_means_ms"], ".2f"))),
+            ("rmse_means_ms", "RMSE (ms), cache-aware, on the probe means",
+             ca(lambda c: fmt(c["rmse_means_ms"], ".2f"))),
             ("rmse_paper", "RMSE (ms), b + β F, on the probe means", lambda mode, f: fmt(f["rmse_ms"], ".2f")),
             ("n_points", "Points (probes / repeats)", ca(lambda c: f"{c['n_probes']} / {c['n_points']}")),
             ("drafting", "Drafting cost D(d): start / further level / selection (ms)", drafting),

@@ -1,8 +1,6 @@
 """Verification and transfer counters (Tables 2 and 3), tokens per transfer, and where the time a SpecFit cycle saves
 against a cached EAGLE-3 cycle comes from (section 4.2)."""
 
-from __future__ import annotations
-
 from specfit.metrics import SPLIT_KEYS
 from specfit.report.page import MISSING, Section, cache_cell, fmt, pct_less, pct_more, share_of, table, tagged
 from specfit.report.quantities import DRAFT_KEYS, METRICS, TOKENS_PER_TRANSFER, column, tokens_per_transfer

@@ -1,8 +1,6 @@
 """One model's devices side by side (Table 4 style): each workload, or the workload that stands for one of the
 paper's on each device, with the paper's three methods with and without the cache."""
 
-from __future__ import annotations
-
 from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, table, tagged, x_cell
 from specfit.report.quantities import DRAFT_KEYS, METRICS, column, tps_cell
 from specfit.report.scope import ModelScope, paper_workload

@@ -9,13 +9,10 @@ The goals: route accuracy at least 60% (held-out, draft nodes, mean over layers)
 where SpecFit with exact routes is (a tie does not count); the predictor's time at most 5% of a cycle.
 """
 
-from __future__ import annotations
-
 from specfit.report.inputs import learned_methods, predictor_metrics
 from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, table, tagged, x_cell
 from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell
-from specfit.report.scope import Scope
-from specfit.report.sections.cells import Cell, cells_of
+from specfit.report.scope import Cell, Scope
 from specfit.report.sections.route_predictor import count, pct, predictor_table, share_pct
 from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged
 from specfit.workflow import method_config, method_rule
@@ -33,7 +30,6 @@ def with_routes(spec: dict, method: str, routes: str) -> list[str]:
             and method_config(spec, m).route_source.name == routes]
 
 
-# ------------------------------------------------------------------------------------ the goals per cell
 def judge(c: Cell, metrics: dict) -> None:
     learned, atlas, eagle = c.runs["learned"], c.runs["atlas"], c.runs["eagle3"]
     e = c.ratios["atlas"]  # learned at least TPS_GOAL of exact routes; a tie counts as met
@@ -108,14 +104,13 @@ def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bo
     return [verdict + "."] + [text for _, text in lines]
 
 
-# ------------------------------------------------------------------------------------ the section
 def section(s: Scope) -> Section | None:
     """None when no method has ``routes: learned`` or none runs on this device."""
     i, cells = s.i, []
     for method in learned_methods(s.spec):
         atlas = next(iter(with_routes(s.spec, method, "atlas")), None)
         noisy = {("noisy", m): m for m in with_routes(s.spec, method, "noisy")}
-        cells += cells_of(s, method, {"atlas": atlas, "learned": method, **noisy, "eagle3": s.roles.eagle3})
+        cells += s.cells(method, {"atlas": atlas, "learned": method, **noisy, "eagle3": s.roles.eagle3})
     if not cells:
         return None
     sec = Section(TITLE)

@@ -1,8 +1,6 @@
 """The lossless check: each run's outputs against the AR reference, and every divergence with the target's top-2 logit
 margin there."""
 
-from __future__ import annotations
-
 from specfit.report.page import MISSING, Section, Table, cache_cell, fmt
 from specfit.report.quantities import LOSSLESS, RESUMED, TIMING_LABEL
 from specfit.report.scope import Scope

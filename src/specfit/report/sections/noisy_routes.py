@@ -1,8 +1,6 @@
 """Sensitivity to route-prediction errors (section 4.6): SpecFit with exact and with noisy routes side by side, the
 paper's speedups beside on its 40 GSM8K questions."""
 
-from __future__ import annotations
-
 from specfit.report.page import MISSING, Section, cache_cell, interval_note, table, tagged, x_cell, x_fmt
 from specfit.report.quantities import column, tps_cell
 from specfit.report.scope import Scope, paper_workload
@@ -52,6 +50,7 @@ def workload(s: Scope, sec: Section, w: str, cited: dict) -> None:
          lambda x: x_fmt(x[2]) if paper is not None and x[0].slots == s.main else MISSING)],
         rows, key=lambda x: x[0]))
     q = cited["questions"]
-    if paper is not None and (workload_ids(s.spec, w) != list(range(q["start"], q["stop"] + 1, q["step"])) or s.spec["workloads"][w].get("max_requests")):
+    if paper is not None and (workload_ids(s.spec, w) != list(range(q["start"], q["stop"] + 1, q["step"]))
+                              or s.spec["workloads"][w].get("max_requests")):
         sec.notes.append(f"{w} does not run the paper's {cited['questions_label']}: its speedups sit "
                          "beside the paper's for orientation only.")

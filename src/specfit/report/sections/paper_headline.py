@@ -1,8 +1,6 @@
 """One model's runs on every device beside the paper's figures for the GPU the device stands for: Table 4's cells and
 the paper's headline ratios, computed by the same code from the paper's tables and from this run."""
 
-from __future__ import annotations
-
 from specfit.report.page import Section, fmt, interval_note, ratio, show, table, tagged, x_cell, x_fmt
 from specfit.report.paper_figures import headline
 from specfit.report.quantities import tps_cell

@@ -1,8 +1,6 @@
 """The learned route predictor of a model, in the learned-routes section: its held-out recall per layer, accuracy,
 size, cost and time, beside its cost at the paper's model's size and the paper's estimate (section 4.6)."""
 
-from __future__ import annotations
-
 from specfit.report.inputs import predictor_metrics
 from specfit.report.page import EMULATED, MISSING, Section, Table, fmt, tagged
 from specfit.report.quantities import ROUTE_PREDICTOR

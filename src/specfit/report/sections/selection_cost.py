@@ -1,8 +1,6 @@
 """The selector's time per cycle (section 4.6), included in every measured throughput, the paper's beside SpecFit's
 main run on the A100."""
 
-from __future__ import annotations
-
 from specfit.report.page import MISSING, Section, cache_cell, fmt, table, tagged
 from specfit.report.quantities import column
 from specfit.report.scope import Scope
@@ -25,7 +23,8 @@ def section(s: Scope) -> Section:
     if runs:
         sec.tables.append(table(s.id("selection-cost"), tagged(
             "Selector time per cycle, included in every measured throughput", emulated), [
-            ("Workload", lambda r: r.workload), ("Method", lambda r: r.method), ("Cache", lambda r: cache_cell(r.slots)),
+            ("Workload", lambda r: r.workload), ("Method", lambda r: r.method),
+            ("Cache", lambda r: cache_cell(r.slots)),
             (column("select_ms_median", emulated), lambda r: fmt(s.i.metrics[r]["select_ms_median"], ".2f")),
             (column("select_share_pct", emulated), lambda r: fmt(s.i.metrics[r]["select_share_pct"], ".2f")),
             ("Paper median ms (A100)", beside("median_ms_per_cycle", ".2f")),

@@ -7,12 +7,9 @@ interval counts) and, with the cache (slots > 0), faster than the paper's SpecFi
 the cache every expert is copied, the cache-aware cost has nothing to tell apart, and only the first part counts.
 """
 
-from __future__ import annotations
-
 from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, table, tagged, x_cell
 from specfit.report.quantities import LATER_KEYS, METRICS, column, tps_cell
-from specfit.report.scope import Scope
-from specfit.report.sections.cells import Cell, cells_of
+from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Verdict, judged, overall
 
 TITLE = "Beyond the paper: specfit-ca"
@@ -48,7 +45,7 @@ def section(s: Scope) -> Section | None:
     if (ca := s.roles.specfit_ca) is None:
         return None
     names = {"ar": s.roles.ar, "eagle3": s.roles.eagle3, "specfit": s.roles.specfit, "specfit-ca": ca}
-    if not (cells := cells_of(s, ca, names)):
+    if not (cells := s.cells(ca, names)):
         return None
     i, sec = s.i, Section(TITLE)
     keys = [r for c in cells for r in c.runs.values() if r is not None]
@@ -85,7 +82,6 @@ def section(s: Scope) -> Section | None:
     return sec
 
 
-# ------------------------------------------------------------------------------------ the numbers of a missed cell
 def drafted_nothing_pct(m: dict) -> float | None:
     """The share of cycles whose pool held the root alone: ``cycles_without_draft``; from an older metrics.json,
     100% when its mean pool size is 0, else unknown."""
@@ -183,7 +179,8 @@ def where_the_time_went(s: Scope, sec: Section, missed: list[Cell], ca: str, emu
                      why(ca, m, c.runs[role].method, i.metrics[c.runs[role]], role == "ar", e)] for role, e in fails]
     sec.tables.append(Table(s.id("specfit-ca-why"), tagged(f"Why {ca} misses the goal, {s.model} / {s.device}",
                                                               emulated),
-                            ["Workload", "Cache", "Against", tagged("Why (from the numbers above)", emulated)], reasons))
+                            ["Workload", "Cache", "Against", tagged("Why (from the numbers above)", emulated)],
+                            reasons))
     sec.notes.append(
         "Where the time went, in the cells that miss the goal: each method's mean ms per cycle and its parts as the "
         "stream times them (draft: the drafter's catch-up and levels; select: the selection and the decision whether "

@@ -1,9 +1,7 @@
 """The cache-size sweep (Figure 4): EAGLE-3 and SpecFit at each slot count, their cycle time and transfers, and the
 paper's Figure 4 beside on the workload that stands for its summarization on the A100."""
 
-from __future__ import annotations
-
-from specfit.report import figures
+from specfit.report.figures import slug, sweep_panels
 from specfit.report.page import Section, as_pct, fmt, interval_note, pct_less, pct_more, show, table, tagged
 from specfit.report.quantities import TOKENS_PER_TRANSFER, column, tokens_per_transfer, tps_cell
 from specfit.report.scope import Scope
@@ -84,7 +82,7 @@ def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
               (column("ms_per_cycle", emulated), {k: [m[k, x].get("ms_per_cycle") for x in common] for k in pair}),
               (column("h2d_per_token", False), {k: [m[k, x].get("h2d_per_token") for x in common] for k in pair}),
               (TOKENS_PER_TRANSFER, {k: [per[k, x] for x in common] for k in pair})]
-    fig = figures.sweep(panels, common, tagged(f"{s.model} / {s.device} / {w}: (a) decode TPS, (b) ms/cycle, "
+    fig = sweep_panels(panels, common, tagged(f"{s.model} / {s.device} / {w}: (a) decode TPS, (b) ms/cycle, "
                                                "H2D/token and tokens per transfer vs slots", emulated))
-    sec.figures.append(s.figures.save(fig, figures.slug(s.model, s.device, w, "sweep"),
+    sec.figures.append(s.figures.save(fig, slug(s.model, s.device, w, "sweep"),
                                       tagged(f"Slot sweep, {s.title(w)}", emulated)))

@@ -1,8 +1,6 @@
 """The selection theory on the recorded pools (Table 5): SpecFit's pools under the paper's cost, the paper's beside;
 beyond the paper, specfit-ca's pools under the cache-aware cost it selects with."""
 
-from __future__ import annotations
-
 from specfit.report.page import Section, Table, fmt
 from specfit.report.quantities import PAPER_PAIR, THEORY, THEORY_CACHE_AWARE
 from specfit.report.scope import Scope

@@ -1,9 +1,7 @@
 """Decode throughput with and without the expert cache (Figures 2 and 3), and SpecFit's gains over EAGLE-3 at the
 same cache in decode and in request TPS (prefill included), the paper's beside."""
 
-from __future__ import annotations
-
-from specfit.report import figures
+from specfit.report.figures import slug, throughput_bars
 from specfit.report.page import Section, as_pct, cache_cell, fmt, interval_note, show, table, tagged, x_cell
 from specfit.report.quantities import METRICS, column, tps_cell
 from specfit.report.scope import Scope
@@ -28,9 +26,9 @@ def workload(s: Scope, sec: Section, w: str) -> None:
         return
     bars = {m: [s.i.tps(s.run(w, m, slots)) for slots in (s.main, 0)]
             for m in s.spec["methods"] if any(r.method == m for r in present)}
-    fig = figures.throughput(bars, [f"With expert cache ({s.main} slots)", "Without expert cache"],
+    fig = throughput_bars(bars, [f"With expert cache ({s.main} slots)", "Without expert cache"],
                              tagged(f"{s.model} / {s.device} / {w}: decode throughput", emulated))
-    sec.figures.append(s.figures.save(fig, figures.slug(s.model, s.device, w, "tps"),
+    sec.figures.append(s.figures.save(fig, slug(s.model, s.device, w, "tps"),
                                       tagged(f"Decode TPS with 95% bootstrap intervals, {s.title(w)}", emulated)))
     ar = s.ar(w)
     sec.missing += s.i.missing_requests([*present, ar])
