@@ -18,26 +18,15 @@ import pyarrow.parquet as pq
 
 from specfit import intervals, paths
 from specfit.errors import SpecFitError
-from specfit.metrics import SPLIT_KEYS
 from specfit.paper import paper_results
 from specfit.report.page import Estimate, est, ratio
-from specfit.report.quantities import (
-    LATER_KEYS,
-    LINK_EMULATED,
-    LOSSLESS,
-    METRICS,
-    THEORY,
-    THEORY_CACHE_AWARE,
-    TIMING_LABEL,
-)
+from specfit.report.quantities import METRICS_REQUIRED, THEORY_CACHE_AWARE_REQUIRED, THEORY_REQUIRED
 from specfit.speculative.config import ROUTED_RULES
 from specfit.stage import paths_of
 from specfit.workflow import DecodeRun, decode_runs, method_config, method_rule, theory_cost, theory_file, theory_runs
 
 log = logging.getLogger("specfit.report")
 
-
-METRICS_REQUIRED = (*(k for k in METRICS if k not in (*SPLIT_KEYS, *LATER_KEYS)), LINK_EMULATED, TIMING_LABEL, LOSSLESS)
 # requests.parquet beside each metrics.json (specfit.speculative.request): the columns the intervals read
 REQUEST_COLUMNS = ("request_id", "n_output", "t_request_s", "t_prefill_s")
 TPS_MATCH_RTOL = 1e-6  # metrics.json's tps_dec (tps_req) and the one its requests.parquet gives must agree
@@ -56,8 +45,6 @@ PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "tr
                       "train_requests", "validation_requests", "train_nodes", "validation_nodes", "hidden_size",
                       "num_layers", "num_experts", "top_k", "params", "flop_per_node", "us_per_pool",
                       "pool_nodes_timed", "torch_device", "training")
-THEORY_REQUIRED = tuple(k for row in THEORY for k in row.keys)
-THEORY_CACHE_AWARE_REQUIRED = (*THEORY_REQUIRED, *(k for row in THEORY_CACHE_AWARE for k in row.keys))
 
 
 INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor")  # the rule's list inputs

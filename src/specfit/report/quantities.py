@@ -93,6 +93,10 @@ THEORY_CACHE_AWARE = (
               None, "d"),
 )
 PAPER_PAIR = ("beta", "two_beta")  # paper_results.yaml keys of a β / 2β pair
+# the keys without which a metrics.json or a theory file is an error (older files lack LATER_KEYS and SPLIT_KEYS)
+METRICS_REQUIRED = (*(k for k in METRICS if k not in (*SPLIT_KEYS, *LATER_KEYS)), LINK_EMULATED, TIMING_LABEL, LOSSLESS)
+THEORY_REQUIRED = tuple(k for row in THEORY for k in row.keys)
+THEORY_CACHE_AWARE_REQUIRED = (*THEORY_REQUIRED, *(k for row in THEORY_CACHE_AWARE for k in row.keys))
 
 
 def column(key: str, emulated: bool) -> str:

@@ -41,8 +41,8 @@ def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
     rank = {x: j for j, x in enumerate(common)}
     by = [("Paper slots (A100, by rank)", lambda x: str(paper["slots"][rank[x]]))]
 
-    def p(*keys, spec=".1f"):
-        return lambda x: fmt(paper[keys[0]][keys[1]][rank[x]] if len(keys) == 2 else paper[keys[0]][rank[x]], spec)
+    def p(key, method=None, spec=".1f"):  # the paper's figure at the slot count of the same rank
+        return lambda x: fmt((paper[key] if method is None else paper[key][method])[rank[x]], spec)
 
     def cut(key):
         return lambda x: fmt(pct_less(paper[key]["specfit"][rank[x]], paper[key]["eagle3"][rank[x]]), ".1f")
