@@ -5,11 +5,7 @@ the throughput bars (Figures 2-3), the cache-size sweep (Figure 4) and the calib
 import re
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # before pyplot: no display
-
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure as MplFigure  # drawn without pyplot: no backend to choose, no global state
 
 from specfit.report.page import Estimate, Figure
 
@@ -22,7 +18,6 @@ class Figures:
     def save(self, fig, name: str, caption: str) -> Figure:
         fig.tight_layout()
         fig.savefig(self.folder / f"{name}.png", dpi=110)
-        plt.close(fig)
         return Figure(f"{self.folder.name}/{name}.png", caption)
 
 
@@ -39,7 +34,8 @@ def error_bar(e: Estimate | None):
 
 def throughput_bars(bars: dict[str, list[Estimate | None]], ticks: list[str], title: str):
     """Decode TPS per method (a colour each) at each x (with the cache, without), with its interval."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig = MplFigure(figsize=(6.4, 3.6))
+    ax = fig.subplots()
     width = 0.8 / len(bars)
     for j, (method, estimates) in enumerate(bars.items()):
         for x, e in enumerate(estimates):
@@ -58,7 +54,8 @@ def throughput_bars(bars: dict[str, list[Estimate | None]], ticks: list[str], ti
 
 def sweep_panels(panels: list[tuple[str, dict[str, list]]], slots: list[int], title: str):
     """One panel per quantity (title, method -> a value or estimate per slot count) against the slot count."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.4))
+    fig = MplFigure(figsize=(14, 3.4))
+    axes = fig.subplots(1, len(panels))
     xs = range(len(slots))
     methods = list(panels[0][1])
     for j, m in enumerate(methods):
@@ -80,7 +77,8 @@ def sweep_panels(panels: list[tuple[str, dict[str, list]]], slots: list[int], ti
 
 def calibration_scatter(frames: dict[str, dict], title: str):
     """Measured against predicted cycle time of each fit's probes (label -> its points)."""
-    fig, ax = plt.subplots(figsize=(5, 4.2))
+    fig = MplFigure(figsize=(5, 4.2))
+    ax = fig.subplots()
     lo = min(min(f["y_ms"].min(), f["pred_ms"].min()) for f in frames.values())
     hi = max(max(f["y_ms"].max(), f["pred_ms"].max()) for f in frames.values())
     ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--", label="y = prediction")
