@@ -14,7 +14,7 @@ DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: c
 
 def theory_of(files, out, method: str, cost: str):
     """Atlas build, measured run and the theory stage on it; returns the measured run's files and the table."""
-    spec = {"method": {"name": method}, "slots": 4, "max_inflight": 2, "link": None, "torch_device": DEVICE,
+    spec = {"method": {"name": method}, "slots": 4, "max_inflight": 2, "link": None, "emulate": None, "torch_device": DEVICE,
             "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 16, "seed": 0, "warmup_tokens": 3,
             "model": "tiny", "logits_dtype": "model"}
     build = {k: out / f"build.{k}" for k in ("atlas", "requests", "cycles", "metrics")}

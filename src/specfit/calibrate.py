@@ -25,7 +25,7 @@ start + (levels - 1)·level (NNLS over the probes that caught the drafter up: le
 logits, so the first level costs what the catch-up costs), and ``select_ms`` one cache-aware selection: each probe
 runs specfit-ca's selection after every level it drafts, as a decode would (`Probe`), timed apart from the cycle.
 
-spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device", "max_inflight", "link",
+spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device", "max_inflight", "link", "emulate",
        "slots" (0: the no-cache fit),
        "coefficients": "fit" | "paper-a100" | "paper-rtx4090", "seed",
        "protocol": {"cycle_boundaries", "sizes", "repeats", "limit_tokens"}}
@@ -321,8 +321,10 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     check_checkpoints(inputs["target"], inputs["drafter"], spec["model"])  # configs and headers, before any weight
     model, _ = load_target(inputs["target"], spec["dtype"], "cpu", key=f"models.{spec['model']}.target",
                            logits_dtype=spec["logits_dtype"])
-    engine = make_engine(model, spec["slots"], spec["max_inflight"], spec["link"], spec["torch_device"])
+    engine = make_engine(model, spec["slots"], spec["max_inflight"], spec["link"], spec["torch_device"],
+                         spec["emulate"])
     drafter = load_drafter(inputs["drafter"], model, device=spec["torch_device"], key=f"models.{spec['model']}.drafter")
+    engine.emulate_drafter(drafter)
     prompts = read_prompts(inputs["prompts"])
     limits = Limits(protocol["limit_tokens"], protocol["limit_tokens"], eos_ids(model))
     with torch.inference_mode():
@@ -342,7 +344,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     write_json({**fit.as_dict(), "source": "fit", "cache": cache, "slots": spec["slots"], "states": len(states),
                 "cache_aware": cache_aware, "drafting": drafting,
                 "link_emulated": engine.link_emulated, "timing_label": engine.timing_label,
-                "h2d_transfers": engine.stats()["h2d_transfers"]}, outputs["coefficients"])
+                "h2d_transfers": engine.stats()["h2d_transfers"], "device": engine.stats().get("device")},
+               outputs["coefficients"])
     log.info("fit over %d points: b = %s ms, beta = %.4f ms, R^2 = %.3f (%s)", fit.n_points,
              [round(v, 3) for v in fit.b], fit.beta, fit.r2, engine.timing_label)
     log.info("cache-aware fit over %d repeats: b = %s ms, beta_miss = %.4f ms, beta_hit = %.4f ms%s, R^2 = %.3f "

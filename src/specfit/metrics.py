@@ -18,7 +18,7 @@ KEYS = ("n_requests", "n_output_tokens", "cycles", "tps_dec", "tps_dec_low", "tp
         "draft_nodes_per_cycle", "pool_nodes_per_cycle", "cycles_without_draft", "drafted_levels_per_cycle",
         "accepted_per_cycle", "committed_per_cycle", *SPLIT_KEYS, "ms_per_cycle", "draft_ms_per_cycle",
         "verify_ms_per_cycle", "select_ms_per_cycle", "commit_ms_per_cycle", "select_ms_median", "select_share_pct",
-        "h2d_per_token")
+        "h2d_per_token", "h2d_per_cycle")
 
 
 def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] | None = None, seed: int = 0) -> dict:
@@ -36,6 +36,7 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
     t_dec = t_req - sum(r["t_prefill_s"] for r in requests)
     c = {name: np.asarray(cycles.column(name).to_pylist()) for name in (
         "committed", "accepted", "drafted_levels", "t_draft_s", "t_select_s", "t_verify_s", "t_commit_s",
+        "h2d_transfers",
     )}
     selected = np.asarray([len(s) for s in cycles.column("selected").to_pylist()])
     pool = np.asarray([len(p) - 1 for p in cycles.column("pool_token").to_pylist()])
@@ -73,4 +74,5 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
         "select_ms_median": 1e3 * float(np.median(c["t_select_s"])) if n_cycles else None,
         "select_share_pct": 100.0 * float(c["t_select_s"].sum()) / t_dec if t_dec > 0 else None,
         "h2d_per_token": sum(r["h2d_transfers"] for r in requests) / n if n else None,
+        "h2d_per_cycle": mean(c["h2d_transfers"]),  # the decode cycles' copies, prefill excluded
     }

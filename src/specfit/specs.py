@@ -69,6 +69,7 @@ def calibrate(config: dict, model: str, device: str, cache: str) -> dict:
         "torch_device": dev["torch_device"],
         "max_inflight": dev["max_inflight"],
         "link": dev["link"],
+        "emulate": dev["emulate"],
         "coefficients": dev["coefficients"],
         "slots": mod["main_slots"][device] if cache == "cache" else 0,
         # the question ids reach the stage as its prompts input
@@ -90,7 +91,7 @@ def _limits(config: dict, workload: str) -> dict:
     return {"limit_tokens": wl["limit_tokens"], "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"]}
 
 
-def _stream(config: dict, model: str, device: str, workload: str, method: str, slots: int, link) -> dict:
+def _stream(config: dict, model: str, device: str, workload: str, method: str, slots: int, link, emulate) -> dict:
     """What the decode and atlas stages share (`specfit.speculative.stream.StreamSpec`)."""
     dev, mod = config["devices"][device], config["models"][model]
     return {
@@ -100,6 +101,7 @@ def _stream(config: dict, model: str, device: str, workload: str, method: str, s
         "torch_device": dev["torch_device"],
         "max_inflight": dev["max_inflight"],
         "link": link,
+        "emulate": emulate,
         "method": method_entry(config, method),
         "slots": slots,
         **_limits(config, workload),
@@ -108,17 +110,18 @@ def _stream(config: dict, model: str, device: str, workload: str, method: str, s
 
 
 def decode(config: dict, model: str, device: str, workload: str, method: str, slots: int | str) -> dict:
-    """Rule decode: one run of the decode matrix, over the device's link (emulated, or none)."""
-    return _stream(config, model, device, workload, method, int(slots), config["devices"][device]["link"])
+    """Rule decode: one run of the decode matrix, over the device's link or emulated device (or neither)."""
+    dev = config["devices"][device]
+    return _stream(config, model, device, workload, method, int(slots), dev["link"], dev["emulate"])
 
 
 def atlas(config: dict, model: str, device: str, workload: str, method: str, cache: str | None = None) -> dict:
     """Rule atlas: the method's stream with the slots of the device's with-cache runs (the most its memory is
-    known to hold; routes do not depend on what the cache holds) and without the emulated link: the build is off
-    the measured cache and timers. ``cache`` picks the coefficients the build selects with (an input), so both
+    known to hold; routes do not depend on what the cache holds) and without the emulated link or device: the build
+    is off the measured cache and timers. ``cache`` picks the coefficients the build selects with (an input), so both
     variants of a method have this spec."""
     slots = config["models"][model]["main_slots"][device]
-    return _stream(config, model, device, workload, method, slots, link=None)
+    return _stream(config, model, device, workload, method, slots, link=None, emulate=None)
 
 
 def predictor_device(config: dict, model: str) -> str:

@@ -2,7 +2,8 @@
 
 import pytest
 
-from specfit.bench.device import check, counts, derive, main
+from specfit.bench.device import main
+from specfit.paper_device import check, counts, derive
 from specfit.paper import paper_results
 
 

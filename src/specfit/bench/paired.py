@@ -48,12 +48,15 @@ def main(argv=None) -> None:
     first = inputs[args.methods[0]]
     model, _ = load_target(first["target"], dtype, "cpu", key=f"models.{model_name}.target",
                            logits_dtype=config["models"][model_name]["logits_dtype"])
-    engine = make_engine(model, int(slots), device["max_inflight"], device["link"], device["torch_device"])
+    engine = make_engine(model, int(slots), device["max_inflight"], device["link"], device["torch_device"],
+                         device["emulate"])
     methods = {m: build_method(method_config(config, m), inputs[m], config["seed"], engine.num_experts)
                for m in args.methods}
     drafter_path = next((i["drafter"] for i in inputs.values() if "drafter" in i), None)
     drafter = None if drafter_path is None else load_drafter(drafter_path, model, device=device["torch_device"],
                                                              key=f"models.{model_name}.drafter")
+    if drafter is not None:
+        engine.emulate_drafter(drafter)
     prompts = read_prompts(first["prompts"], args.max_requests)
     limits = Limits(wl["limit_tokens"], wl["max_new_tokens"] or wl["limit_tokens"], eos_ids(model))
 

@@ -108,8 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     target_dir, drafter_dir = Path(model_cfg["target"]), Path(model_cfg["drafter"])
     model, _ = load_target(target_dir, model_cfg["dtype"], "cpu", key=f"models.{args.model}.target",
                            logits_dtype=model_cfg["logits_dtype"])
-    engine = make_engine(model, slots, device["max_inflight"], device["link"], device["torch_device"])
+    engine = make_engine(model, slots, device["max_inflight"], device["link"], device["torch_device"],
+                         device["emulate"])
     drafter = load_drafter(drafter_dir, model, device=device["torch_device"], key=f"models.{args.model}.drafter")
+    engine.emulate_drafter(drafter)
     L, k = engine.num_layers, model.config.num_experts_per_tok
     paper = paper_proportions(paper_results())
     label = " [emulated link]" if engine.link_emulated else ""

@@ -173,6 +173,23 @@ class _ThreadCopier:
         self.pool.shutdown(wait=True)
 
 
+class _SyncCopier:
+    """CPU without a waited link (an emulated device, whose link is modelled, or none): copies run at memory speed in
+    the calling thread. A hand-off to a worker costs more than the copy of a small expert, and hides nothing here."""
+
+    def submit(self, jobs: list[CopyJob]) -> list:
+        for pairs, _ in jobs:
+            for slot_row, host_row in pairs:
+                slot_row.copy_(host_row)
+        return []
+
+    def wait(self, handles: list) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class _StreamCopier:
     """CUDA: pinned host rows copied with ``non_blocking`` on ``max_inflight`` copy streams, joined by events."""
 
@@ -440,9 +457,12 @@ class OffloadEngine:
         self.expert_bytes = sum(t[0].numel() * t.element_size() for t in hosts[0].values())
         self.link = Link(config.link) if config.link is not None else None
         self.timeline = Timeline(config.device) if config.device is not None else None
-        self.copier = _StreamCopier(config.max_inflight, self.device) if cuda else _ThreadCopier(
-            config.max_inflight, self.link
-        )
+        if cuda:
+            self.copier = _StreamCopier(config.max_inflight, self.device)
+        elif self.link is not None:
+            self.copier = _ThreadCopier(config.max_inflight, self.link)
+        else:
+            self.copier = _SyncCopier()
 
         if config.slots == 0:
             capacity = self.num_experts

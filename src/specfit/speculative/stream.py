@@ -12,6 +12,7 @@ Spec (the rule's config slice)::
     slots:         expert slots per MoE layer (0: no expert cache)
     max_inflight:  host-to-device copies in flight
     link:          null, or {bandwidth_gbps: GB/s, latency_us: us}: an emulated link for CPU-only machines
+    emulate:       null, or an emulated GPU for CPU-only machines (`specfit.device.DeviceModel`)
     model:         the model's name in config.yaml (errors name models.<model>.target / .drafter)
     torch_device:  "cpu" | "cuda"       dtype: "float32" | "bfloat16" | "float16"
     logits_dtype:  "model" | "float32" (final norm and LM head in fp32, see `specfit.models.precision`)
@@ -60,6 +61,7 @@ class StreamSpec:
     slots: int
     max_inflight: int
     link: dict | None
+    emulate: dict | None
     torch_device: str
     dtype: str
     logits_dtype: str  # "model" or "float32" (`specfit.models.precision`)
@@ -158,13 +160,14 @@ def load(spec: StreamSpec, inputs: dict, outputs: dict) -> Loaded:
     keys = {name: f"models.{spec.model}.{name}" for name in ("target", "drafter")}
     check_checkpoints(inputs["target"], inputs.get("drafter"), spec.model)  # configs and headers, before any weight
     model, _ = load_target(inputs["target"], spec.dtype, "cpu", key=keys["target"], logits_dtype=spec.logits_dtype)
-    engine = make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device)
+    engine = make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device, spec.emulate)
     method = build_method(spec.method, inputs, spec.seed, engine.num_experts)
     drafter = None
     if method.drafts:
         if "drafter" not in inputs:
             raise SpecFitError(f"method {spec.method.name} needs the `drafter` input")
         drafter = load_drafter(inputs["drafter"], model, device=spec.torch_device, key=keys["drafter"])
+        engine.emulate_drafter(drafter)
     if method.live is not None and "atlas" not in outputs:
         raise SpecFitError("live routes build an atlas: give the `atlas` output")
     source = getattr(method, "route_source", None)
@@ -216,6 +219,8 @@ def summarize(loaded: Loaded, spec: StreamSpec, prompts: list[dict], requests: p
     metrics.update(
         method=spec.method.name, slots=spec.slots, slot_rows_allocated=slot_rows(engine),
         link_emulated=engine.link_emulated, timing_label=engine.timing_label, resumed=resumes,
+        device=engine.stats().get("device"),  # an emulated device: modelled vs CPU time, overruns
+        experts_per_token=engine.num_layers * engine.top_k,  # an AR cycle's expert union
     )
     atlas, learned = loaded.atlas, loaded.learned
     if atlas is not None:  # pool nodes (roots included) of this process's requests; missed: a fallback's routes
