@@ -79,7 +79,7 @@ def test_toy(config, smoke):
 def test_calibrate(config, smoke):
     assert specs.calibrate(config, "toy", "cpu-4090link", "cache") == {
         "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
-        "link": RTX4090_LINK, "coefficients": "fit", "slots": 8,
+        "link": RTX4090_LINK, "emulate": None, "coefficients": "fit", "slots": 8,
         "protocol": {"cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2, "limit_tokens": 512}, "seed": 0}
     assert specs.calibrate(config, "toy", "cpu-4090link", "nocache")["slots"] == 0
     smoke_fit = specs.calibrate(smoke, "toy", "cpu-a100link", "cache")
@@ -90,13 +90,13 @@ def test_calibrate(config, smoke):
 def test_decode(config, smoke):
     assert specs.decode(config, "toy", "cpu-a100link", "summarization", "specfit-noisy", "6") == {
         "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
-        "link": A100_LINK, "method": {**SPECFIT, "routes": "noisy", "accuracy": 0.6}, "slots": 6,
+        "link": A100_LINK, "emulate": None, "method": {**SPECFIT, "routes": "noisy", "accuracy": 0.6}, "slots": 6,
         "limit_tokens": 2048, "max_new_tokens": 128, "seed": 0}
     # a method entry as it is written (the stage fills the defaults): AR sets nothing
     assert specs.decode(config, "toy", "cpu-a100link", "gsm8k", "ar", 0)["method"] == {"name": "ar"}
     assert specs.decode(smoke, "toy", "cpu-a100link", "gsm8k", "specfit-learned", "4") == {
         "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
-        "link": SMOKE_LINK, "method": {**SPECFIT, "routes": "learned"}, "slots": 4, "limit_tokens": 512,
+        "link": SMOKE_LINK, "emulate": None, "method": {**SPECFIT, "routes": "learned"}, "slots": 4, "limit_tokens": 512,
         "max_new_tokens": 12, "seed": 0}
 
 
@@ -108,11 +108,12 @@ def test_max_new_tokens_unset_is_the_length_limit(config):
 
 
 def test_atlas_is_built_at_the_main_slots_without_the_link(config):
-    """Both cache modes of a variant build with the device's with-cache slot count and no emulated link."""
+    """Both cache modes of a variant build with the device's with-cache slot count, no emulated link or device."""
     built = specs.atlas(config, "toy", "cpu-4090link", "gsm8k", "specfit", "nocache")
     assert built == {
         "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
-        "link": None, "method": SPECFIT, "slots": 8, "limit_tokens": 512, "max_new_tokens": 128, "seed": 0}
+        "link": None, "emulate": None, "method": SPECFIT, "slots": 8, "limit_tokens": 512, "max_new_tokens": 128,
+        "seed": 0}
     assert specs.atlas(config, "toy", "cpu-4090link", "gsm8k", "specfit", "cache") == built
     assert built == {**specs.decode(config, "toy", "cpu-4090link", "gsm8k", "specfit", 8), "link": None}
 
