@@ -66,7 +66,13 @@ def test_every_run_is_lossless_against_ar(workflow):
     for run in decode_runs(config):
         metrics = json.loads((workdir / run.path / "metrics.json").read_text())
         assert metrics["n_requests"] == 2 and metrics["link_emulated"] is True
-        assert "emulated link" in metrics["timing_label"]
+        if config["devices"][run.device]["emulate"] is None:
+            assert "emulated link" in metrics["timing_label"] and metrics["device"] is None
+        else:  # the emulated A100: every target forward waited to its modelled time (the smoke toy is tiny)
+            assert metrics["timing_label"] == "emulated A100 (expert execution + link), CPU compute overlapped"
+            target = metrics["device"]["target"]
+            assert target["forwards"] > 0 and target["modelled_s"] > 0 and target["overruns"] <= target["forwards"]
+            assert (metrics["device"]["drafter"]["forwards"] > 0) == (run.method != "ar")
         if method_rule(config, run.method) == "ar" and run.slots == 0:
             assert metrics["lossless"] is None  # the reference itself
         else:
@@ -118,7 +124,8 @@ def test_incremental_reruns(workflow, tmp_path):
     # one method's parameter: its atlases and runs, the theory over them and the report; nothing else
     jobs = scheduled(workdir, "k6.yaml")
     assert set(jobs) == {"atlas", "decode", "theory", "report"}, jobs
-    assert jobs["decode"] == 5 and jobs["atlas"] == 4  # specfit at slots 0/2/4 x workloads, not specfit-noisy
+    # specfit at slots 0/2/4 x workloads on the link, 0/4 on gsm8k on the emulated A100; not specfit-noisy
+    assert jobs["decode"] == 7 and jobs["atlas"] == 6
     runs = yaml.safe_load((workdir / "smoke.yaml").read_text())["runs"]
     runs.append({"models": ["toy"], "devices": ["cpu-a100link"], "workloads": ["summarization"],
                  "methods": ["eagle3"], "slots": [1]})

@@ -63,8 +63,8 @@ def test_run_naming_an_undefined_method(config, schema):
 
 
 def test_missing_main_slots_for_a_device(config, schema):
-    del config["models"]["toy"]["main_slots"]["cpu-4090link"]
-    with pytest.raises(SpecFitError, match=r"main_slots' has no entry for device 'cpu-4090link'"):
+    del config["models"]["toy"]["main_slots"]["cpu-4090"]
+    with pytest.raises(SpecFitError, match=r"main_slots' has no entry for device 'cpu-4090'"):
         validate_config(config, schema)
 
 
@@ -84,32 +84,37 @@ def test_snakemake_stops_before_any_job(root, config, tmp_path):
 def test_decode_matrix(config, schema):
     validate_config(config, schema)
     runs = decode_runs(config)
-    assert len(runs) == len(set(runs)) == 37
-    assert DecodeRun("toy", "cpu-a100link", "summarization", "specfit", 3) in runs
+    assert len(runs) == len(set(runs)) == 41
+    assert DecodeRun("toy", "cpu-a100", "summarization", "specfit", 3) in runs
     # specfit-ca in every cell of specfit, with AR beside it (the slot sweep too): its goal is per cell
     cells = {(r.device, r.workload, r.slots) for r in runs if r.method == "specfit"}
     for method in ("specfit-ca", "ar", "eagle3"):
         assert cells <= {(r.device, r.workload, r.slots) for r in runs if r.method == method}, method
-    run = DecodeRun("toy", "cpu-a100link", "gsm8k", "specfit-noisy", 12)
-    assert reference_run(config, run) == DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 0)
-    assert reference_run(config, DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 0)) is None
+    run = DecodeRun("toy", "cpu-a100", "gsm8k", "specfit-noisy", 12)
+    assert reference_run(config, run) == DecodeRun("toy", "cpu-a100", "gsm8k", "ar", 0)
+    assert reference_run(config, DecodeRun("toy", "cpu-a100", "gsm8k", "ar", 0)) is None
+    # the link-only cell has no AR without the cache: its reference is its AR with the cache
+    link_ar = DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 12)
+    assert reference_run(config, DecodeRun("toy", "cpu-a100link", "gsm8k", "eagle3", 12)) == link_ar
     assert atlas_variant("specfit-noisy", 12) == "specfit-noisy-cache"
     assert atlas_variant("specfit", 0) == "specfit-nocache"
     assert {(r.device, r.workload, r.slots) for r in theory_runs(config)} == {
-        ("cpu-a100link", "summarization", 12), ("cpu-a100link", "gsm8k", 12), ("cpu-4090link", "gsm8k", 8)}
+        ("cpu-a100", "summarization", 12), ("cpu-a100", "gsm8k", 12), ("cpu-4090", "gsm8k", 8),
+        ("cpu-a100link", "gsm8k", 12)}
 
 
 def test_theory_runs_hold_specfit_and_specfit_ca(config, schema):
     """Table 5 on SpecFit's pools (the paper's cost, the workload's file) and on specfit-ca's (its cache-aware cost, a
     file of its own), each with the cache at the main slot count and exact routes."""
     validate_config(config, schema)
-    cells = {("cpu-a100link", "summarization", 12), ("cpu-a100link", "gsm8k", 12), ("cpu-4090link", "gsm8k", 8)}
+    cells = {("cpu-a100", "summarization", 12), ("cpu-a100", "gsm8k", 12), ("cpu-4090", "gsm8k", 8),
+             ("cpu-a100link", "gsm8k", 12)}
     runs = theory_runs(config)
     assert sorted((r.device, r.workload, r.slots, r.method) for r in runs) == sorted(
         (*cell, method) for cell in cells for method in ("specfit", "specfit-ca"))
-    files = {(r.method, theory_cost(config, r), theory_file(config, r)) for r in runs if r.device == "cpu-4090link"}
-    assert files == {("specfit", "paper", "data/theory/toy/cpu-4090link/gsm8k.json"),
-                     ("specfit-ca", "cache_aware", "data/theory/toy/cpu-4090link/gsm8k.specfit-ca.json")}
+    files = {(r.method, theory_cost(config, r), theory_file(config, r)) for r in runs if r.device == "cpu-4090"}
+    assert files == {("specfit", "paper", "data/theory/toy/cpu-4090/gsm8k.json"),
+                     ("specfit-ca", "cache_aware", "data/theory/toy/cpu-4090/gsm8k.specfit-ca.json")}
     # one run per cost and cell: a second SpecFit entry with exact routes does not add a file
     config["methods"]["specfit-k5"] = dict(config["methods"]["specfit"], k_max=5)
     config["runs"][0]["methods"].append("specfit-k5")
