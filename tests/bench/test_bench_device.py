@@ -40,3 +40,25 @@ def test_main_prints_the_table_and_the_toys_parameters(capsys):
     main(["--step-ms", "20"])
     out = capsys.readouterr().out
     assert "largest error" in out and "toy: emulate: {name: A100, fixed_ms: 9.83" in out
+
+
+def test_proportions_of_runs_and_of_the_paper():
+    from specfit.paper_device import paper_proportions, proportion_met, run_proportions
+
+    paper = paper_proportions(paper_results(), "summarization")
+    assert paper["ar_nocache_over_cache"] == pytest.approx(214.2 / 150.6)
+    assert paper["e3_over_ar_cache"] == pytest.approx(371.7 / 150.6)
+    assert paper["e3_over_ar_nocache"] == pytest.approx(600.9 / 214.2)
+    assert 0.45 < paper["execution_share"] < 0.55 and paper["copy_share"] < 0.10
+    emulate = {"expert_ms": 0.5, "copy_ms": 0.4}
+    ar = {"ms_per_cycle": 20.0, "experts_per_token": 16, "h2d_per_cycle": 5.0}
+    ar0 = {"ms_per_cycle": 30.0}
+    e3 = {"ms_per_cycle": 50.0, "draft_ms_per_cycle": 7.0, "drafted_levels_per_cycle": 5.0}
+    e30 = {"ms_per_cycle": 90.0}
+    toy = run_proportions(ar, ar0, e3, e30, emulate)
+    assert toy == pytest.approx({"ar_nocache_over_cache": 1.5, "e3_over_ar_cache": 2.5, "e3_over_ar_nocache": 3.0,
+                                 "level_share": 0.07, "execution_share": 0.4, "copy_share": 0.1})
+    assert proportion_met("ar_nocache_over_cache", 1.5, 1.42) is True  # within ±15%
+    assert proportion_met("e3_over_ar_cache", 3.0, 2.47) is False
+    assert proportion_met("level_share", 0.07, 0.068) is True and proportion_met("level_share", 0.11, 0.068) is False
+    assert proportion_met("copy_share", 0.1, 0.04) is None  # shown beside the paper's, no goal

@@ -1,13 +1,14 @@
 """``python -m specfit.bench proportions``: the toy's proportions beside the paper's, measured now.
 
 Decodes the first ``--requests`` prompts of each workload with AR and EAGLE-3 on the offload engine (the
-config's device, its with-cache slot count, its emulated link, one thread as under ``snakemake --cores 1``)
+config's device, with its with-cache slot count and without a cache, one thread as under ``snakemake --cores 1``)
 and prints, beside the paper's A100 figures:
 
 - EAGLE-3's committed tokens per cycle, on all cycles and on cycles whose 4-gram is fresh in the output;
-- the cost of one drafted level as a share of a cached AR step (paper: about 7%);
-- an EAGLE-3 cycle (draft, select, verify 7 nodes, commit) in cached AR cycles (Tables 2-3 with the cache);
 - the expert union of the 8-token tree over the root's, F(tree) / F(root), summed over layers;
+- on an emulated device, the proportions of `specfit.paper_device.PROPORTIONS` with their goals: AR's cycle
+  without over with the cache, EAGLE-3's over AR's with and without it, one drafted level, expert execution and
+  the copies as shares of a cached AR cycle;
 - from the toy's training records: the target's held-out loss and the drafter's top-1 agreement.
 
 The paper's union ratio is read off Tables 2 and 3 without the cache: H2D per token × committed per cycle
@@ -21,15 +22,18 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from specfit.engine import make_engine
 from specfit.io import read_json
+from specfit.metrics import stream_metrics
 from specfit.models import eos_ids, load_drafter, load_target
 from specfit.ngrams import stream_split
-from specfit.coefficients import preset
 from specfit.paper import paper_results
+from specfit.paper_device import PROPORTIONS, paper_proportions, proportion_met, run_proportions
+from specfit.records import CYCLE_SCHEMA
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits, decode_request
@@ -75,8 +79,8 @@ def summary(run: dict) -> dict:
     }
 
 
-def paper_proportions(paper: dict) -> dict:
-    """The paper's figures for the same quantities (A100, Tables 2-3, Appendix B)."""
+def paper_counters(paper: dict) -> dict:
+    """The paper's committed tokens and union ratio (A100, Tables 2-3)."""
     counters = paper["counters"]["a100"]
     union = {}
     for w in ("summarization", "gsm8k"):
@@ -85,10 +89,13 @@ def paper_proportions(paper: dict) -> dict:
     return {
         "committed": {w: counters[w]["eagle3"]["cache"]["committed"] for w in ("summarization", "gsm8k")},
         "union": union,
-        "cycle_over_ar": {w: counters[w]["eagle3"]["cache"]["ms_per_cycle"] / counters[w]["ar"]["cache"]["ms_per_cycle"]
-                          for w in ("summarization", "gsm8k")},
-        "level_share_pct": 7.0,
     }
+
+
+def metrics_of(run: dict, engine) -> dict:
+    """The decode run's metrics.json figures that the proportions read (`specfit.metrics.stream_metrics`)."""
+    cycles = pa.Table.from_pylist(run["cycles"], schema=CYCLE_SCHEMA)
+    return {**stream_metrics(run["requests"], cycles), "experts_per_token": engine.num_layers * engine.top_k}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="config.yaml")
     parser.add_argument("--model", default="toy")
-    parser.add_argument("--device", default="cpu-a100link")
+    parser.add_argument("--device", default="cpu-a100")
     parser.add_argument("--requests", type=int, default=4, help="prompts per workload")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
@@ -106,15 +113,22 @@ def main(argv: list[str] | None = None) -> None:
     model_cfg, device = config["models"][args.model], config["devices"][args.device]
     slots = model_cfg["main_slots"][args.device]
     target_dir, drafter_dir = Path(model_cfg["target"]), Path(model_cfg["drafter"])
-    model, _ = load_target(target_dir, model_cfg["dtype"], "cpu", key=f"models.{args.model}.target",
-                           logits_dtype=model_cfg["logits_dtype"])
-    engine = make_engine(model, slots, device["max_inflight"], device["link"], device["torch_device"],
-                         device["emulate"])
-    drafter = load_drafter(drafter_dir, model, device=device["torch_device"], key=f"models.{args.model}.drafter")
-    engine.emulate_drafter(drafter)
+
+    def offloaded(slots: int):
+        model, _ = load_target(target_dir, model_cfg["dtype"], "cpu", key=f"models.{args.model}.target",
+                               logits_dtype=model_cfg["logits_dtype"])
+        engine = make_engine(model, slots, device["max_inflight"], device["link"], device["torch_device"],
+                             device["emulate"])
+        drafter = load_drafter(drafter_dir, model, device=device["torch_device"], key=f"models.{args.model}.drafter")
+        engine.emulate_drafter(drafter)
+        return model, engine, drafter
+
+    setups = {slots: offloaded(slots), 0: offloaded(0)}  # with the cache, then without
+    model, engine, drafter = setups[slots]
     L, k = engine.num_layers, model.config.num_experts_per_tok
-    paper = paper_proportions(paper_results())
-    label = " [emulated link]" if engine.link_emulated else ""
+    paper = paper_results()
+    paper_p = paper_counters(paper)
+    label = " [emulated]" if engine.link_emulated else ""
 
     rows = []
     for workload in ("summarization", "gsm8k"):
@@ -123,42 +137,53 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"no prompts at {path}: run `snakemake --cores 1 {path}` first")
         prompts = sorted(pq.read_table(path).to_pylist(), key=lambda r: r["request_id"])[: args.requests]
         limits = Limits(config["workloads"][workload]["limit_tokens"], args.max_new_tokens, eos_ids(model))
-        ar = summary(decode(model, None, engine, "ar", prompts, limits, config["seed"]))
-        e3_run = decode(model, drafter, engine, "eagle3", prompts, limits, config["seed"])
-        e3 = summary(e3_run)
+        runs = {(method, s): decode(m, d if method != "ar" else None, e, method, prompts, limits, config["seed"])
+                for s, (m, e, d) in setups.items() for method in ("ar", "eagle3")}
+        ar, e3 = summary(runs["ar", slots]), summary(runs["eagle3", slots])
         full = e3["selected"] == 7
-        rows.append((workload, ar, e3, float(e3_run["unions"][full].mean() / (L * k)) if full.any() else None))
+        unions = runs["eagle3", slots]["unions"]
+        union = float(unions[full].mean() / (L * k)) if full.any() else None
+        measured = {key: metrics_of(run, setups[key[1]][1]) for key, run in runs.items()}
+        toy_p = None
+        if device["emulate"] is not None:
+            toy_p = run_proportions(measured["ar", slots], measured["ar", 0], measured["eagle3", slots],
+                                    measured["eagle3", 0], device["emulate"])
+        rows.append((workload, ar, e3, union, toy_p))
 
     training = read_json(target_dir / "training.json")
     acceptance = read_json(drafter_dir / "acceptance.json")
-    print(f"{args.model} on {args.device}, {slots} slots per layer, {args.requests} requests per workload, "
+    print(f"{args.model} on {args.device}, {slots} and 0 slots per layer, {args.requests} requests per workload, "
           f"at most {args.max_new_tokens} new tokens, {args.threads} thread(s)")
     if engine.link_emulated:
-        print(f"timings marked [emulated link]: {engine.timing_label}")
+        print(f"timings marked [emulated]: {engine.timing_label}")
     print(f"{'quantity':72s} {'toy':>8s} {'paper':>8s}")
 
-    def line(name: str, toy, paper_value, fmt: str = "{:.2f}") -> None:
+    def line(name: str, toy, paper_value, fmt: str = "{:.2f}", goal: str = "") -> None:
         show = lambda v: "-" if v is None else fmt.format(v)  # noqa: E731
-        print(f"{name:72s} {show(toy):>8s} {show(paper_value):>8s}")
+        print(f"{name:72s} {show(toy):>8s} {show(paper_value):>8s} {goal}")
 
-    for workload, ar, e3, union in rows:
-        line(f"EAGLE-3 committed per cycle, {workload}", e3["committed"], paper["committed"][workload])
+    for workload, ar, e3, union, _ in rows:
+        line(f"EAGLE-3 committed per cycle, {workload}", e3["committed"], paper_p["committed"][workload])
         line(f"  on cycles starting on a fresh output 4-gram ({100 * e3['fresh_share']:.0f}% of cycles)",
              e3["committed_fresh"], None)
-        line(f"F(8-token tree) / F(root), {workload}", union, paper["union"][workload])
-    for workload, ar, e3, _ in rows:
-        line(f"one drafted level / cached AR step, {workload} (%){label}", 100 * e3["level_ms"] / ar["cycle_ms"],
-             paper["level_share_pct"], "{:.1f}")
-        line(f"EAGLE-3 cycle / cached AR cycle, {workload}{label}", e3["cycle_ms"] / ar["cycle_ms"],
-             paper["cycle_over_ar"][workload])
-        line(f"  cached AR step, {workload} (ms){label}", ar["cycle_ms"], preset("paper-a100", cache=True)["b"][0],
-             "{:.2f}")
+        line(f"F(8-token tree) / F(root), {workload}", union, paper_p["union"][workload])
         line(f"  EAGLE-3 draft nodes verified per cycle, {workload}", float(e3["selected"].mean()), 7.0)
+    for workload, ar, e3, _, toy_p in rows:
+        line(f"cached AR step, {workload} (ms){label}", ar["cycle_ms"], paper["counters"]["a100"][workload]["ar"]
+             ["cache"]["ms_per_cycle"], "{:.2f}")
+        if toy_p is None:
+            continue
+        for key, name in PROPORTIONS:
+            toy, ref = toy_p[key], paper_proportions(paper, workload)[key]
+            met = proportion_met(key, toy, ref)
+            pct = key.endswith("share")
+            line(f"{name}, {workload}{label}", 100 * toy if pct else toy, 100 * ref if pct else ref,
+                 "{:.1f}" if pct else "{:.2f}", "" if met is None else "met" if met else "not met")
     line("drafter top-1 agreement, held-out target continuations (%)", 100 * acceptance["top1_agreement"], None, "{:.1f}")
     line("target held-out loss (nats/token)", training["heldout_loss"], None)
     print(json.dumps({"target_sha256": training.get("sha256"), "drafter_sha256": acceptance.get("sha256")}))
-    engine.close()
-
+    for _, e, _ in setups.values():
+        e.close()
 
 if __name__ == "__main__":
     main()
