@@ -212,7 +212,9 @@ def test_without_specfit_ca_the_report_is_unchanged(tree):
 
     assert undated(again) == undated(md)
     assert re.findall(r"^### (.+)$", again, re.MULTILINE) == titles
-    assert titles[1].startswith("Verification and transfer counters")  # right after throughput, as before
+    # the paper's claims first, then throughput, then the counters right after it, as before
+    assert titles[0] == "The paper's claims, confronted"
+    assert titles[2].startswith("Verification and transfer counters")
 
 
 def test_no_section_on_a_device_where_specfit_ca_does_not_run(tree):

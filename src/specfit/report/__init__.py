@@ -33,7 +33,8 @@ def parts(v: ModelScope) -> list[Part]:
     for d, s in v.on.items():
         notes = [f"Main slot count (with-cache runs and fit): {s.main} per layer."]
         if s.link_emulated:
-            notes.append(f"Timings on this device are taken over an {EMULATED}.")
+            label = next(s.i.metrics[r]["timing_label"] for r in s.runs if r in s.i.metrics)
+            notes.append(f"Timings on this device (tagged “{EMULATED}”): {label}.")
         out.append(Part(f"{v.model} on {d}: {v.spec['devices'][d].get('label') or d}", notes,
                         [sec for section in PER_DEVICE if (sec := section(s)) is not None]))
     out.append(Part(f"{v.model}: across devices and against the paper", [],

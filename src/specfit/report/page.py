@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from specfit import intervals
 from specfit.report.verdict import Verdict
 
-EMULATED = "emulated link"
+EMULATED = "emulated"  # a timing over an emulated link or device (the device part says which)
 MISSING = "–"
 NO_INTERVAL = "[no interval]"
 

@@ -11,6 +11,7 @@ from specfit import intervals
 class Verdict(str, Enum):
     FASTER, SLOWER, TIE = "faster", "slower", "tie"
     MET, MISSED, NOT_REQUIRED, NOT_JUDGED = "met", "not met", "not required", "not judged"
+    CONFIRMED, REFUTED = "confirmed", "refuted"  # a claim of the paper against this run
 
     def __str__(self) -> str:
         return self.value
@@ -22,6 +23,17 @@ class Verdict(str, Enum):
     def of(cls, low: float, high: float) -> "Verdict":
         """A ratio's verdict from its interval: faster when it lies above 1, slower when below, else a tie."""
         return cls(intervals.verdict(low, high))
+
+
+def confronted(claim: Verdict, run: Verdict | None) -> Verdict:
+    """A claim of the paper (faster, slower or tie) against this run's verdict on the same ratio: confirmed when they
+    agree, refuted when the run finds the opposite direction, or a direction where the paper claims a tie; a run's tie
+    against a claimed direction is a tie (neither); not judged without an interval."""
+    if run is None:
+        return Verdict.NOT_JUDGED
+    if run == claim:
+        return Verdict.CONFIRMED
+    return Verdict.TIE if run == Verdict.TIE else Verdict.REFUTED
 
 
 @dataclass(frozen=True)

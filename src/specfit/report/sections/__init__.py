@@ -4,12 +4,14 @@ None when the configuration gives it nothing to show (a method beyond the paper 
 
 from specfit.report.sections import (
                                      calibration,
+                                     claims,
                                      counters,
                                      devices,
                                      learned_routes,
                                      lossless,
                                      noisy_routes,
                                      paper_headline,
+                                     proportions,
                                      selection_cost,
                                      specfit_ca,
                                      sweep,
@@ -17,6 +19,6 @@ from specfit.report.sections import (
                                      throughput,
 )
 
-PER_DEVICE = (throughput.section, specfit_ca.section, learned_routes.section, counters.section, sweep.section,
-              theory.section, calibration.section, selection_cost.section, noisy_routes.section, lossless.section)
+PER_DEVICE = (claims.section, proportions.section, throughput.section, specfit_ca.section, learned_routes.section,
+              counters.section, sweep.section, theory.section, calibration.section, selection_cost.section, noisy_routes.section, lossless.section)
 ACROSS_DEVICES = (devices.section, paper_headline.section)

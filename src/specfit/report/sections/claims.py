@@ -1,0 +1,115 @@
+"""The paper's claims confronted with this run: each claim's ratio in the paper, this run's with its paired interval,
+and one verdict (`verdict.confronted`): confirmed, refuted or a tie. Whatever the direction, it is the run's finding;
+on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md)."""
+
+from specfit.report.page import MISSING, Section, fmt, interval_note, table, tagged, x_cell
+from specfit.report.scope import Scope
+from specfit.report.verdict import Verdict, confronted
+from specfit.workflow import DecodeRun
+
+# key, claim, (numerator role, its cache), (denominator role, its cache); "main": the device's main slots
+RATIOS = (
+    ("vanilla-eagle3", "Vanilla EAGLE-3 against AR, both without the cache", ("eagle3", 0), ("ar", 0)),
+    ("specfit-eagle3-cache", "SpecFit against EAGLE-3, both with the cache", ("specfit", "main"), ("eagle3", "main")),
+    ("specfit-eagle3-nocache", "SpecFit against EAGLE-3, both without the cache", ("specfit", 0), ("eagle3", 0)),
+    ("specfit-ar-nocache", "SpecFit with the cache against AR without it", ("specfit", "main"), ("ar", 0)),
+    ("specfit-ar-cache", "SpecFit against AR, both with the cache", ("specfit", "main"), ("ar", "main")),
+)
+
+
+def direction(paper_ratio: float) -> Verdict:
+    """The direction a paper's ratio claims (it gives no interval): faster above 1, slower below."""
+    return Verdict.FASTER if paper_ratio > 1 else Verdict.SLOWER if paper_ratio < 1 else Verdict.TIE
+
+
+def section(s: Scope) -> Section | None:
+    if s.roles.specfit is None or not s.stand_ins:
+        return None
+    sec = Section("The paper's claims, confronted")
+    sec.notes.append("A claim is confirmed when this run's ratio lies on the paper's side of 1 by more than its "
+                     "interval, refuted when it lies on the other side, and a tie when its interval holds 1.")
+    rows = []
+    for pw, w in s.stand_ins.items():
+        rows += ratio_claims(s, sec, pw, w) + noisy_claim(s, sec, pw, w) + sweep_claim(s, pw, w) + theory_claim(s, pw, w)
+    if rows:
+        sec.tables.append(table(s.id("claims"), tagged(f"The paper's claims on {s.model} / {s.device}",
+                                                       s.link_emulated), [
+            ("Workload", lambda r: r[1]), ("Claim", lambda r: r[2]), ("Paper", lambda r: r[3]),
+            (tagged("This run", s.link_emulated), lambda r: r[4]), ("Verdict", lambda r: str(r[5]))],
+            rows, key=lambda r: r[0]))
+        sec.notes.append(interval_note(s.i.seed))
+    return sec if sec.tables or sec.missing else None
+
+
+def run_of(s: Scope, w: str, role: str, slots) -> DecodeRun | None:
+    return s.run(w, getattr(s.roles, role), s.main if slots == "main" else slots)
+
+
+def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
+    paper = s.paper.cells(pw)
+    rows = []
+    for key, claim, (a, x), (b, y) in RATIOS:
+        num, den = run_of(s, w, a, x), run_of(s, w, b, y)
+        if num not in s.runs or den not in s.runs or paper is None:
+            continue
+        sec.missing += s.i.missing([num, den]) + s.i.missing_requests([num, den])
+        p = paper[a, "cache" if x == "main" else "nocache"]["tps_dec"] / paper[
+            b, "cache" if y == "main" else "nocache"]["tps_dec"]
+        e = s.i.speedup(num, den)
+        rows.append((f"{key}/{w}", w, claim, f"{p:.2f}× ({direction(p)})", x_cell(e),
+                     confronted(direction(p), None if e is None else e.verdict)))
+    return rows
+
+
+def noisy_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
+    """Section 4.6: 60%-accurate routes decode as fast as exact ones (2.26× vs 2.27× over AR without the cache)."""
+    routes = s.paper.routes(pw)
+    noisy = [m for m in s.roles.noisy if s.run(w, m, s.main) in s.runs]
+    if routes is None or not noisy:
+        return []
+    exact, run = s.run(w, s.roles.specfit, s.main), s.run(w, noisy[0], s.main)
+    sec.missing += s.i.missing([run, exact])
+    e = s.i.speedup(run, exact)
+    p = routes["simulated_60pct_speedup"] / routes["exact_routes_speedup"]
+    return [(f"noisy-routes/{w}", w, f"SpecFit with 60%-accurate routes ({noisy[0]}) against exact routes", 
+             f"{p:.3f}× ({Verdict.TIE})", x_cell(e), confronted(Verdict.TIE, None if e is None else e.verdict))]
+
+
+def sweep_claim(s: Scope, pw: str, w: str) -> list[tuple]:
+    """Figure 4: SpecFit's gain over EAGLE-3 grows as the cache shrinks (21.6% at 48 slots to 31.6% without a cache).
+    Confirmed when the gain's point estimates grow as the slots shrink and the gain without a cache lies above the
+    main slots' gain by more than its interval; refuted when both hold the other way; else a tie."""
+    slots = sorted({r.slots for r in s.runs_of(w) if r.method == s.roles.specfit}
+                   & {r.slots for r in s.runs_of(w) if r.method == s.roles.eagle3}, key=lambda x: (x == 0, -x))
+    if s.paper.sweep(pw, 4) is None or len(slots) < 3 or slots[-1] != 0 or slots[0] != s.main:
+        return []
+    gains = [s.i.speedup(s.run(w, s.roles.specfit, x), s.run(w, s.roles.eagle3, x)) for x in slots]
+    if any(g is None or g.low is None for g in gains):
+        verdict, shown = Verdict.NOT_JUDGED, MISSING
+    else:
+        points = [g.value for g in gains]
+        if all(b >= a for a, b in zip(points, points[1:])) and gains[-1].low > gains[0].value:
+            verdict = Verdict.CONFIRMED
+        elif all(b <= a for a, b in zip(points, points[1:])) and gains[-1].high < gains[0].value:
+            verdict = Verdict.REFUTED
+        else:
+            verdict = Verdict.TIE
+        shown = ", ".join(f"{x}: {x_cell(g)}" for x, g in zip(slots, gains))
+    sweep = s.paper.sweep(pw, 4)
+    paper = ", ".join(f"{x}: {1 + g / 100:.2f}×" for x, g in zip(sweep["slots"], sweep["specfit_gain_pct"]))
+    return [(f"gain-grows/{w}", w, "SpecFit's gain over EAGLE-3 grows as the cache shrinks (slots: gain)", paper,
+             shown, verdict)]
+
+
+def theory_claim(s: Scope, pw: str, w: str) -> list[tuple]:
+    """Table 5: the per-cycle ratio rule is within 1% of λ* and within the bound of Eq. 7."""
+    paper = s.paper.table5(pw)
+    run = s.run(w, s.roles.specfit, s.main)
+    t = s.i.theory.get(run)
+    if paper is None or t is None:
+        return []
+    holds = t["gap_pct"] <= t["bound_pct"] + 1e-9 and t["gap_pct"] < 1.0
+    return [(f"table5/{w}", w, "Ratio selection within 1% of λ* and within the bound of Eq. 7 (Table 5)",
+             f"{paper['gap_pct_of_lambda']:.2f}% ≤ {paper['bound_pct_of_lambda']:.2f}%",
+             f"{fmt(t['gap_pct'], '.2f')}% ≤ {fmt(t['bound_pct'], '.2f')}%",
+             Verdict.CONFIRMED if holds else Verdict.REFUTED)]

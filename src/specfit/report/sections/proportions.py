@@ -1,0 +1,57 @@
+"""On an emulated device: the toy's cost proportions measured by the decode runs beside the GPU's (Tables 2-3), the
+with-cache fit's R², and how often the CPU overran the device's model (docs/device.md)."""
+
+from specfit.paper_device import PROPORTIONS, paper_proportions, proportion_met, run_proportions
+from specfit.report.page import MISSING, Section, fmt, table
+from specfit.report.scope import Scope
+from specfit.report.verdict import Verdict
+
+R2_GOAL = 0.9  # the with-cache NNLS fit of the paper's model
+OVERRUN_GOAL = 0.01  # share of forwards whose CPU time overran the model
+
+
+def goal(met: bool | None) -> str:
+    return "–" if met is None else str(Verdict.MET if met else Verdict.MISSED)
+
+
+def section(s: Scope) -> Section | None:
+    emulate = s.spec["devices"][s.device].get("emulate")
+    if emulate is None:
+        return None
+    sec = Section(f"The emulated {emulate['name']}: proportions and overruns")
+    sec.notes.append(f"Timings on {s.device}: emulated {emulate['name']} (expert execution + link), CPU compute "
+                     "overlapped. Shares of a cached AR cycle: the device's expert time (an AR token's experts x "
+                     "expert_ms) and link time (copies per cycle x copy_ms, hidden behind the hits where they "
+                     "overlap) over the measured cycle; the paper's from the A100 parameters that "
+                     "`python -m specfit.bench device` derives.")
+    for pw, w in s.stand_ins.items():
+        runs = {(role, x): s.run(w, getattr(s.roles, role), x) for role in ("ar", "eagle3") for x in (s.main, 0)}
+        sec.missing += s.i.missing(list(runs.values()))
+        m = {k: s.i.metrics.get(r) for k, r in runs.items()}
+        if any(v is None for v in m.values()):
+            continue
+        toy = run_proportions(m["ar", s.main], m["ar", 0], m["eagle3", s.main], m["eagle3", 0], emulate)
+        paper = paper_proportions(s.i.paper, pw)
+        rows = [(key, name, toy[key], paper[key], proportion_met(key, toy[key], paper[key]))
+                for key, name in PROPORTIONS]
+        sec.tables.append(table(s.id("proportions", w), f"Proportions, {s.title(w)}, beside the A100's {pw}", [
+            ("Quantity", lambda r: r[1]),
+            ("This run", lambda r: fmt(100 * r[2], ".1f") + "%" if r[0].endswith("share") else fmt(r[2], ".2f")),
+            ("Paper", lambda r: fmt(100 * r[3], ".1f") + "%" if r[0].endswith("share") else fmt(r[3], ".2f")),
+            ("Goal met", lambda r: goal(r[4]))], rows, key=lambda r: r[0]))
+    fit = s.i.calibration.get((s.model, s.device, "cache"))
+    overruns = [(r, s.i.metrics[r]["device"]) for r in s.runs if r in s.i.metrics and s.i.metrics[r].get("device")]
+    rows = [("r2", f"with-cache NNLS fit of the paper's model, R² (goal ≥ {R2_GOAL})",
+             MISSING if fit is None else fmt(fit["r2"], ".3f"), goal(None if fit is None else fit["r2"] >= R2_GOAL))]
+    for part in ("target", "drafter"):
+        forwards = sum(d[part]["forwards"] for _, d in overruns)
+        over = sum(d[part]["overruns"] for _, d in overruns)
+        share = over / forwards if forwards else None
+        rows.append((f"overruns-{part}", f"{part} forwards whose CPU time overran the model, all runs "
+                     f"(goal < {100 * OVERRUN_GOAL:.0f}%)", MISSING if share is None else
+                     f"{100 * share:.2f}% ({over} of {forwards})", goal(None if share is None else share < OVERRUN_GOAL)))
+    sec.tables.append(table(s.id("device-checks"), f"The emulated {emulate['name']}: fit and overruns, "
+                            f"{s.model} / {s.device}", [
+        ("Check", lambda r: r[1]), ("This run", lambda r: r[2]), ("Goal met", lambda r: r[3])], rows,
+        key=lambda r: r[0]))
+    return sec
