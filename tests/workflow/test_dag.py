@@ -29,3 +29,10 @@ def test_lint_and_format(root):
     fmt = subprocess.run(["snakefmt", "--check", "workflow/Snakefile", "rules/"], check=False, cwd=root,
                          capture_output=True, text=True, timeout=120)
     assert fmt.returncode == 0, fmt.stderr[-2000:]
+
+
+def test_python_is_ruff_clean(root):
+    """ruff, configured in pyproject.toml, over the package and the tests (beside snakefmt over the rules)."""
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "src", "tests"], check=False, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
