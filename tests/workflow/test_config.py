@@ -84,12 +84,14 @@ def test_snakemake_stops_before_any_job(root, config, tmp_path):
 def test_decode_matrix(config, schema):
     validate_config(config, schema)
     runs = decode_runs(config)
-    assert len(runs) == len(set(runs)) == 41
+    assert len(runs) == len(set(runs)) == 33
     assert DecodeRun("toy", "cpu-a100", "summarization", "specfit", 3) in runs
-    # specfit-ca in every cell of specfit, with AR beside it (the slot sweep too): its goal is per cell
-    cells = {(r.device, r.workload, r.slots) for r in runs if r.method == "specfit"}
-    for method in ("specfit-ca", "ar", "eagle3"):
+    # AR and EAGLE-3 beside SpecFit in every cell with and without the cache; specfit-ca beside them on the A100
+    cells = {(r.device, r.workload, r.slots) for r in runs if r.method == "specfit" and r.slots in (0, 8, 12)}
+    for method in ("ar", "eagle3"):
         assert cells <= {(r.device, r.workload, r.slots) for r in runs if r.method == method}, method
+    assert {c for c in cells if c[0] == "cpu-a100"} <= {(r.device, r.workload, r.slots) for r in runs
+                                                        if r.method == "specfit-ca"}
     run = DecodeRun("toy", "cpu-a100", "gsm8k", "specfit-noisy", 12)
     assert reference_run(config, run) == DecodeRun("toy", "cpu-a100", "gsm8k", "ar", 0)
     assert reference_run(config, DecodeRun("toy", "cpu-a100", "gsm8k", "ar", 0)) is None
@@ -107,14 +109,15 @@ def test_theory_runs_hold_specfit_and_specfit_ca(config, schema):
     """Table 5 on SpecFit's pools (the paper's cost, the workload's file) and on specfit-ca's (its cache-aware cost, a
     file of its own), each with the cache at the main slot count and exact routes."""
     validate_config(config, schema)
-    cells = {("cpu-a100", "summarization", 12), ("cpu-a100", "gsm8k", 12), ("cpu-4090", "gsm8k", 8),
-             ("cpu-a100link", "gsm8k", 12)}
+    cells = {("cpu-a100", "summarization", 12), ("cpu-a100", "gsm8k", 12)}
     runs = theory_runs(config)
     assert sorted((r.device, r.workload, r.slots, r.method) for r in runs) == sorted(
-        (*cell, method) for cell in cells for method in ("specfit", "specfit-ca"))
-    files = {(r.method, theory_cost(config, r), theory_file(config, r)) for r in runs if r.device == "cpu-4090"}
-    assert files == {("specfit", "paper", "data/theory/toy/cpu-4090/gsm8k.json"),
-                     ("specfit-ca", "cache_aware", "data/theory/toy/cpu-4090/gsm8k.specfit-ca.json")}
+        [(*cell, method) for cell in cells for method in ("specfit", "specfit-ca")]
+        + [("cpu-4090", "gsm8k", 8, "specfit"), ("cpu-a100link", "gsm8k", 12, "specfit")])
+    files = {(r.method, theory_cost(config, r), theory_file(config, r)) for r in runs if r.device == "cpu-a100"
+             and r.workload == "gsm8k"}
+    assert files == {("specfit", "paper", "data/theory/toy/cpu-a100/gsm8k.json"),
+                     ("specfit-ca", "cache_aware", "data/theory/toy/cpu-a100/gsm8k.specfit-ca.json")}
     # one run per cost and cell: a second SpecFit entry with exact routes does not add a file
     config["methods"]["specfit-k5"] = dict(config["methods"]["specfit"], k_max=5)
     config["runs"][0]["methods"].append("specfit-k5")

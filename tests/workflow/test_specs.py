@@ -201,7 +201,7 @@ def test_every_job_gets_its_builders_spec(root, overlays):
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = [shlex.split(line.partition(": ")[2]) for line in proc.stdout.splitlines()
                 if line.startswith("Shell command: python -m specfit.")]
-    assert len(commands) == (80 if not overlays else 49)
+    assert len(commands) == (67 if not overlays else 49)
     for argv in commands:
         module, argv = argv[2], argv[3:argv.index(">")]
         spec = json.loads(argv[argv.index("--spec") + 1])

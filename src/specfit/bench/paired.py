@@ -12,6 +12,10 @@ so run the DAG (or the cell's decode jobs) first. Timings over an emulated link 
 
     python -m specfit.bench paired --cell toy/cpu-a100link/gsm8k/12 --methods ar specfit-ca
     python -m specfit.bench paired --cell toy/cpu-a100link/gsm8k/4 --methods ar specfit-ca --configfile smoke.yaml
+    python -m specfit.bench paired --cell toy/cpu-a100/summarization/3 --methods ar ar --slots 3 0
+
+With ``--slots`` the two sides run at two slot counts, each on its own copy of the target (a cache against none,
+in one process).
 """
 
 import argparse
@@ -37,31 +41,38 @@ def main(argv=None) -> None:
     parser.add_argument("--methods", nargs=2, required=True, metavar=("A", "B"), help="method names of the config")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the cell's prompts")
     parser.add_argument("--max-requests", type=int, default=None)
+    parser.add_argument("--slots", nargs=2, type=int, metavar=("SA", "SB"),
+                        help="A at SA slots and B at SB (each on its own engine), instead of both at the cell's")
     args = parser.parse_args(argv)
     config = load_config(args.config, SCHEMA, *args.configfile)
     model_name, device_name, workload, slots = args.cell.split("/")
     device, wl = config["devices"][device_name], config["workloads"][workload]
-    runs = {m: DecodeRun(model_name, device_name, workload, m, int(slots)) for m in args.methods}
-    dtype = config["models"][model_name]["dtype"]
+    sides = list(zip(args.methods, args.slots or [int(slots)] * 2))  # (method, slots) of A and B
+    names = [f"{m}@{x}" if args.slots else m for m, x in sides]
+    inputs = [decode_inputs(config, DecodeRun(model_name, device_name, workload, m, x)) for m, x in sides]
+    model_cfg = config["models"][model_name]
 
-    inputs = {m: decode_inputs(config, run) for m, run in runs.items()}
-    first = inputs[args.methods[0]]
-    model, _ = load_target(first["target"], dtype, "cpu", key=f"models.{model_name}.target",
-                           logits_dtype=config["models"][model_name]["logits_dtype"])
-    engine = make_engine(model, int(slots), device["max_inflight"], device["link"], device["torch_device"],
-                         device["emulate"])
-    methods = {m: build_method(method_config(config, m), inputs[m], config["seed"], engine.num_experts)
-               for m in args.methods}
-    drafter_path = next((i["drafter"] for i in inputs.values() if "drafter" in i), None)
-    drafter = None if drafter_path is None else load_drafter(drafter_path, model, device=device["torch_device"],
-                                                             key=f"models.{model_name}.drafter")
-    if drafter is not None:
-        engine.emulate_drafter(drafter)
-    prompts = read_prompts(first["prompts"], args.max_requests)
-    limits = Limits(wl["limit_tokens"], wl["max_new_tokens"] or wl["limit_tokens"], eos_ids(model))
+    def offloaded(slots: int):
+        """The target on its own engine at ``slots``, with the drafter when a side drafts."""
+        model, _ = load_target(inputs[0]["target"], model_cfg["dtype"], "cpu", key=f"models.{model_name}.target",
+                               logits_dtype=model_cfg["logits_dtype"])
+        engine = make_engine(model, slots, device["max_inflight"], device["link"], device["torch_device"],
+                             device["emulate"])
+        path = next((i["drafter"] for i in inputs if "drafter" in i), None)
+        drafter = None if path is None else load_drafter(path, model, device=device["torch_device"],
+                                                         key=f"models.{model_name}.drafter")
+        if drafter is not None:
+            engine.emulate_drafter(drafter)
+        return model, engine, drafter
 
-    def decode(name: str, prompt: dict, limits: Limits, request_id: int) -> dict:
-        method = methods[name]
+    setups = {x: offloaded(x) for x in dict.fromkeys(x for _, x in sides)}
+    methods = [build_method(method_config(config, m), i, config["seed"], setups[x][1].num_experts)
+               for (m, x), i in zip(sides, inputs)]
+    prompts = read_prompts(inputs[0]["prompts"], args.max_requests)
+    limits = Limits(wl["limit_tokens"], wl["max_new_tokens"] or wl["limit_tokens"], eos_ids(setups[sides[0][1]][0]))
+
+    def decode(side: int, prompt: dict, limits: Limits, request_id: int) -> dict:
+        method, (model, engine, drafter) = methods[side], setups[sides[side][1]]
         engine.clear_cache()
         return decode_request(model, drafter if method.drafts else None, method, prompt["prompt_ids"],
                               request_id=request_id, question_id=prompt["question_id"], limits=limits,
@@ -69,30 +80,35 @@ def main(argv=None) -> None:
 
     with torch.inference_mode():
         warmup = Limits(limits.limit_tokens, min(8, limits.max_new_tokens), limits.eos_ids)
-        for name, method in methods.items():
-            decode(name, prompts[0], warmup, prompts[0]["request_id"])
+        for side, method in enumerate(methods):
+            decode(side, prompts[0], warmup, prompts[0]["request_id"])
             method.reset()
-        requests = {m: [] for m in args.methods}
+        for _, engine, _ in setups.values():
+            engine.reset_stats()
+        requests = [[], []]
         for round_ in range(args.repeats):
             for i, prompt in enumerate(prompts):
-                order = args.methods if (i + round_) % 2 == 0 else args.methods[::-1]
-                for name in order:
-                    request = decode(name, prompt, limits, prompt["request_id"])  # the atlas knows it by its id
-                    requests[name].append({**request, "request_id": round_ * ROUND + prompt["request_id"]})
+                for side in ((0, 1) if (i + round_) % 2 == 0 else (1, 0)):
+                    request = decode(side, prompt, limits, prompt["request_id"])  # the atlas knows it by its id
+                    requests[side].append({**request, "request_id": round_ * ROUND + prompt["request_id"]})
 
-    a, b = args.methods
-    same = sum(x["output_ids"] == y["output_ids"] for x, y in zip(requests[a], requests[b]))
-    label = engine.timing_label
+    a, b = names
+    same = sum(x["output_ids"] == y["output_ids"] for x, y in zip(*requests))
+    label = setups[sides[0][1]][1].timing_label
     print(f"{args.cell}: {a} vs {b}, {len(prompts)} prompts x {args.repeats} rounds in one process, alternating "
           f"order, empty expert cache before every request; timings: {label}")
-    for name in args.methods:
-        t = tps_interval(requests[name], seed=config["seed"])
+    for name, rows in zip(names, requests):
+        t = tps_interval(rows, seed=config["seed"])
         print(f"  {name:16s} decode TPS {t['value']:8.2f} [{t['low']:.2f}, {t['high']:.2f}]")
-    r = ratio_interval(requests[b], requests[a], seed=config["seed"])
+    r = ratio_interval(requests[1], requests[0], seed=config["seed"])
     print(f"  {b} / {a}: {r['value']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] {r['verdict']} "
           f"(paired bootstrap over {r['n']} requests)")
-    print(f"  outputs identical: {same} of {len(requests[a])}")
-
+    print(f"  outputs identical: {same} of {len(requests[0])}")
+    for x, (_, engine, _) in setups.items():
+        if (device_stats := engine.stats().get("device")) is not None:
+            t = device_stats["target"]
+            print(f"  {x} slots: {t['overruns']} of {t['forwards']} target forwards overran the device's model, "
+                  f"{device_stats['drafter']['overruns']} of {device_stats['drafter']['forwards']} drafter forwards")
 
 if __name__ == "__main__":
     main()
