@@ -1,8 +1,8 @@
-"""The paper's claims confronted (sections/claims.py) and the emulated device's proportions (sections/proportions.py)."""
+"""The paper's claims confronted (sections/claims.py) and the emulated device's proportions
+(sections/proportions.py)."""
 
 import json
 
-import pytest
 from report_fakes import declared, fake_root, tiny_spec
 from report_md import build, ratio_of, rows, x_text
 

@@ -20,5 +20,6 @@ from specfit.report.sections import (
 )
 
 PER_DEVICE = (claims.section, proportions.section, throughput.section, specfit_ca.section, learned_routes.section,
-              counters.section, sweep.section, theory.section, calibration.section, selection_cost.section, noisy_routes.section, lossless.section)
+              counters.section, sweep.section, theory.section, calibration.section, selection_cost.section,
+              noisy_routes.section, lossless.section)
 ACROSS_DEVICES = (devices.section, paper_headline.section)

@@ -30,7 +30,8 @@ def section(s: Scope) -> Section | None:
                      "interval, refuted when it lies on the other side, and a tie when its interval holds 1.")
     rows = []
     for pw, w in s.stand_ins.items():
-        rows += ratio_claims(s, sec, pw, w) + noisy_claim(s, sec, pw, w) + sweep_claim(s, pw, w) + theory_claim(s, pw, w)
+        rows += (ratio_claims(s, sec, pw, w) + noisy_claim(s, sec, pw, w) + sweep_claim(s, pw, w)
+                 + theory_claim(s, pw, w))
     if rows:
         sec.tables.append(table(s.id("claims"), tagged(f"The paper's claims on {s.model} / {s.device}",
                                                        s.link_emulated), [
@@ -71,7 +72,7 @@ def noisy_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
     sec.missing += s.i.missing([run, exact])
     e = s.i.speedup(run, exact)
     p = routes["simulated_60pct_speedup"] / routes["exact_routes_speedup"]
-    return [(f"noisy-routes/{w}", w, f"SpecFit with 60%-accurate routes ({noisy[0]}) against exact routes", 
+    return [(f"noisy-routes/{w}", w, f"SpecFit with 60%-accurate routes ({noisy[0]}) against exact routes",
              f"{p:.3f}× ({Verdict.TIE})", x_cell(e), confronted(Verdict.TIE, None if e is None else e.verdict))]
 
 

@@ -49,7 +49,8 @@ def section(s: Scope) -> Section | None:
         share = over / forwards if forwards else None
         rows.append((f"overruns-{part}", f"{part} forwards whose CPU time overran the model, all runs "
                      f"(goal < {100 * OVERRUN_GOAL:.0f}%)", MISSING if share is None else
-                     f"{100 * share:.2f}% ({over} of {forwards})", goal(None if share is None else share < OVERRUN_GOAL)))
+                     f"{100 * share:.2f}% ({over} of {forwards})",
+                     goal(None if share is None else share < OVERRUN_GOAL)))
     sec.tables.append(table(s.id("device-checks"), f"The emulated {emulate['name']}: fit and overruns, "
                             f"{s.model} / {s.device}", [
         ("Check", lambda r: r[1]), ("This run", lambda r: r[2]), ("Goal met", lambda r: r[3])], rows,
