@@ -27,8 +27,8 @@ def root() -> Path:
 @pytest.fixture(scope="session")
 def questions_path() -> Path:
     """The configured question.jsonl; missing, it is fetched from the pinned commit as the workflow would."""
-    from specfit.extract import fetch
     from specfit.errors import SpecFitError
+    from specfit.extract import fetch
     from specfit.workflow import validate_config
 
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()),

@@ -56,7 +56,8 @@ def test_fit_is_nonnegative_with_diagnostics(fitted):
     assert len(coefficients["b"]) == 8 and min(coefficients["b"]) >= 0 and coefficients["beta"] >= 0
     assert coefficients["r2"] <= 1.0 and coefficients["source"] == "fit" and coefficients["cache"] is True
     assert coefficients["link_emulated"] is False
-    pred = np.array(coefficients["b"])[[p["k"] for p in points]] + coefficients["beta"] * np.array([p["F"] for p in points])
+    pred = (np.array(coefficients["b"])[[p["k"] for p in points]]
+            + coefficients["beta"] * np.array([p["F"] for p in points]))
     np.testing.assert_allclose([p["pred_ms"] for p in points], pred)
 
 
@@ -123,12 +124,12 @@ def test_cache_aware_fit_in_the_json(cache, fitted, fitted_nocache):
 
 def test_probes_restore_the_state(target, drafter):
     """Probe cycles leave target KV, drafter KV and the trajectory exactly as they found them."""
+    import copy
+
     import torch
 
     from specfit.engine import make_engine
     from specfit.speculative.request import Limits
-
-    import copy
 
     target = copy.deepcopy(target)  # offloaded below: the shared fixture stays plain for other tests
     engine = make_engine(target, slots=4)

@@ -4,8 +4,8 @@ README command 1 installs only those."""
 import ast
 import re
 import sys
-import tomllib
 
+import tomllib
 
 DISTRIBUTION = {"yaml": "pyyaml"}  # import name -> distribution name, where they differ
 

@@ -128,8 +128,8 @@ def test_a_local_jsonl_workload_with_a_field_mapping_and_an_id_range(tokenizer, 
     data = tmp_path / "gsm8k-test.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "#### 0"}) + "\n" for q in MATH))
     tokenizer.save_pretrained(tmp_path / "tok")
-    spec = {"model": "toy", "question_ids": [2, 3, 4, 5], "limit_tokens": 512, "max_requests": None, "workload": "gsm8k-full",
-            "source": {"path": str(data), "hub": None, "name": None, "split": "test",
+    spec = {"model": "toy", "question_ids": [2, 3, 4, 5], "limit_tokens": 512, "max_requests": None,
+            "workload": "gsm8k-full", "source": {"path": str(data), "hub": None, "name": None, "split": "test",
                        "fields": {"id": None, "prompt": "question", "category": None}}}
     out = tmp_path / "p.parquet"
     run(spec, {"questions": data, "tokenizer": tmp_path / "tok"}, {"prompts": out})
@@ -211,4 +211,5 @@ def test_a_tokenizer_folder_without_tokenizer_files_is_refused_by_key(tmp_path):
     (tmp_path / "tok" / "config.json").write_text("{}")
     spec = {"model": "qwen3-30b-a3b", "question_ids": [401], "limit_tokens": 512, "max_requests": None}
     with pytest.raises(SpecFitError, match=r"no tokenizer files in .*models\.qwen3-30b-a3b\.target"):
-        run(spec, {"questions": tmp_path / "q.jsonl", "tokenizer": tmp_path / "tok"}, {"prompts": tmp_path / "p.parquet"})
+        run(spec, {"questions": tmp_path / "q.jsonl", "tokenizer": tmp_path / "tok"},
+            {"prompts": tmp_path / "p.parquet"})

@@ -14,9 +14,9 @@ DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: c
 
 def theory_of(files, out, method: str, cost: str):
     """Atlas build, measured run and the theory stage on it; returns the measured run's files and the table."""
-    spec = {"method": {"name": method}, "slots": 4, "max_inflight": 2, "link": None, "emulate": None, "torch_device": DEVICE,
-            "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 16, "seed": 0, "warmup_tokens": 3,
-            "model": "tiny", "logits_dtype": "model"}
+    spec = {"method": {"name": method}, "slots": 4, "max_inflight": 2, "link": None, "emulate": None,
+            "torch_device": DEVICE, "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 16, "seed": 0,
+            "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model"}
     build = {k: out / f"build.{k}" for k in ("atlas", "requests", "cycles", "metrics")}
     atlas.run(spec, files, build)
     measured = {k: out / f"run.{k}" for k in ("requests", "cycles", "metrics")}
@@ -66,7 +66,8 @@ def test_table_5_on_recorded_pools(run):
         caps.append(max(0, min(5, 16 - (start + 1) - 1, 40 - c["prefix_len"] - 2)))
     assert table["length_limited_cycles"] == sum(cap < 5 for cap in caps) > 0
     assert all(lv <= cap for lv, cap in zip(levels, caps))
-    assert table["stopped_early_pct"] == pytest.approx(100 * sum(lv < cap for lv, cap in zip(levels, caps)) / len(levels))
+    stopped = sum(lv < cap for lv, cap in zip(levels, caps))
+    assert table["stopped_early_pct"] == pytest.approx(100 * stopped / len(levels))
 
 
 def test_table_5_under_the_cache_aware_cost(run_ca):

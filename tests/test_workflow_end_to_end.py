@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from report.report_md import find, key_of, md_tables
 from specfit.report.quantities import DRAFT_KEYS, METRICS
 from specfit.workflow import decode_runs, load_config, method_rule
-from report.report_md import find, key_of, md_tables
 
 pytestmark = pytest.mark.slow
 

@@ -20,10 +20,11 @@ what the first loaded), so M and H differ between them while k, F and the tree d
 tells β_miss from β_hit, and averaging the repeats would blur it. So the cache-aware model is fitted on one row
 per repeat (``repeats`` × the probes), while the paper's model keeps its fit on the probe means. Both are scored
 on the probe means as well (``pred_ms``, ``pred_ca_ms`` against ``y_ms``), the points where they compare.
-``drafting`` is specfit-ca's model of the probes' drafting time (`specfit.coefficients.DraftCost`): a drafted cycle's "draft" section is
-start + (levels - 1)·level (NNLS over the probes that caught the drafter up: level 1 reads the catch-up forward's
-logits, so the first level costs what the catch-up costs), and ``select_ms`` one cache-aware selection: each probe
-runs specfit-ca's selection after every level it drafts, as a decode would (`Probe`), timed apart from the cycle.
+``drafting`` is specfit-ca's model of the probes' drafting time (`specfit.coefficients.DraftCost`): a drafted
+cycle's "draft" section is start + (levels - 1)·level (NNLS over the probes that caught the drafter up: level 1
+reads the catch-up forward's logits, so the first level costs what the catch-up costs), and ``select_ms`` one
+cache-aware selection: each probe runs specfit-ca's selection after every level it drafts, as a decode would
+(`Probe`), timed apart from the cycle.
 
 spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device", "max_inflight", "link", "emulate",
        "slots" (0: the no-cache fit),

@@ -26,11 +26,11 @@ import urllib.request
 
 import pyarrow as pa
 
+from specfit.errors import SpecFitError
 from specfit.io import atomic_path, write_parquet
 from specfit.models.checkpoint import check_tokenizer
-from specfit.records import PROMPTS_SCHEMA
-from specfit.errors import SpecFitError
 from specfit.questions import describe_source, load_questions, load_source
+from specfit.records import PROMPTS_SCHEMA
 from specfit.stage import stage_main
 
 log = logging.getLogger("specfit.extract")
@@ -80,7 +80,8 @@ def build_prompts(questions: list[dict], tokenizer, spec: dict) -> tuple[dict, l
             log.warning("skipped question %d: %d prompt tokens leave no room under the limit of %d",
                         qid, len(prompt_ids), spec["limit_tokens"])
             continue
-        for name, value in zip(PROMPTS_SCHEMA.names, (request_id, qid, by_id[qid]["category"], text, prompt_ids, len(prompt_ids))):
+        values = (request_id, qid, by_id[qid]["category"], text, prompt_ids, len(prompt_ids))
+        for name, value in zip(PROMPTS_SCHEMA.names, values):
             rows[name].append(value)
     return rows, skipped
 

@@ -52,7 +52,8 @@ def counts(paper: dict, gpu: str, workload: str) -> dict:
                 union = per_cycle(row) if mode == "no_cache" else per_token * (1 + nodes) ** exponent
                 levels = theory["mean_drafted_levels"]
             out[method, mode] = {"nodes": nodes, "levels": levels, "union": union, "ms": row["ms_per_cycle"],
-                                 "copies": union if mode == "no_cache" else per_cycle(row), "estimated": method == "specfit"}
+                                 "copies": union if mode == "no_cache" else per_cycle(row),
+                                 "estimated": method == "specfit"}
     return out
 
 

@@ -40,9 +40,9 @@ from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import read_prompts
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.learned import POOL_NODES, RoutePredictor, node_inputs, pool_times
-from specfit.speculative.routes import predictor_cost
 from specfit.speculative.methods import Eagle3
 from specfit.speculative.request import Limits, decode_request
+from specfit.speculative.routes import predictor_cost
 from specfit.stage import stage_main
 from specfit.toy.train import cosine_lr, seed_everything, state_digest, train_loop
 

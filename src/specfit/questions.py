@@ -21,8 +21,8 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from specfit.errors import SpecFitError
 
@@ -125,7 +125,8 @@ def _load_local(datasets, path: Path, source: dict, cache_dir: str):
 def _load_hub(datasets, source: dict, key: str, cache_dir: str):
     """One split of a Hub dataset from the local cache: the ``datasets`` cache (HF_DATASETS_CACHE), else a snapshot
     of its repository in the hub cache (HF_HUB_CACHE, e.g. from ``hf download --repo-type dataset``)."""
-    from huggingface_hub import constants as hub_constants, snapshot_download
+    from huggingface_hub import constants as hub_constants
+    from huggingface_hub import snapshot_download
 
     hub, name, split = source["hub"], source["name"], source["split"]
     try:

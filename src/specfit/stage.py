@@ -11,7 +11,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from specfit.errors import SpecFitError
 

@@ -49,7 +49,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         allowed = ", ".join(sorted(error.schema.get("properties", {}))) or "(see the schema)"
-        return f"config key {_key([*error.absolute_path, extra[0]])!r} is not allowed here; allowed keys under {where}: {allowed}"
+        return (f"config key {_key([*error.absolute_path, extra[0]])!r} is not allowed here; "
+                f"allowed keys under {where}: {allowed}")
     if error.validator == "required":
         return f"config key {where!r} is missing {error.message.split(' is a required')[0]}"
     if error.validator == "not":  # a combination the schema forbids, described on its `not` clause
@@ -175,7 +176,8 @@ class DecodeRun:
 def decode_runs(config: dict) -> list[DecodeRun]:
     runs = set()
     for block in config["runs"]:
-        for combo in itertools.product(block["models"], block["devices"], block["workloads"], block["methods"], block["slots"]):
+        for combo in itertools.product(block["models"], block["devices"], block["workloads"], block["methods"],
+                                       block["slots"]):
             runs.add(DecodeRun(*combo))
     return sorted(runs)
 

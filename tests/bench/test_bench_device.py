@@ -3,8 +3,8 @@
 import pytest
 
 from specfit.bench.device import main
-from specfit.paper_device import check, counts, derive
 from specfit.paper import paper_results
+from specfit.paper_device import check, counts, derive
 
 
 def test_counters_read_off_table_2():

@@ -12,13 +12,12 @@ import json
 
 import pytest
 import torch
+from compat_fakes import MODEL, TARGET_CONFIG, build_drafter, run_files, stream_spec
 from safetensors.torch import load_file, save_file
 
 from specfit import calibrate, decode
 from specfit.errors import SpecFitError
 from specfit.models import check_checkpoints, load_drafter, load_target
-
-from compat_fakes import MODEL, TARGET_CONFIG, build_drafter, run_files, stream_spec
 
 DRAFTER_KEY = rf"models\.{MODEL}\.drafter"
 TARGET_KEY = rf"models\.{MODEL}\.target"
@@ -100,8 +99,8 @@ def test_a_drafter_that_does_not_fit_stops_the_decode_before_the_target_loads(
 
 def test_calibration_checks_the_drafter_before_the_target_loads(target_dir, prompt_files, tmp_path, no_weights):
     _hidden(tmp_path / "drafter")
-    spec = {"model": MODEL, "logits_dtype": "model", "dtype": "bfloat16", "torch_device": "cpu", "max_inflight": 2, "link": None, "emulate": None,
-            "slots": 4, "coefficients": "fit", "seed": 0,
+    spec = {"model": MODEL, "logits_dtype": "model", "dtype": "bfloat16", "torch_device": "cpu", "max_inflight": 2,
+            "link": None, "emulate": None, "slots": 4, "coefficients": "fit", "seed": 0,
             "protocol": {"cycle_boundaries": [0], "sizes": 3, "repeats": 1, "limit_tokens": 96}}
     inputs = {"prompts": prompt_files["calibration"], "target": target_dir, "drafter": tmp_path / "drafter"}
     with pytest.raises(SpecFitError, match=f"{DRAFTER_KEY}.*hidden size 48"):

@@ -14,13 +14,24 @@ import json
 import pyarrow.parquet as pq
 import pytest
 import torch
+from compat_fakes import (
+    AUX,
+    DEVICE,
+    DRAFT_VOCAB,
+    EOS,
+    LIMIT,
+    MODEL,
+    NEW,
+    build_drafter,
+    build_target,
+    per_expert_state,
+    run_files,
+    stream_spec,
+)
 from safetensors.torch import load_file
 
 from specfit import atlas, calibrate, decode
 from specfit.models import Eagle3Drafter, load_drafter, load_target
-
-from compat_fakes import (AUX, DEVICE, DRAFT_VOCAB, EOS, LIMIT, MODEL, NEW, build_drafter, build_target, per_expert_state,
-                      run_files, stream_spec)
 
 BF16_TIE = 0.1  # logits of this fake are O(1): a bf16 near-tie is a top-2 margin within a few bf16 ulps
 
@@ -72,9 +83,9 @@ def stages(target_dir, drafter_dir, prompt_files, ar_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("stages")
     prompts, calib = prompt_files["prompts"], prompt_files["calibration"]
     pair = {"target": target_dir, "drafter": drafter_dir}
-    device = {"model": MODEL, "logits_dtype": "model", "dtype": "bfloat16", "torch_device": DEVICE, "max_inflight": 2, "link": None, "emulate": None,
-              "slots": 4, "seed": 0, "protocol": {"cycle_boundaries": [0], "sizes": 3, "repeats": 1,
-                                                   "limit_tokens": LIMIT}}
+    device = {"model": MODEL, "logits_dtype": "model", "dtype": "bfloat16", "torch_device": DEVICE, "max_inflight": 2,
+              "link": None, "emulate": None, "slots": 4, "seed": 0,
+              "protocol": {"cycle_boundaries": [0], "sizes": 3, "repeats": 1, "limit_tokens": LIMIT}}
     fitted = {"coefficients": out / "fit.json", "points": out / "fit.points.parquet"}
     calibrate.run(dict(device, coefficients="fit"), dict(pair, prompts=calib), fitted)
     # the paper's A100 coefficients (devices.coefficients: paper-a100): on a CPU the fit makes every draft node

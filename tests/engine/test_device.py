@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from specfit.engine import DeviceModel, ExpertCache, OffloadConfig, make_engine, offload_experts
 from specfit.device import Overlap, scaled
+from specfit.engine import DeviceModel, ExpertCache, OffloadConfig, make_engine, offload_experts
 from specfit.errors import SpecFitError
 
 PARAMS = {"name": "A100", "fixed_ms": 10.0, "token_ms": 0.5, "expert_ms": 1.0, "copy_ms": 2.0, "draft_ms": 1.5}

@@ -2,11 +2,11 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specfit.models import Eagle3Drafter, load_drafter, load_target
 from specfit.errors import SpecFitError
+from specfit.models import Eagle3Drafter, load_drafter, load_target
 
 
 def _save_tokenizer(path, vocab_size):

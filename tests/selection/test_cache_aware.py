@@ -40,7 +40,8 @@ def misses(pool, s):
     """M(S) = Σ_l |U_l(S) \\ R_l| from sets."""
     if pool.resident is None:
         return union(pool, s)
-    return sum(len(u - set(np.flatnonzero(pool.resident[layer]).tolist())) for layer, u in enumerate(layer_sets(pool, s)))
+    return sum(len(u - set(np.flatnonzero(pool.resident[layer]).tolist()))
+               for layer, u in enumerate(layer_sets(pool, s)))
 
 
 def ca_time(b, beta_miss, beta_hit, s, f, m):
@@ -212,7 +213,7 @@ def test_views_and_prefixes_share_the_residency():
     pool = candidates.view(routes, 128, resident=resident)
     assert pool.resident is not None and (pool.resident == resident).all()
     assert candidates.view(routes, 128).resident is None
-    pool.words, pool.resident_words  # encoded once per cycle
+    _ = pool.words, pool.resident_words  # encoded once per cycle
     sub = pool.upto_level(1)
     assert sub.n == 2 and sub.resident is pool.resident and sub.resident_words is pool.resident_words
     fresh = Pool(pool.parent[:3], pool.path_prob[:3], routes[:3], 128, resident)

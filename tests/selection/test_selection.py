@@ -163,7 +163,7 @@ def test_prefix_shares_the_encoding_and_selects_as_a_fresh_pool():
     prob = [1.0, 0.6, 0.3, 0.4, 0.1, 0.2, 0.3]
     routes = rng.integers(0, 128, size=(7, 4, 2))
     pool = Pool(parent, prob, routes, 128)
-    pool.words  # encoded once per cycle
+    _ = pool.words  # encoded once per cycle
     sub = pool.prefix(4)
     assert np.shares_memory(sub.words, pool.words)
     fresh = Pool(parent[:5], prob[:5], routes[:5], 128)
@@ -208,7 +208,7 @@ def test_route_encoding_counts_each_expert_once_per_layer():
     assert pool.expert_union(()) == 1 + 3
     assert pool.expert_union((1,)) == 2 + 4
     with pytest.raises(ValueError):
-        Pool([-1, 0], [1.0, 0.5], routes, 129).words
+        _ = Pool([-1, 0], [1.0, 0.5], routes, 129).words
 
 
 @pytest.mark.parametrize(

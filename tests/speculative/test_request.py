@@ -1,14 +1,13 @@
 import pyarrow as pa
 import pytest
 
-from specfit.io import write_parquet
-from specfit.speculative.config import MethodConfig
-from specfit.speculative.methods import build_method
-from specfit.speculative.request import decode_request
-from specfit.speculative.methods import SpecFit
-from specfit.records import ATLAS_SCHEMA
-from specfit.speculative.routes import AtlasRoutes, LiveRoutes
 from specfit.errors import SpecFitError
+from specfit.io import write_parquet
+from specfit.records import ATLAS_SCHEMA
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.methods import SpecFit, build_method
+from specfit.speculative.request import decode_request
+from specfit.speculative.routes import AtlasRoutes, LiveRoutes
 
 B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]  # intercepts b_0..b_7
 BETA = 0.05

@@ -3,12 +3,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from specfit.io import write_parquet
-from specfit.speculative.cycle import Cycle
-from specfit.selection.pool import CandidatePool
-from specfit.records import ATLAS_SCHEMA, atlas_row
-from specfit.speculative.routes import AtlasRoutes, LiveRoutes, NoisyRoutes, find_source
 from specfit.errors import SpecFitError
+from specfit.io import write_parquet
+from specfit.records import ATLAS_SCHEMA, atlas_row
+from specfit.selection.pool import CandidatePool
+from specfit.speculative.cycle import Cycle
+from specfit.speculative.routes import AtlasRoutes, LiveRoutes, NoisyRoutes, find_source
 
 L, K, N = 4, 3, 16
 

@@ -18,7 +18,7 @@ def test_ttt_forward_equals_chain_drafting():
     ids = torch.randint(0, 64, (1, T))  # [1, T]
     fused = torch.randn(1, T, 32)  # [1, T, H]
     with torch.no_grad():
-        batched = [l.argmax(-1)[0] for l in ttt_forward(drafter, ids, fused, steps)]
+        batched = [logits.argmax(-1)[0] for logits in ttt_forward(drafter, ids, fused, steps)]
         for t in range(T - 1):
             cache = DynamicCache()
             pos = torch.arange(t + 1)[None]

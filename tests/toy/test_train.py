@@ -56,8 +56,8 @@ def test_drafter_same_seed_same_weights(questions_path, tokenizer_dir, tmp_path)
     train_target(questions_path, tokenizer_dir, tmp_path / "target")
     digests = []
     for name in ("a", "b"):
-        toy_drafter.run(toy_spec("drafter", **TINY_DRAFTER), {"questions": questions_path, "target": tmp_path / "target"},
-                        {"drafter": tmp_path / name})
+        toy_drafter.run(toy_spec("drafter", **TINY_DRAFTER),
+                        {"questions": questions_path, "target": tmp_path / "target"}, {"drafter": tmp_path / name})
         stats = json.loads((tmp_path / name / "acceptance.json").read_text())
         assert stats["steps"] == 3 and stats["tokens"] > 0 and 0 <= stats["top1_agreement"] <= 1
         digests.append(stats["sha256"])

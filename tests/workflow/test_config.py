@@ -158,7 +158,8 @@ def test_code_hash_follows_package_data(tmp_path, monkeypatch):
 
 def test_a_forbidden_combination_says_what_it_is(config, schema):
     config["workloads"]["gsm8k"]["source"] = {"path": "data/raw/gsm8k/test.jsonl", "hub": "openai/gsm8k"}
-    with pytest.raises(SpecFitError, match=r"workloads\.gsm8k\.source.*Both `path` and `hub` set, which is not allowed"):
+    with pytest.raises(SpecFitError,
+                       match=r"workloads\.gsm8k\.source.*Both `path` and `hub` set, which is not allowed"):
         validate_config(config, schema)
 
 

@@ -97,8 +97,8 @@ def test_decode(config, smoke):
     assert specs.decode(config, "toy", "cpu-a100link", "gsm8k", "ar", 0)["method"] == {"name": "ar"}
     assert specs.decode(smoke, "toy", "cpu-a100link", "gsm8k", "specfit-learned", "4") == {
         "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
-        "link": SMOKE_LINK, "emulate": None, "method": {**SPECFIT, "routes": "learned"}, "slots": 4, "limit_tokens": 512,
-        "max_new_tokens": 12, "seed": 0}
+        "link": SMOKE_LINK, "emulate": None, "method": {**SPECFIT, "routes": "learned"}, "slots": 4,
+        "limit_tokens": 512, "max_new_tokens": 12, "seed": 0}
 
 
 def test_max_new_tokens_unset_is_the_length_limit(config):

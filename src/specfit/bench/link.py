@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from specfit.engine import make_engine
 from specfit.coefficients import preset
+from specfit.engine import make_engine
 from specfit.engine.link import LinkModel, link_for_copy_share
 from specfit.models import load_target
 
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     rtx = LinkModel(engine.expert_bytes / (slower - a100.latency_s), a100.latency_s)
     print(f"target {args.target}: expert {engine.expert_bytes / 1e6:.3f} MB, {transfers:.1f} transfers per uncached "
           f"AR step, {1e3 * step_s:.2f} ms per step without a link ({args.threads} thread(s), cpu memory copies)")
-    print(f"A100-like link (copies {100 * args.share:.0f}% of an uncached AR step, {1e3 * per_copy_s:.3f} ms per expert):"
+    print(f"A100-like link (copies {100 * args.share:.0f}% of an uncached AR step, "
+          f"{1e3 * per_copy_s:.3f} ms per expert):"
           f" bandwidth_gbps: {a100.bandwidth_bytes_per_s / 1e9:.4f}, latency_us: {args.latency_us:g}")
     print(f"RTX 4090-like link ({1e3 * slower:.3f} ms per expert):"
           f" bandwidth_gbps: {rtx.bandwidth_bytes_per_s / 1e9:.4f}, latency_us: {args.latency_us:g}")

@@ -13,6 +13,7 @@ import torch
 from specfit.speculative.learned import POOL_NODES, RoutePredictor, pool_times
 from specfit.speculative.routes import predictor_cost
 
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=2048)

@@ -162,13 +162,13 @@ def main(argv: list[str] | None = None) -> None:
         show = lambda v: "-" if v is None else fmt.format(v)  # noqa: E731
         print(f"{name:72s} {show(toy):>8s} {show(paper_value):>8s} {goal}")
 
-    for workload, ar, e3, union, _ in rows:
+    for workload, _, e3, union, _ in rows:
         line(f"EAGLE-3 committed per cycle, {workload}", e3["committed"], paper_p["committed"][workload])
         line(f"  on cycles starting on a fresh output 4-gram ({100 * e3['fresh_share']:.0f}% of cycles)",
              e3["committed_fresh"], None)
         line(f"F(8-token tree) / F(root), {workload}", union, paper_p["union"][workload])
         line(f"  EAGLE-3 draft nodes verified per cycle, {workload}", float(e3["selected"].mean()), 7.0)
-    for workload, ar, e3, _, toy_p in rows:
+    for workload, ar, _, _, toy_p in rows:
         line(f"cached AR step, {workload} (ms){label}", ar["cycle_ms"], paper["counters"]["a100"][workload]["ar"]
              ["cache"]["ms_per_cycle"], "{:.2f}")
         if toy_p is None:
@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
             pct = key.endswith("share")
             line(f"{name}, {workload}{label}", 100 * toy if pct else toy, 100 * ref if pct else ref,
                  "{:.1f}" if pct else "{:.2f}", "" if met is None else "met" if met else "not met")
-    line("drafter top-1 agreement, held-out target continuations (%)", 100 * acceptance["top1_agreement"], None, "{:.1f}")
+    line("drafter top-1 agreement, held-out target continuations (%)", 100 * acceptance["top1_agreement"], None,
+         "{:.1f}")
     line("target held-out loss (nats/token)", training["heldout_loss"], None)
     print(json.dumps({"target_sha256": training.get("sha256"), "drafter_sha256": acceptance.get("sha256")}))
     for _, e, _ in setups.values():

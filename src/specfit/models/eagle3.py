@@ -282,7 +282,7 @@ class Eagle3Drafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, target=None, dtype=None, device=None, key: str | None = DRAFTER_KEY
-                        ) -> "Eagle3Drafter":
+                        ) -> Eagle3Drafter:
         path = Path(path)
         config = cls.read_config(path, key)
         target_layers = target.config.get_text_config().num_hidden_layers if target is not None else None

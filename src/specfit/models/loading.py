@@ -13,9 +13,9 @@ import os
 import torch
 
 from specfit.errors import SpecFitError
-from specfit.models.precision import apply_logits_dtype
 from specfit.models.checkpoint import check_tokenizer, read_config, tensor_shapes, weight_files
 from specfit.models.eagle3 import DRAFTER_KEY, Eagle3Drafter
+from specfit.models.precision import apply_logits_dtype
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # config keys under which the families of transformers name their routed expert count

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from specfit.models.eagle3 import Eagle3Drafter

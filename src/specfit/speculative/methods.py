@@ -42,7 +42,7 @@ class Method:
         self.config = config
 
     @classmethod
-    def from_inputs(cls, config: MethodConfig, inputs: dict, seed: int, num_experts: int) -> "Method":
+    def from_inputs(cls, config: MethodConfig, inputs: dict, seed: int, num_experts: int) -> Method:
         """Build the method from the decode rule's inputs (coefficients, atlas, ...)."""
         return cls(config)
 
@@ -240,7 +240,7 @@ class SpecFitCA(SpecFit):
         return cls.from_coefficients(config, read_json(inputs["coefficients"]), routes, num_experts)
 
     @classmethod
-    def from_coefficients(cls, config: MethodConfig, c: dict, routes, num_experts: int) -> "SpecFitCA":
+    def from_coefficients(cls, config: MethodConfig, c: dict, routes, num_experts: int) -> SpecFitCA:
         """From a calibration's coefficients (`specfit.coefficients.cache_aware_cost`)."""
         return cls(config, *cache_aware_cost(c), routes, num_experts)
 

@@ -90,9 +90,9 @@ class AtlasRoutes:
     A node's routes depend only on the tokens the target sees for it: the committed prefix and the tokens on its
     path from the root (up to the last bits a cache state changes, which can flip a route at a near-tie of the
     router: such a node then differs only in its routes, never in its tokens). Every method commits AR's output,
-    so the atlas run and a measured run see the same token sequence ``x``; a cycle at ``prefix_len`` q has root ``x[q]`` and carries the output so
-    far (`Cycle.output`). Atlas rows are keyed by (request_id, prefix_len), nodes within a row by their token path
-    from the root. What must match:
+    so the atlas run and a measured run see the same token sequence ``x``; a cycle at ``prefix_len`` q has root
+    ``x[q]`` and carries the output so far (`Cycle.output`). Atlas rows are keyed by (request_id, prefix_len),
+    nodes within a row by their token path from the root. What must match:
 
     - exactly: the request must be in the atlas, else `SpecFitError`; a node is found only by its exact token path,
       and then gets the atlas's routes bit for bit. Rows exist only for cycles the build drafted in (a method may
@@ -154,7 +154,8 @@ class AtlasRoutes:
         """A new cycle: its own row, if any, and its root resolved."""
         rid, q, root = cycle.request_id, cycle.prefix_len, pool.token[0]
         if rid not in self._at:
-            raise SpecFitError(f"{self._where(cycle)}: the atlas has no rows for this request (built for other prompts?)")
+            raise SpecFitError(f"{self._where(cycle)}: the atlas has no rows for this request "
+                               "(built for other prompts?)")
         prefixes = self._prefixes[rid]
         row = self._at[rid].get(q)
         own = _Frame(row, self._children_of(row), [0]) if row is not None and row["pool_token"][0] == root else None
@@ -228,8 +229,8 @@ class AtlasRoutes:
     def _check_prob(self, cycle: Cycle, v: int, mine: float, theirs: float) -> None:
         if abs(mine - theirs) > PROB_RTOL * abs(theirs):
             self.prob_mismatches += 1
-            self._warn("prob", f"{self._where(cycle)}: path probability of node {v} is {mine!r} here, {theirs!r} in the "
-                               "atlas (counted in prob_mismatches)")
+            self._warn("prob", f"{self._where(cycle)}: path probability of node {v} is {mine!r} here, "
+                               f"{theirs!r} in the atlas (counted in prob_mismatches)")
 
     def _miss(self, message: str) -> None:
         self.nodes_missed += 1

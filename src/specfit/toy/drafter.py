@@ -16,8 +16,8 @@ spec (config ``toy.drafter``, defaults in the schema; the rule adds seed and exc
 
 inputs: {questions: question.jsonl, target: folder}; outputs: {drafter: folder} in speculators format, without
 embed_tokens (the target's, frozen, as EAGLE-3 trains it), and ``acceptance.json``: top-1 agreement with the
-target and the mean accepted draft tokens per ``ttt_steps``-token chain, both along the target's own greedy continuations of
-held-out prompts, with the steps, tokens, wall time and sha256 of the weights.
+target and the mean accepted draft tokens per ``ttt_steps``-token chain, both along the target's own greedy
+continuations of held-out prompts, with the steps, tokens, wall time and sha256 of the weights.
 """
 
 from __future__ import annotations
@@ -35,7 +35,13 @@ from specfit.models.loading import load_target
 from specfit.stage import stage_main
 from specfit.toy.target import chat_ids
 from specfit.toy.train import (
-    conversations, cosine_lr, seed_everything, span_conversations, split, state_digest, train_loop,
+    conversations,
+    cosine_lr,
+    seed_everything,
+    span_conversations,
+    split,
+    state_digest,
+    train_loop,
 )
 
 log = logging.getLogger(__name__)
@@ -165,7 +171,8 @@ def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> d
             pad_token_id=tokenizer.pad_token_id,
         )  # [1, P + N] the target's own greedy output
         aux, _, _ = teacher(target, drafter, seq)
-        chains = [drafter.to_target_ids(l.argmax(-1))[0] for l in ttt_forward(drafter, seq, drafter.fuse(aux), steps)]
+        chains = [drafter.to_target_ids(logits.argmax(-1))[0]
+                  for logits in ttt_forward(drafter, seq, drafter.fuse(aux), steps)]
         P, T = prompt.shape[1], seq.shape[1]
         for t in range(P - 1, T - 2):  # the chain rooted at t drafts tokens t+2 .. t+steps+1 (t+1 is the root)
             hits = [bool(chains[k][t] == seq[0, t + k + 2]) for k in range(steps) if t + k + 2 < T]

@@ -31,13 +31,20 @@ from specfit.io import atomic_path, write_json
 from specfit.stage import stage_main
 from specfit.toy.tokenizer import ASSISTANT, USER
 from specfit.toy.train import (
-    conversations, cosine_lr, seed_everything, span_conversations, split, state_digest, train_loop,
+    conversations,
+    cosine_lr,
+    seed_everything,
+    span_conversations,
+    split,
+    state_digest,
+    train_loop,
 )
 
 log = logging.getLogger(__name__)
 
 
-def chat_ids(tokenizer, questions: list[dict] | None = None, chats: list[list[dict]] | None = None) -> list[torch.Tensor]:
+def chat_ids(tokenizer, questions: list[dict] | None = None,
+             chats: list[list[dict]] | None = None) -> list[torch.Tensor]:
     """Token ids of each toy conversation (of ``questions``, or ``chats``), ending with the end-of-turn token."""
     chats = conversations(questions) if chats is None else chats
     texts = tokenizer.apply_chat_template(chats, tokenize=False)

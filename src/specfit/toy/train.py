@@ -9,7 +9,7 @@ import os
 import random
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
@@ -119,8 +119,8 @@ def train_loop(step: Callable[[int, float], dict], steps: int, desc: str, max_mi
     """Call ``step(i, progress)`` for ``i`` in ``range(steps)``, ``progress = i / steps``; it returns floats to log.
 
     The budget is a step count, so a busy machine trains the same model, only later. The step rate measured over
-    ``probe_steps`` steps (after the first) predicts the whole run; a prediction over ``max_minutes`` stops with an error naming
-    ``key`` (the config section) there, before the long part of training.
+    ``probe_steps`` steps (after the first) predicts the whole run; a prediction over ``max_minutes`` stops with an
+    error naming ``key`` (the config section) there, before the long part of training.
     """
     start = time.perf_counter()
     bar = tqdm(total=steps, desc=desc, mininterval=5)
