@@ -153,16 +153,24 @@ def _wait_until(deadline: float) -> None:
         pass
 
 
+# A target forward over more tokens than this is a prefill: outside the decode time every throughput is measured on
+# (Eq. 10), so its overruns are counted apart. A decode forward verifies at most K + 1 = 8 tokens.
+PREFILL_TOKENS = 16
+
+
 @dataclass
 class Timeline:
-    """The modelled clock of the forward in progress (ms from its start) and of the link."""
+    """The modelled clock of the forward in progress (ms from its start) and of the link, and the overruns of decode
+    forwards (``target``), prefills and drafter forwards."""
 
     model: DeviceModel
     target: Overlap = field(default_factory=Overlap)
+    prefill: Overlap = field(default_factory=Overlap)
     drafter: Overlap = field(default_factory=Overlap)
     started: float = 0.0
     now: float = 0.0
     link_free: float = 0.0
+    tokens: int = 0
 
     def begin(self) -> None:
         self.started = time.perf_counter()
@@ -170,14 +178,16 @@ class Timeline:
 
     def layer(self, index: int, tokens: int, steps: list) -> None:
         if index == 0:
+            self.tokens = tokens
             self.now += self.model.fixed(tokens)
         self.now, self.link_free = self.model.layer_ms(steps, self.link_free, self.now)
 
     def end(self) -> None:
-        self.target.finish(self.started, self.now)
+        (self.prefill if self.tokens > PREFILL_TOKENS else self.target).finish(self.started, self.now)
 
     def reset(self) -> None:
-        self.target, self.drafter = Overlap(), Overlap()
+        self.target, self.prefill, self.drafter = Overlap(), Overlap(), Overlap()
 
     def as_dict(self) -> dict:
-        return {"label": self.model.label, "target": self.target.as_dict(), "drafter": self.drafter.as_dict()}
+        return {"label": self.model.label, "target": self.target.as_dict(), "prefill": self.prefill.as_dict(),
+                "drafter": self.drafter.as_dict()}

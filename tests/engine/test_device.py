@@ -92,10 +92,14 @@ def test_engine_on_the_device_changes_no_logit_and_takes_the_modelled_time(make_
         assert torch.allclose(a, b, atol=1e-5, rtol=0)
     stats = engine.stats()
     device = stats["device"]["target"]
-    assert device["forwards"] == 3 == stats["forwards"]
-    # prefill of 10 tokens, one token, a 5-token tree: their fixed parts at least, and every executed expert
+    # prefill of 10 tokens, one token, a 5-token tree (all decode-sized: a prefill has over 16 tokens)
+    assert device["forwards"] == 3 == stats["forwards"] and stats["device"]["prefill"]["forwards"] == 0
+    # their fixed parts at least, and every executed expert
     assert device["modelled_s"] >= (3 * 20.0 + 0.5 * (9 + 0 + 4) + 0.5 * stats["demand"]) * 1e-3
     assert elapsed >= device["modelled_s"] - 1e-4
+    with torch.no_grad():
+        model(torch.zeros(1, 17, dtype=torch.long))  # a prefill: counted apart
+    assert engine.stats()["device"]["prefill"]["forwards"] == 1 and engine.stats()["device"]["target"]["forwards"] == 3
     assert stats["link_emulated"] and "emulated A100" in stats["timing_label"]
     engine.close()
 
