@@ -122,10 +122,10 @@ TOLERANCE = 0.15  # each ratio within ±15% of the paper's; a drafted level with
 LEVEL_SHARE_RANGE = (0.05, 0.10)
 
 
-def paper_proportions(paper: dict, workload: str) -> dict:
-    """The A100's proportions on ``workload`` (Tables 2-3), with the derived device's shares of a cached AR step."""
-    c = counts(paper, "a100", workload)
-    params = derive(paper, "a100")
+def paper_proportions(paper: dict, workload: str, gpu: str = "a100") -> dict:
+    """A GPU's proportions on ``workload`` (Tables 2-4), with the derived device's shares of a cached AR step."""
+    c = counts(paper, gpu, workload)
+    params = derive(paper, gpu)
     ar, ar0 = c["ar", "cache"]["ms"], c["ar", "no_cache"]["ms"]
     return {
         "ar_nocache_over_cache": ar0 / ar,

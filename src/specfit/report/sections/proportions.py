@@ -1,7 +1,7 @@
 """On an emulated device: the toy's cost proportions measured by the decode runs beside the GPU's (Tables 2-3), the
 with-cache fit's R², and how often the CPU overran the device's model (docs/device.md)."""
 
-from specfit.paper_device import PROPORTIONS, paper_proportions, proportion_met, run_proportions
+from specfit.paper_device import NAMES, PROPORTIONS, REQUESTS, paper_proportions, proportion_met, run_proportions
 from specfit.report.page import MISSING, Section, fmt, table
 from specfit.report.scope import Scope
 from specfit.report.verdict import Verdict
@@ -22,8 +22,8 @@ def section(s: Scope) -> Section | None:
     sec.notes.append(f"Timings on {s.device}: emulated {emulate['name']} (expert execution + link), CPU compute "
                      "overlapped. Shares of a cached AR cycle: the device's expert time (an AR token's experts x "
                      "expert_ms) and link time (copies per cycle x copy_ms, hidden behind the hits where they "
-                     "overlap) over the measured cycle; the paper's from the A100 parameters that "
-                     "`python -m specfit.bench device` derives.")
+                     "overlap) over the measured cycle; the paper's from the parameters of the GPU the device "
+                     "stands for, as `python -m specfit.bench device` derives them.")
     for pw, w in s.stand_ins.items():
         runs = {(role, x): s.run(w, getattr(s.roles, role), x) for role in ("ar", "eagle3") for x in (s.main, 0)}
         sec.missing += s.i.missing(list(runs.values()))
@@ -31,10 +31,13 @@ def section(s: Scope) -> Section | None:
         if any(v is None for v in m.values()):
             continue
         toy = run_proportions(m["ar", s.main], m["ar", 0], m["eagle3", s.main], m["eagle3", 0], emulate)
-        paper = paper_proportions(s.i.paper, pw)
+        if (s.gpu, pw) not in REQUESTS:  # no table of the paper for this GPU and workload
+            continue
+        paper = paper_proportions(s.i.paper, pw, s.gpu)
         rows = [(key, name, toy[key], paper[key], proportion_met(key, toy[key], paper[key]))
                 for key, name in PROPORTIONS]
-        sec.tables.append(table(s.id("proportions", w), f"Proportions, {s.title(w)}, beside the A100's {pw}", [
+        caption = f"Proportions, {s.title(w)}, beside the {NAMES[s.gpu]}'s {pw}"
+        sec.tables.append(table(s.id("proportions", w), caption, [
             ("Quantity", lambda r: r[1]),
             ("This run", lambda r: fmt(100 * r[2], ".1f") + "%" if r[0].endswith("share") else fmt(r[2], ".2f")),
             ("Paper", lambda r: fmt(100 * r[3], ".1f") + "%" if r[0].endswith("share") else fmt(r[3], ".2f")),
