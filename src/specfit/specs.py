@@ -58,18 +58,19 @@ def toy(config: dict, part: str) -> dict:
     return {**config["toy"][part], "seed": config["seed"], "exclude_question_ids": evaluated_question_ids(config)}
 
 
+def _engine(config: dict, model: str, device: str, link, emulate) -> dict:
+    """The model's precision and the engine it runs on: the device, its copies in flight, its emulated link or GPU."""
+    dev, mod = config["devices"][device], config["models"][model]
+    return {"model": model, "dtype": mod["dtype"], "logits_dtype": mod["logits_dtype"],
+            "torch_device": dev["torch_device"], "max_inflight": dev["max_inflight"], "link": link, "emulate": emulate}
+
+
 def calibrate(config: dict, model: str, device: str, cache: str) -> dict:
     """Rule calibrate: the model's precision, the device, and the calibration protocol; with the cache
     (``cache`` "cache") at the model's main slot count on the device, without it at 0 slots."""
     dev, mod = config["devices"][device], config["models"][model]
     return {
-        "model": model,
-        "dtype": mod["dtype"],
-        "logits_dtype": mod["logits_dtype"],
-        "torch_device": dev["torch_device"],
-        "max_inflight": dev["max_inflight"],
-        "link": dev["link"],
-        "emulate": dev["emulate"],
+        **_engine(config, model, device, dev["link"], dev["emulate"]),
         "coefficients": dev["coefficients"],
         "slots": mod["main_slots"][device] if cache == "cache" else 0,
         # the question ids reach the stage as its prompts input
@@ -93,15 +94,8 @@ def _limits(config: dict, workload: str) -> dict:
 
 def _stream(config: dict, model: str, device: str, workload: str, method: str, slots: int, link, emulate) -> dict:
     """What the decode and atlas stages share (`specfit.speculative.stream.StreamSpec`)."""
-    dev, mod = config["devices"][device], config["models"][model]
     return {
-        "model": model,
-        "dtype": mod["dtype"],
-        "logits_dtype": mod["logits_dtype"],
-        "torch_device": dev["torch_device"],
-        "max_inflight": dev["max_inflight"],
-        "link": link,
-        "emulate": emulate,
+        **_engine(config, model, device, link, emulate),
         "method": method_entry(config, method),
         "slots": slots,
         **_limits(config, workload),

@@ -40,7 +40,7 @@ def test_extract(config, smoke):
                "data/spec_bench/question.jsonl",
         "sha256": "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"}
     assert specs.extract(config, "toy", "gsm8k") == {
-        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 16}
+        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 12}
     assert specs.extract(smoke, "toy", "summarization") == {
         "model": "toy", "question_ids": list(range(242, 321, 2)), "limit_tokens": 2048, "max_requests": 2}
     assert specs.extract(config, "toy", "calibration") == {
@@ -57,7 +57,7 @@ def test_extract_names_a_workload_of_another_dataset(config):
     config["workloads"]["gsm8k"]["source"] = {"path": "data/gsm8k/test.jsonl", "split": "test",
                                               "fields": {"id": None, "prompt": "question"}}
     assert specs.extract(config, "toy", "gsm8k") == {
-        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 16,
+        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 12,
         "workload": "gsm8k",
         "source": {"path": "data/gsm8k/test.jsonl", "hub": None, "name": None, "split": "test",
                    "fields": {"id": None, "prompt": "question", "category": "category"}}}
