@@ -32,7 +32,7 @@ def stream_spec(name, **method):
     model, device and workload, ``method`` as its method entry; and a 3-token warm-up (a test's knob: the rule
     leaves the stage's default)."""
     config = {"seed": 0, "models": {"tiny": {"dtype": "float32", "logits_dtype": "model"}},
-              "devices": {"test": {"torch_device": DEVICE, "max_inflight": 2, "link": None}},
+              "devices": {"test": {"torch_device": DEVICE, "max_inflight": 2, "link": None, "emulate": None}},
               "workloads": {"test": {"limit_tokens": 40, "max_new_tokens": 12}},
               "methods": {"test": {"rule": name, **method}}}
     return {**specs.decode(config, "tiny", "test", "test", "test", 4), "warmup_tokens": 3}
