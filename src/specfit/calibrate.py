@@ -345,7 +345,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     write_json({**fit.as_dict(), "source": "fit", "cache": cache, "slots": spec["slots"], "states": len(states),
                 "cache_aware": cache_aware, "drafting": drafting,
                 "link_emulated": engine.link_emulated, "timing_label": engine.timing_label,
-                "h2d_transfers": engine.stats()["h2d_transfers"], "device": engine.stats().get("device")},
+                "h2d_transfers": engine.h2d_transfers, "device": engine.stats().get("device")},
                outputs["coefficients"])
     log.info("fit over %d points: b = %s ms, beta = %.4f ms, R^2 = %.3f (%s)", fit.n_points,
              [round(v, 3) for v in fit.b], fit.beta, fit.r2, engine.timing_label)

@@ -96,7 +96,7 @@ def check_parameters(spec: dict, key: str) -> None:
 
 
 def scaled(gpu: dict, reference_step_ms: float, step_ms: float, experts_per_token: int) -> dict:
-    """The toy's parameters from a GPU's (``gpu``, as :func:`specfit.bench.device.derive` gives them): one rule.
+    """The toy's parameters from a GPU's (``gpu``, as `specfit.paper_device.derive` gives them): one rule.
 
     One unit for every GPU: a millisecond of the reference GPU's cached AR step (``reference_step_ms``, the A100's)
     becomes ``step_ms / reference_step_ms`` on the toy, so each GPU keeps its speed relative to the reference; a time
@@ -140,8 +140,7 @@ class Overlap:
 
     def as_dict(self) -> dict:
         return {"forwards": self.forwards, "overruns": self.overruns, "modelled_s": self.modelled_s,
-                "cpu_s": self.cpu_s, "waited_s": self.waited_s,
-                "overrun_share": self.overruns / self.forwards if self.forwards else 0.0}
+                "cpu_s": self.cpu_s, "waited_s": self.waited_s}
 
 
 def _wait_until(deadline: float) -> None:

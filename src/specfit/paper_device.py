@@ -108,8 +108,7 @@ def check(paper: dict) -> list[dict]:
     return rows
 
 
-# The toy's proportions on an emulated device against the paper's (issue: "the toy's proportions on the emulated
-# A100"): key, label, and how far from the paper's value a toy value may be and still count as met.
+# The toy's proportions on an emulated device beside the paper's: key and label (`proportion_met` holds the goals).
 PROPORTIONS = (
     ("ar_nocache_over_cache", "AR ms per cycle, without / with the cache"),
     ("e3_over_ar_cache", "EAGLE-3 / AR ms per cycle, with the cache"),

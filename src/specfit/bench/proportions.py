@@ -30,7 +30,6 @@ from specfit.engine import make_engine
 from specfit.io import read_json
 from specfit.metrics import stream_metrics
 from specfit.models import eos_ids, load_drafter, load_target
-from specfit.ngrams import stream_split
 from specfit.paper import paper_results
 from specfit.paper_device import PROPORTIONS, paper_proportions, proportion_met, run_proportions
 from specfit.records import CYCLE_SCHEMA
@@ -62,23 +61,6 @@ def decode(model, drafter, engine, method: str, prompts: list[dict], limits: Lim
     return {"requests": requests, "cycles": cycles, "unions": np.asarray(verify_unions)}
 
 
-def summary(run: dict) -> dict:
-    c = run["cycles"]
-    levels = np.asarray([x["drafted_levels"] for x in c])
-    draft = np.asarray([x["t_draft_s"] for x in c])
-    split = stream_split(run["requests"], run["requests"], c)
-    return {
-        "committed": float(np.mean([x["committed"] for x in c])),
-        "committed_fresh": split["committed_per_cycle_fresh"],
-        "fresh_share": split["cycles_fresh"] / max(1, len(c)),
-        "verify_ms": 1e3 * float(np.mean([x["t_verify_s"] for x in c])),
-        "cycle_ms": 1e3 * float(np.mean([x["t_draft_s"] + x["t_select_s"] + x["t_verify_s"] + x["t_commit_s"]
-                                        for x in c])),
-        "level_ms": 1e3 * float(draft.sum() / levels.sum()) if levels.sum() else None,
-        "selected": np.asarray([len(x["selected"]) for x in c]),
-    }
-
-
 def paper_counters(paper: dict) -> dict:
     """The paper's committed tokens and union ratio (A100, Tables 2-3)."""
     counters = paper["counters"]["a100"]
@@ -93,9 +75,11 @@ def paper_counters(paper: dict) -> dict:
 
 
 def metrics_of(run: dict, engine) -> dict:
-    """The decode run's metrics.json figures that the proportions read (`specfit.metrics.stream_metrics`)."""
+    """The run's metrics.json figures, as the decode stage computes them (`specfit.metrics.stream_metrics`; the
+    requests double as the prompts, as they carry ``prompt_ids``)."""
     cycles = pa.Table.from_pylist(run["cycles"], schema=CYCLE_SCHEMA)
-    return {**stream_metrics(run["requests"], cycles), "experts_per_token": engine.num_layers * engine.top_k}
+    return {**stream_metrics(run["requests"], cycles, run["requests"]),
+            "experts_per_token": engine.num_layers * engine.top_k}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,11 +123,11 @@ def main(argv: list[str] | None = None) -> None:
         limits = Limits(config["workloads"][workload]["limit_tokens"], args.max_new_tokens, eos_ids(model))
         runs = {(method, s): decode(m, d if method != "ar" else None, e, method, prompts, limits, config["seed"])
                 for s, (m, e, d) in setups.items() for method in ("ar", "eagle3")}
-        ar, e3 = summary(runs["ar", slots]), summary(runs["eagle3", slots])
-        full = e3["selected"] == 7
+        measured = {key: metrics_of(run, setups[key[1]][1]) for key, run in runs.items()}
+        ar, e3 = measured["ar", slots], measured["eagle3", slots]
+        full = np.asarray([len(c["selected"]) == 7 for c in runs["eagle3", slots]["cycles"]])  # whole trees
         unions = runs["eagle3", slots]["unions"]
         union = float(unions[full].mean() / (L * k)) if full.any() else None
-        measured = {key: metrics_of(run, setups[key[1]][1]) for key, run in runs.items()}
         toy_p = None
         if device["emulate"] is not None:
             toy_p = run_proportions(measured["ar", slots], measured["ar", 0], measured["eagle3", slots],
@@ -163,13 +147,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:72s} {show(toy):>8s} {show(paper_value):>8s} {goal}")
 
     for workload, _, e3, union, _ in rows:
-        line(f"EAGLE-3 committed per cycle, {workload}", e3["committed"], paper_p["committed"][workload])
-        line(f"  on cycles starting on a fresh output 4-gram ({100 * e3['fresh_share']:.0f}% of cycles)",
-             e3["committed_fresh"], None)
+        line(f"EAGLE-3 committed per cycle, {workload}", e3["committed_per_cycle"], paper_p["committed"][workload])
+        line(f"  on cycles starting on a fresh output 4-gram ({100 * e3['cycles_fresh'] / e3['cycles']:.0f}% of "
+             "cycles)", e3["committed_per_cycle_fresh"], None)
         line(f"F(8-token tree) / F(root), {workload}", union, paper_p["union"][workload])
-        line(f"  EAGLE-3 draft nodes verified per cycle, {workload}", float(e3["selected"].mean()), 7.0)
+        line(f"  EAGLE-3 draft nodes verified per cycle, {workload}", e3["draft_nodes_per_cycle"], 7.0)
     for workload, ar, _, _, toy_p in rows:
-        line(f"cached AR step, {workload} (ms){label}", ar["cycle_ms"], paper["counters"]["a100"][workload]["ar"]
+        line(f"cached AR step, {workload} (ms){label}", ar["ms_per_cycle"], paper["counters"]["a100"][workload]["ar"]
              ["cache"]["ms_per_cycle"], "{:.2f}")
         if toy_p is None:
             continue

@@ -17,6 +17,9 @@ RATIOS = (
 )
 
 
+MODE = {"main": "cache", 0: "nocache"}  # a claim's cache side as the paper's figures are keyed
+
+
 def direction(paper_ratio: float) -> Verdict:
     """The direction a paper's ratio claims (it gives no interval): faster above 1, slower below."""
     return Verdict.FASTER if paper_ratio > 1 else Verdict.SLOWER if paper_ratio < 1 else Verdict.TIE
@@ -54,8 +57,7 @@ def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
         if num not in s.runs or den not in s.runs or paper is None:
             continue
         sec.missing += s.i.missing([num, den]) + s.i.missing_requests([num, den])
-        p = paper[a, "cache" if x == "main" else "nocache"]["tps_dec"] / paper[
-            b, "cache" if y == "main" else "nocache"]["tps_dec"]
+        p = paper[a, MODE[x]]["tps_dec"] / paper[b, MODE[y]]["tps_dec"]
         e = s.i.speedup(num, den)
         rows.append((f"{key}/{w}", w, claim, f"{p:.2f}× ({direction(p)})", x_cell(e),
                      confronted(direction(p), None if e is None else e.verdict)))
@@ -82,7 +84,8 @@ def sweep_claim(s: Scope, pw: str, w: str) -> list[tuple]:
     main slots' gain by more than its interval; refuted when both hold the other way; else a tie."""
     slots = sorted({r.slots for r in s.runs_of(w) if r.method == s.roles.specfit}
                    & {r.slots for r in s.runs_of(w) if r.method == s.roles.eagle3}, key=lambda x: (x == 0, -x))
-    if s.paper.sweep(pw, 4) is None or len(slots) < 3 or slots[-1] != 0 or slots[0] != s.main:
+    sweep = s.paper.sweep(pw, 4)
+    if sweep is None or len(slots) < 3 or slots[-1] != 0 or slots[0] != s.main:
         return []
     gains = [s.i.speedup(s.run(w, s.roles.specfit, x), s.run(w, s.roles.eagle3, x)) for x in slots]
     if any(g is None or g.low is None for g in gains):
@@ -96,7 +99,6 @@ def sweep_claim(s: Scope, pw: str, w: str) -> list[tuple]:
         else:
             verdict = Verdict.TIE
         shown = ", ".join(f"{x}: {x_cell(g)}" for x, g in zip(slots, gains))
-    sweep = s.paper.sweep(pw, 4)
     paper = ", ".join(f"{x}: {1 + g / 100:.2f}×" for x, g in zip(sweep["slots"], sweep["specfit_gain_pct"]))
     return [(f"gain-grows/{w}", w, "SpecFit's gain over EAGLE-3 grows as the cache shrinks (slots: gain)", paper,
              shown, verdict)]

@@ -10,6 +10,11 @@ R2_GOAL = 0.9  # the with-cache NNLS fit of the paper's model
 OVERRUN_GOAL = 0.01  # share of forwards whose CPU time overran the model
 
 
+def shown(key: str, value: float) -> str:
+    """A share as a percentage, a ratio as it is."""
+    return fmt(100 * value, ".1f") + "%" if key.endswith("share") else fmt(value, ".2f")
+
+
 def goal(met: bool | None) -> str:
     return "–" if met is None else str(Verdict.MET if met else Verdict.MISSED)
 
@@ -39,17 +44,16 @@ def section(s: Scope) -> Section | None:
         caption = f"Proportions, {s.title(w)}, beside the {NAMES[s.gpu]}'s {pw}"
         sec.tables.append(table(s.id("proportions", w), caption, [
             ("Quantity", lambda r: r[1]),
-            ("This run", lambda r: fmt(100 * r[2], ".1f") + "%" if r[0].endswith("share") else fmt(r[2], ".2f")),
-            ("Paper", lambda r: fmt(100 * r[3], ".1f") + "%" if r[0].endswith("share") else fmt(r[3], ".2f")),
+            ("This run", lambda r: shown(r[0], r[2])), ("Paper", lambda r: shown(r[0], r[3])),
             ("Goal met", lambda r: goal(r[4]))], rows, key=lambda r: r[0]))
     fit = s.i.calibration.get((s.model, s.device, "cache"))
-    overruns = [(r, s.i.metrics[r]["device"]) for r in s.runs if r in s.i.metrics and s.i.metrics[r].get("device")]
+    devices = [m["device"] for r in s.runs if (m := s.i.metrics.get(r)) and m.get("device")]
     rows = [("r2", f"with-cache NNLS fit of the paper's model, R² (goal ≥ {R2_GOAL})",
              MISSING if fit is None else fmt(fit["r2"], ".3f"), goal(None if fit is None else fit["r2"] >= R2_GOAL))]
     parts = {"target": "decode target forwards", "drafter": "drafter forwards",
              "prefill": "prefill forwards (outside the decode time; no goal)"}
     for part, what in parts.items():
-        counted = [d[part] for _, d in overruns if part in d]  # runs before the prefill split count it in target
+        counted = [d[part] for d in devices if part in d]  # runs before the prefill split count it in target
         forwards, over = sum(c["forwards"] for c in counted), sum(c["overruns"] for c in counted)
         share = over / forwards if forwards else None
         rows.append((f"overruns-{part}", f"{what} whose CPU time overran the model, all runs"
