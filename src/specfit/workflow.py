@@ -18,7 +18,6 @@ import jsonschema
 import yaml
 
 from specfit import paths
-from specfit.device import check_parameters
 from specfit.errors import SpecFitError
 from specfit.speculative.config import ROUTED_RULES, MethodConfig
 
@@ -56,6 +55,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "not":  # a combination the schema forbids, described on its `not` clause
         what = error.schema["not"].get("description", "a combination the schema forbids").rstrip(".")
         return f"config key {where!r}: {what}, which is not allowed ({error.schema.get('description', '').strip()})"
+    if error.validator == "oneOf" and error.context:
+        # "null, or a mapping" (`link`, `emulate`): name what is wrong inside the mapping, not that no branch matched
+        return _describe(max(error.context, key=lambda e: (len(e.absolute_path), e.validator != "type")))
     expected = error.schema.get("description", "")
     return f"config key {where!r}: {error.message}" + (f" (expected: {expected})" if expected else "")
 
@@ -134,10 +136,6 @@ def _check_references(config: dict) -> None:
         if device["link"] is not None:
             problems.append(f"config key 'devices.{name}.emulate' comes with 'devices.{name}.link': an emulated device "
                             "models its own link (copy_ms); drop the link")
-        try:
-            check_parameters(device["emulate"], f"config key 'devices.{name}.emulate'")
-        except SpecFitError as err:
-            problems.append(str(err))
     overlap = sorted(set(predictor_question_ids(config)) & set(evaluated_question_ids(config)))
     if overlap:
         problems.append(f"config key 'predictor.question_ids' holds questions a workload evaluates or calibration "

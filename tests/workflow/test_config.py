@@ -183,3 +183,18 @@ def test_predictor_questions_must_not_be_evaluated(config, schema):
     config["predictor"] = {"question_ids": [{"start": 241, "stop": 245, "step": 2}], "method": "eagle4"}
     with pytest.raises(SpecFitError, match=r"'predictor\.method' names 'eagle4'"):
         validate_config(config, schema)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(torch_device="cuda"), r"'devices\.cpu-a100\.emulate' emulates a GPU on a cuda device"),
+    (lambda d: d.update(link={"bandwidth_gbps": 1.0}), r"'devices\.cpu-a100\.emulate' comes with 'devices\.cpu-a100"
+                                                       r"\.link'"),
+    (lambda d: d["emulate"].update(expert_ms=-0.5), r"devices\.cpu-a100\.emulate\.expert_ms"),
+    (lambda d: d["emulate"].pop("copy_ms"), r"devices\.cpu-a100\.emulate.*copy_ms"),
+    (lambda d: d["emulate"].update(fixed_ms=0), r"devices\.cpu-a100\.emulate\.fixed_ms"),
+])
+def test_a_bad_emulated_device_is_named_at_load(config, schema, edit, message):
+    """An emulated GPU on a GPU, beside a link, or with a missing, negative or zero cost is refused, naming the key."""
+    edit(config["devices"]["cpu-a100"])
+    with pytest.raises(SpecFitError, match=message):
+        validate_config(config, schema)
