@@ -2,9 +2,12 @@
 run's value with its 95% bootstrap interval (`specfit.intervals`), a ratio of two runs' with its verdict too. A table
 has a stable id and a key per row, which tests look it up by."""
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+
+import jinja2
 
 from specfit import intervals
 from specfit.report.verdict import Verdict
@@ -92,6 +95,10 @@ def cache_cell(slots: int) -> str:
     return f"Yes ({slots})" if slots > 0 else "No"
 
 
+METHOD = ("Method", lambda r: r.method)  # the first columns of a table with a row per run
+CACHE = ("Cache", lambda r: cache_cell(r.slots))
+
+
 def tagged(text: str, emulated: bool) -> str:
     return f"{text} [{EMULATED}]" if emulated else text
 
@@ -134,8 +141,16 @@ def x_cell(e) -> str:
     return show(e, ".2f", "×")
 
 
+@functools.cache
+def _notes():
+    return jinja2.Environment(loader=jinja2.PackageLoader("specfit", "templates"), undefined=jinja2.StrictUndefined,
+                              autoescape=False).get_template("notes.j2").module
+
+
+def note(name: str, /, **values) -> str:
+    """A note's fixed prose (templates/notes.j2, one macro per note) with the run's ``values``, as one paragraph."""
+    return " ".join(str(getattr(_notes(), name)(**values)).split())
+
+
 def interval_note(seed: int) -> str:
-    return (f"Decode TPS in brackets: 95% interval, a percentile bootstrap over the run's requests "
-            f"({intervals.N_BOOT} resamples, seed {seed}). Ratios between runs (speedups, gains): the same bootstrap "
-            f"paired over request ids (both runs resampled with the same prompts); a ratio whose interval "
-            f"includes 1 is a tie, “faster” / “slower” only when the whole interval lies above / below 1.")
+    return note("intervals", n_boot=intervals.N_BOOT, seed=seed)

@@ -3,7 +3,7 @@ T(S) = b_|S| + β_miss M(S) + β_hit H(S) (issue 12) fitted on the same probes, 
 
 from specfit import paths
 from specfit.report.figures import calibration_scatter, slug
-from specfit.report.page import MISSING, Section, fmt, table, tagged
+from specfit.report.page import MISSING, Section, fmt, note, table, tagged
 from specfit.report.scope import Scope
 from specfit.report.verdict import at_least
 
@@ -90,19 +90,10 @@ def cache_aware(s: Scope, sec: Section, fits: dict, n_b: int, emulated: bool) ->
                     *((fit_header(mode, f), lambda q, mode=mode, f=f: q[2](mode, f)) for mode, f in fits.items())],
         rows, key=lambda q: q[0]))
     if "cache" in fits and (ca := fits["cache"]["cache_aware"]) is not None:
-        sec.notes.append(
-            f"Goal of issue 12, {s.model} / {s.device}: the cache-aware model explains the with-cache probe times "
-            f"with R² ≥ {R2_GOAL} on the probe means (the points of the paper model's R²): {r2_goal(ca).verdict} "
-            f"(R² {ca['r2_means']:.3f}; b + β F: {fits['cache']['r2']:.3f}).")
-    sec.notes.append("M(S): the union's experts the verify forward copies (not resident in the layer's cache "
-                     "when it starts), H(S): the resident ones, summed over layers (M + H = F). The cache-aware "
-                     "model is fitted on one point per repeat of each probe (the repeats meet different caches), "
-                     "the paper's on the probe means; both are scored on the means. "
-                     "The cache-aware method prices d drafted levels at D(d) = start + (d − 1)·level + "
-                     "d·selection: start (the catch-up forward, which also gives level 1) and level by NNLS on "
-                     "the probes' drafting times, selection its own selection, which each probe runs after "
-                     "every level it drafts, timed apart. Without the cache every expert is a miss, so β_hit "
-                     "is not identified there.")
+        sec.notes.append(note("calibration_goal", model=s.model, device=s.device, goal=R2_GOAL,
+                              verdict=r2_goal(ca).verdict, r2_means=f"{ca['r2_means']:.3f}",
+                              r2_paper=f"{fits['cache']['r2']:.3f}"))
+    sec.notes.append(note("calibration_cache_aware"))
 
 
 def r2_goal(ca: dict):

@@ -2,7 +2,7 @@
 and one verdict (`verdict.confronted`): confirmed, refuted or a tie. Whatever the direction, it is the run's finding;
 on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md)."""
 
-from specfit.report.page import MISSING, Section, fmt, interval_note, table, tagged, x_cell
+from specfit.report.page import MISSING, Section, fmt, interval_note, note, table, tagged, x_cell
 from specfit.report.scope import Scope
 from specfit.report.verdict import Verdict, confronted
 from specfit.workflow import DecodeRun
@@ -29,8 +29,7 @@ def section(s: Scope) -> Section | None:
     if s.roles.specfit is None or not s.stand_ins:
         return None
     sec = Section("The paper's claims, confronted")
-    sec.notes.append("A claim is confirmed when this run's ratio lies on the paper's side of 1 by more than its "
-                     "interval, refuted when it lies on the other side, and a tie when its interval holds 1.")
+    sec.notes.append(note("claims_rule"))
     rows = []
     for pw, w in s.stand_ins.items():
         rows += (ratio_claims(s, sec, pw, w) + noisy_claim(s, sec, pw, w) + sweep_claim(s, pw, w)

@@ -2,7 +2,7 @@
 against a cached EAGLE-3 cycle comes from (section 4.2)."""
 
 from specfit.metrics import SPLIT_KEYS
-from specfit.report.page import MISSING, Section, cache_cell, fmt, pct_less, pct_more, share_of, table, tagged
+from specfit.report.page import MISSING, Section, cache_cell, fmt, note, pct_less, pct_more, share_of, table, tagged
 from specfit.report.quantities import DRAFT_KEYS, METRICS, TOKENS_PER_TRANSFER, column, tokens_per_transfer
 from specfit.report.scope import Scope
 from specfit.workflow import method_rule
@@ -21,19 +21,9 @@ def section(s: Scope) -> Section:
     for w in s.workloads:
         saving |= workload(s, sec, w)
     if saving:
-        sec.notes.append("Time saved per cycle: each part's mean ms per cycle (drafting and verification as timed, "
-                         "the rest what ms/cycle leaves); a part's share is its drop over the drop in ms/cycle (n/a "
-                         "when SpecFit's cycle is not shorter), as the paper's 78.3% for verification on "
-                         "summarization.")
+        sec.notes.append(note("counters_time_saved"))
     if sec.tables:
-        sec.notes.append("Cache: 'Yes (n)' = n expert slots per layer; 'No' = cache cleared before every target "
-                         "forward. H2D/token counts expert transfers per output token, prefill included; "
-                         f"{TOKENS_PER_TRANSFER} is its inverse, output tokens per H2D expert transfer over whole "
-                         "requests (the paper's token-per-transfer, Section 4.4).")
-        sec.notes.append("Fresh / repeated cycles: a cycle is repeated when the output 4-gram ending at its first "
-                         "committed token already occurred earlier in the output (a loop; the prompt does not "
-                         "count), fresh otherwise; 'Committed, fresh / repeated cycles' are the mean committed "
-                         "tokens of each kind, so loops can be read apart from fresh text.")
+        sec.notes += [note("counters_cache", tokens_per_transfer=TOKENS_PER_TRANSFER), note("counters_fresh")]
     return sec
 
 

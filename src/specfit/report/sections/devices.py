@@ -1,7 +1,7 @@
 """One model's devices side by side (Table 4 style): each workload, or the workload that stands for one of the
 paper's on each device, with the paper's three methods with and without the cache."""
 
-from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, table, tagged, x_cell
+from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, note, table, tagged, x_cell
 from specfit.report.quantities import DRAFT_KEYS, METRICS, column, tps_cell
 from specfit.report.scope import ModelScope, paper_workload
 
@@ -21,8 +21,7 @@ def section(v: ModelScope) -> Section | None:
         sec.notes.append("No workload runs on more than one device.")
     else:
         sec.missing = list(dict.fromkeys(sec.missing))
-        sec.notes.append("A paper workload's row on each device comes from the workload that stands for it there "
-                         "(config key `paper`: gsm8k-odd, the RTX 4090's 40 odd-numbered questions, for gsm8k).")
+        sec.notes.append(note("devices_stand_ins"))
         sec.notes.append(interval_note(v.i.seed))
     return sec
 

@@ -11,7 +11,19 @@ where SpecFit with exact routes is (a tie does not count); the predictor's time 
 """
 
 from specfit.report.inputs import learned_methods, predictor_metrics
-from specfit.report.page import EMULATED, MISSING, Section, Table, cache_cell, fmt, interval_note, table, tagged, x_cell
+from specfit.report.page import (
+    EMULATED,
+    MISSING,
+    Section,
+    Table,
+    cache_cell,
+    fmt,
+    interval_note,
+    note,
+    table,
+    tagged,
+    x_cell,
+)
 from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged
@@ -189,14 +201,7 @@ def section(s: Scope) -> Section | None:
          lambda c: fmt(share_pct(i.metrics.get(c.runs["learned"])), ".2f")),
         (f"≤ {SHARE_GOAL_PCT:g}% of a cycle", lambda c: c.goals["share"].answer())], cells,
         key=lambda c: (c.workload, c.slots)))
-    sec.notes.append(
-        f"{learned} is SpecFit without the paper's oracle: instead of the target's own routes of every draft "
-        "node (exact routes, read from the atlas), a linear route predictor trained on the target's routes of "
-        "drafted pools from questions no workload evaluates guesses each node's top-k experts per MoE layer from "
-        "what the drafter holds for the node (its hidden state and its token's embedding), inside the timed "
-        "decode loop. Route accuracy: the fraction of the true top-k experts predicted (exact routes: 100%; "
-        "learned: the predictor's held-out accuracy over draft nodes, mean over layers; noisy: the paper's "
-        "simulated predictor, each expert kept with the configured probability).")
+    sec.notes.append(note("learned_routes", learned=learned))
     sec.notes += goal_notes(s, cells, predictor, emulated, atlas, eagle)
     sec.notes.append(interval_note(i.seed))
     if predictor is not None:
@@ -248,14 +253,8 @@ def predictor_table(s: Scope, sec: Section, p: dict, learned: list[DecodeRun], e
         s.id("route-predictor"), f"The route predictor of {s.model} ({predictor_metrics(s.model)}), and its cost at "
         f"{PAPER_MODEL}'s size", ["Quantity", f"{s.model} ({size})", f"At {PAPER_MODEL}'s size ({big_size})",
                                   "Paper's estimate (section 4.6)"], list(rows.values()), list(rows)))
-    note = (f"The predictor is one linear router per MoE layer over a node's hidden state and its token's embedding "
-            f"(2 × hidden inputs). At {PAPER_MODEL}'s size that is {millions(big['params'])} parameters and "
-            f"{big['flop_per_node'] / 1e6:.3g} MFLOP per node")
-    if paper_params and paper_mflop:
-        note += (f", {big['params'] / (paper_params * 1e6):.1f}× the paper's estimate of a linear head from the "
-                 f"hidden state alone ({paper_params:g}M parameters, {paper_mflop:g} MFLOP per node, section 4.6): "
-                 "the token's embedding doubles its inputs")
-    note += (f". Its µs per pool is plain {device} compute, timed apart from any link (the {s.device} runs' link "
-             f"is {'emulated' if emulated else 'real'}); its ms per decode cycle is measured inside those runs"
-             + (f" and labelled “{EMULATED}”." if emulated else "."))
-    sec.notes.append(note)
+    versus = f"{big['params'] / (paper_params * 1e6):.1f}" if paper_params and paper_mflop else ""
+    sec.notes.append(note("route_predictor", paper_model=PAPER_MODEL, params=millions(big["params"]),
+                          mflop=f"{big['flop_per_node'] / 1e6:.3g}", versus=versus, paper_params=f"{paper_params:g}"
+                          if versus else "", paper_mflop=f"{paper_mflop:g}" if versus else "", device=device,
+                          run_device=s.device, emulated=emulated, label=EMULATED))

@@ -1,7 +1,7 @@
 """The lossless check: each run's outputs against the AR reference, and every divergence with the target's top-2 logit
 margin there."""
 
-from specfit.report.page import MISSING, Section, Table, cache_cell, fmt
+from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, note
 from specfit.report.quantities import LOSSLESS, RESUMED, TIMING_LABEL
 from specfit.report.scope import Scope
 
@@ -36,10 +36,9 @@ def section(s: Scope) -> Section:
                                 "points to a numerical near-tie, not a bug)",
                                 ["Workload", "Method", "Cache", "Request", "Position", "This run's token",
                                  "Reference token", "Top-2 margin"], divergences))
-        sec.notes.append("A run with a divergence is not lossless on that request: its verdict says how many "
-                         "requests diverged, and the requests not listed are identical token for token.")
+        sec.notes.append(note("lossless_divergences"))
     elif rows:
-        sec.notes.append("No divergences: every checked request matches its reference token for token.")
+        sec.notes.append(note("lossless_none"))
     return sec
 
 

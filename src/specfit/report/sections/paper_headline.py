@@ -1,7 +1,7 @@
 """One model's runs on every device beside the paper's figures for the GPU the device stands for: Table 4's cells and
 the paper's headline ratios, computed by the same code from the paper's tables and from this run."""
 
-from specfit.report.page import Section, fmt, interval_note, ratio, show, table, tagged, x_cell, x_fmt
+from specfit.report.page import Section, fmt, interval_note, note, ratio, show, table, tagged, x_cell, x_fmt
 from specfit.report.paper_figures import headline
 from specfit.report.quantities import tps_cell
 from specfit.report.scope import ModelScope
@@ -10,12 +10,7 @@ from specfit.report.scope import ModelScope
 def section(v: ModelScope) -> Section:
     i = v.i
     sec = Section("The paper's headline figures beside this run's")
-    sec.notes.append(
-        "This run is a miniature (a toy target and drafter, a workload subset, and, on CPU, an emulated host "
-        "link), so absolute throughputs, cycle times and transfer counts differ from the paper's by orders of "
-        "magnitude. Compare ratios: speedups over AR without the cache and gains over cached EAGLE-3.")
-    sec.notes.append("Paper ratios are the ones its text states where it states them, else computed from "
-                     "its tables.")
+    sec.notes += [note("headline_miniature"), note("headline_ratios")]
     mapping = ", ".join(f"{d} ↔ {i.paper['setup']['devices'][s.gpu]['name']}" for d, s in v.on.items())
     sec.notes.append(f"Devices are mapped by name, label or order: {mapping}.")
     standing = []

@@ -2,7 +2,7 @@
 with-cache fit's R², and how often the CPU overran the device's model (docs/device.md)."""
 
 from specfit.paper_device import NAMES, PROPORTIONS, REQUESTS, paper_proportions, proportion_met, run_proportions
-from specfit.report.page import MISSING, Section, fmt, table
+from specfit.report.page import MISSING, Section, fmt, note, table
 from specfit.report.scope import Scope
 from specfit.report.verdict import Verdict
 
@@ -24,11 +24,7 @@ def section(s: Scope) -> Section | None:
     if emulate is None:
         return None
     sec = Section(f"The emulated {emulate['name']}: proportions and overruns")
-    sec.notes.append(f"Timings on {s.device}: emulated {emulate['name']} (expert execution + link), CPU compute "
-                     "overlapped. Shares of a cached AR cycle: the device's expert time (an AR token's experts x "
-                     "expert_ms) and link time (copies per cycle x copy_ms, hidden behind the hits where they "
-                     "overlap) over the measured cycle; the paper's from the parameters of the GPU the device "
-                     "stands for, as `python -m specfit.bench device` derives them.")
+    sec.notes.append(note("proportions", device=s.device, name=emulate["name"]))
     for pw, w in s.stand_ins.items():
         runs = {(role, x): s.run(w, getattr(s.roles, role), x) for role in ("ar", "eagle3") for x in (s.main, 0)}
         sec.missing += s.i.missing(list(runs.values()))

@@ -7,7 +7,7 @@ interval counts) and, with the cache (slots > 0), faster than the paper's SpecFi
 the cache every expert is copied, the cache-aware cost has nothing to tell apart, and only the first part counts.
 """
 
-from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, table, tagged, x_cell
+from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, table, tagged, x_cell
 from specfit.report.quantities import LATER_KEYS, METRICS, column, tps_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Verdict, judged, overall
@@ -65,13 +65,7 @@ def section(s: Scope) -> Section | None:
             "" if c.cached or c.ratios["specfit"] is None else " (not counted: no cache)")),
         ("Goal met", lambda c: c.goals["goal"].answer())], cells, key=lambda c: (c.workload, c.slots)))
     verdicts = [c.goals["goal"].verdict for c in cells]
-    sec.notes.append(
-        f"{ca} is SpecFit beyond the paper: it prices the experts its layer cache already holds apart from the ones "
-        "it must copy (β_hit, β_miss), drafts a further level only when it could pay for itself, and skips drafting "
-        f"while speculation has not paid lately. The goal, per cell (workload × slots): {ca} at least as fast as the "
-        f"faster of {label['ar']} and {label['eagle3']} in that cell (a tie within the interval counts) and, with the "
-        f"cache (slots > 0), faster than the paper's SpecFit ({label['specfit']}; a tie does not count). Without the "
-        "cache (slots 0) only the first part counts: every expert is copied, so the cache-aware cost is the paper's.")
+    sec.notes.append(note("specfit_ca", ca=ca, ar=label["ar"], eagle3=label["eagle3"], specfit=label["specfit"]))
     summary = f"Goal met in {verdicts.count(Verdict.MET)} of {len(cells)} cells."
     if unjudged := [c for c in cells if c.goals["goal"].verdict == Verdict.NOT_JUDGED]:
         summary += f" {len(unjudged)} not judged: " + "; ".join(
@@ -181,13 +175,6 @@ def where_the_time_went(s: Scope, sec: Section, missed: list[Cell], ca: str, emu
                                                               emulated),
                             ["Workload", "Cache", "Against", tagged("Why (from the numbers above)", emulated)],
                             reasons))
-    sec.notes.append(
-        "Where the time went, in the cells that miss the goal: each method's mean ms per cycle and its parts as the "
-        "stream times them (draft: the drafter's catch-up and levels; select: the selection and the decision whether "
-        "to draft; verify: the target's forward with its expert copies; commit), the tokens a cycle commits, ms per "
-        "committed token (ms/cycle over committed per cycle), H2D expert copies per output token (prefill included) "
-        "and the share of cycles whose pool held the root alone (drafted nothing).")
+    sec.notes.append(note("specfit_ca_time"))
     if older:
-        sec.notes.append("Select and commit ms/cycle and the cycles that drafted nothing are absent from metrics.json "
-                         "written before they were recorded: a dash (drafted nothing: 100% where the mean pool is "
-                         "empty).")
+        sec.notes.append(note("specfit_ca_older"))

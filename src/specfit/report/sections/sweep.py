@@ -2,7 +2,7 @@
 paper's Figure 4 beside on the workload that stands for its summarization on the A100."""
 
 from specfit.report.figures import slug, sweep_panels
-from specfit.report.page import Section, as_pct, fmt, interval_note, pct_less, pct_more, show, table, tagged
+from specfit.report.page import Section, as_pct, fmt, interval_note, note, pct_less, pct_more, show, table, tagged
 from specfit.report.quantities import TOKENS_PER_TRANSFER, column, tokens_per_transfer, tps_cell
 from specfit.report.scope import Scope
 
@@ -14,10 +14,7 @@ def section(s: Scope) -> Section:
         workload(s, sec, w, pair)
     if sec.tables:
         sec.notes.append(interval_note(s.i.seed))
-        sec.notes.append(f"{TOKENS_PER_TRANSFER}: output tokens per H2D expert transfer over whole requests, "
-                         "prefill included (1 / H2D/token), as the paper's full-request token-per-transfer "
-                         "advantages (Section 4.4: 28.3%, 42.7% and 49.5% at 48, 24 and 12 slots; at 0 slots "
-                         "computed from Figure 4b).")
+        sec.notes.append(note("sweep_tokens_per_transfer", tokens_per_transfer=TOKENS_PER_TRANSFER))
     elif not sec.missing:
         sec.notes.append(f"No workload has at least three slot values for both {a} and {b}.")
     return sec

@@ -1,7 +1,7 @@
 """The selection theory on the recorded pools (Table 5): SpecFit's pools under the paper's cost, the paper's beside;
 beyond the paper, specfit-ca's pools under the cache-aware cost it selects with."""
 
-from specfit.report.page import Section, Table, fmt
+from specfit.report.page import Section, Table, fmt, note
 from specfit.report.quantities import PAPER_PAIR, THEORY, THEORY_CACHE_AWARE
 from specfit.report.scope import Scope
 from specfit.workflow import DecodeRun, theory_cost, theory_file, theory_runs
@@ -44,11 +44,7 @@ def paper_cost(s: Scope, sec: Section, runs: list[DecodeRun]) -> None:
     sec.tables.append(Table(s.id("theory"), f"Theory on the pools SpecFit recorded with the cache ({s.main} slots), "
                             f"{s.model} / {s.device}, with the with-cache coefficients", header, rows,
                             [row.keys[0] for row in THEORY]))
-    sec.notes.append("Percentages of λ* refer to the predicted throughput. Every recorded cycle counts, the ones "
-                     "at the length limit that drafted nothing included. A cycle stopped early when it drafted "
-                     "fewer levels than it could: the pool's depth, or, near the length limit, the levels the "
-                     "room left allowed; a cycle the limit capped that drafted up to its cap did not stop."
-                     + (" Paper: Table 5 (A100; its row counts cycles stopped before level 5)." if paper else ""))
+    sec.notes.append(note("theory_paper_cost", paper=bool(paper)))
 
 
 def cache_aware_cost(s: Scope, sec: Section, runs: list[DecodeRun]) -> None:
@@ -61,13 +57,4 @@ def cache_aware_cost(s: Scope, sec: Section, runs: list[DecodeRun]) -> None:
         f"{s.model} / {s.device}", ["Quantity"] + [r.workload if len(methods) == 1 else f"{r.workload}, {r.method}"
                                                    for r in runs],
         [[row.label] + [ours(s, r, row) for r in runs] for row in rows], [row.keys[0] for row in rows]))
-    sec.notes.append("Beyond the paper: the quantities of Table 5 under the cost specfit-ca selects with, from the "
-                     "with-cache calibration's cache-aware fit without drafting. M(S) counts the experts of the "
-                     "selection's per-layer union that the layer's cache did not hold as the cycle selected (each "
-                     "cycle records that residency), H(S) those it held, and D(d) what drafting the cycle's d "
-                     "levels costs (the calibration's drafting fit). \"2β\" doubles β_miss and β_hit, not the "
-                     "intercepts b_|S| + D(d). A cycle in which specfit-ca skipped drafting records the residency "
-                     "too (read off the timers) and is priced as the root alone with its atlas routes; one the "
-                     "length limit left without room records none and is priced with nothing resident. A skipped "
-                     "cycle counts as stopped early. λ* and Θ are predicted under this cost on specfit-ca's own "
-                     "trajectory: not comparable with those of the paper's model.")
+    sec.notes.append(note("theory_cache_aware"))

@@ -2,7 +2,7 @@
 same cache in decode and in request TPS (prefill included), the paper's beside."""
 
 from specfit.report.figures import slug, throughput_bars
-from specfit.report.page import Section, as_pct, cache_cell, fmt, interval_note, show, table, tagged, x_cell
+from specfit.report.page import Section, as_pct, cache_cell, fmt, interval_note, note, show, table, tagged, x_cell
 from specfit.report.quantities import METRICS, column, tps_cell
 from specfit.report.scope import Scope
 
@@ -15,8 +15,7 @@ def section(s: Scope) -> Section:
         workload(s, sec, w)
     if sec.tables:
         sec.notes.append(interval_note(s.i.seed))
-        sec.notes.append("Request TPS (Eq. 10, TPS_req) counts every output token over the whole request time, "
-                         "prefill included; Decode TPS leaves the first token and prefill out.")
+        sec.notes.append(note("throughput_request_tps"))
     return sec
 
 
