@@ -2,7 +2,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig
 
 from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
-from specfit.toy.drafter import ttt_forward
+from specfit.toy.drafter import Drafted, calibrate_confidence, ttt_forward
 
 
 def test_ttt_forward_equals_chain_drafting():
@@ -29,3 +29,22 @@ def test_ttt_forward_equals_chain_drafting():
                 p = p + 1
                 logits, h = drafter(drafter.to_target_ids(x), h, p, cache)
                 x = logits.argmax(-1)
+
+
+def test_calibrate_confidence_recovers_the_temperature_of_acceptance():
+    """Tokens drawn from softmax(z / 0.4) where the drafter says softmax(z): the fitted temperature is ~0.4, folded
+    into lm_head (logits divided by it exactly), and the drafter's argmax is unchanged."""
+    torch.manual_seed(0)
+    layer = LlamaConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=8, num_hidden_layers=1, vocab_size=64)
+    drafter = Eagle3Drafter(eagle3_config(layer, 64, (0, 1, 2))).eval()  # draft ids = target ids (d2t = 0)
+    logits = 2.0 * torch.randn(4000, 64)  # [N, Vd]
+    tokens = torch.multinomial(torch.softmax(logits / 0.4, dim=-1), 1)[:, 0]  # [N] what "greedy" accepts
+    drafted = [Drafted(row, int(tok)) for row, tok in zip(logits, tokens)]
+    weight = drafter.lm_head.weight.detach().clone()  # [Vd, H]
+    stats = calibrate_confidence(drafter, drafted)
+    assert abs(stats["temperature"] - 0.4) < 0.04
+    assert torch.allclose(drafter.lm_head.weight, weight / stats["temperature"])
+    assert torch.equal(drafter.lm_head.weight.argmax(0), weight.argmax(0))
+    assert abs(stats["top1_prob_after"] - stats["top1_hit_rate"]) < 0.03  # calibrated where it was not
+    assert stats["top1_prob_before"] < stats["top1_hit_rate"] - 0.1

@@ -23,10 +23,13 @@ continuations of held-out prompts, with the steps, tokens, wall time and sha256 
 from __future__ import annotations
 
 import logging
+import math
 import random
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from scipy.optimize import minimize_scalar
 from transformers import DynamicCache, LlamaConfig
 
 from specfit.io import atomic_path, write_json
@@ -156,12 +159,14 @@ def piece_windows(pieces: list[torch.Tensor], seq_len: int, generator: torch.Gen
 
 
 @torch.no_grad()
-def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> dict:
+def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> tuple[dict, list[Drafted]]:
     """Top-1 agreement per draft step, and accepted tokens per chain, along the target's own greedy continuations
-    of held-out prompts (what the drafter meets at decode time), up to the end-of-turn token."""
+    of held-out prompts (what the drafter meets at decode time), up to the end-of-turn token. Also returns, for
+    every chain step whose earlier steps all matched, what the drafter proposed there (its logits and the
+    target's token): the states a tree node meets once its parent is accepted."""
     steps = spec["ttt_steps"]
     agree, n = torch.zeros(steps), torch.zeros(steps)
-    accepted = []
+    accepted, drafted = [], []
     for q in heldout[: spec["acceptance_prompts"]]:
         prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True, return_tensors="pt"
@@ -171,14 +176,16 @@ def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> d
             pad_token_id=tokenizer.pad_token_id,
         )  # [1, P + N] the target's own greedy output
         aux, _, _ = teacher(target, drafter, seq)
-        chains = [drafter.to_target_ids(logits.argmax(-1))[0]
-                  for logits in ttt_forward(drafter, seq, drafter.fuse(aux), steps)]
+        logits = [step[0] for step in ttt_forward(drafter, seq, drafter.fuse(aux), steps)]  # steps x [T-1, Vd]
+        chains = [drafter.to_target_ids(step.argmax(-1)) for step in logits]  # steps x [T-1] target ids
         P, T = prompt.shape[1], seq.shape[1]
         for t in range(P - 1, T - 2):  # the chain rooted at t drafts tokens t+2 .. t+steps+1 (t+1 is the root)
             hits = [bool(chains[k][t] == seq[0, t + k + 2]) for k in range(steps) if t + k + 2 < T]
             for k, hit in enumerate(hits):
                 agree[k] += hit
                 n[k] += 1
+            for k in range(next((k + 1 for k, hit in enumerate(hits) if not hit), len(hits))):
+                drafted.append(Drafted(logits[k][t], int(seq[0, t + k + 2])))  # steps up to the first miss
             if len(hits) == steps:
                 accepted.append(next((k for k, hit in enumerate(hits) if not hit), steps))
     return {
@@ -189,6 +196,52 @@ def acceptance(target, tokenizer, drafter, heldout: list[dict], spec: dict) -> d
         "chain_length": steps,
         "chains": len(accepted),
         "chance_top1": 1 / drafter.draft_vocab_size,
+    }, drafted
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """One draft step along a held-out greedy continuation: the drafter's logits and the target's own token."""
+
+    logits: torch.Tensor  # [Vd]
+    token: int  # the target's greedy token there (a target id; it may lie outside the draft vocabulary)
+
+
+def calibrate_confidence(drafter: Eagle3Drafter, drafted: list[Drafted], width: int = 2) -> dict:
+    """Scale the drafter's logits by one temperature so that its probabilities are what greedy verification accepts.
+
+    A tree node's path probability p_v estimates its commit probability (paper Eq. 3); real EAGLE drafters are
+    calibrated that way (EAGLE-2: a draft token's confidence approximates its acceptance rate). The toy's are not:
+    it learns the toy target's full next-token distribution, which is flat (the target is a small model, held-out
+    loss ~5 nats), while greedy verification accepts the target's argmax, which the drafter matches far more often
+    than its probabilities say. The temperature is fitted on held-out continuations (never on evaluated questions)
+    by the log loss of the event "this child is the target's token" over the ``width`` children a tree node
+    expands (EAGLE-3's top-2), and folded into ``lm_head``: the drafter's argmax, ranking and checkpoint format are
+    unchanged, only its probabilities sharpen or flatten.
+    """
+    logits = torch.stack([d.logits for d in drafted]).double()  # [N, Vd]
+    top = logits.topk(width, dim=-1).indices  # [N, width] draft ids of the expanded children
+    hits = (drafter.to_target_ids(top) == torch.tensor([d.token for d in drafted])[:, None]).double()  # [N, width]
+
+    def log_loss(log_t: float) -> float:
+        p = torch.softmax(logits / math.exp(log_t), dim=-1).gather(1, top).clamp(1e-12, 1 - 1e-12)  # [N, width]
+        return float(-(hits * p.log() + (1 - hits) * (1 - p).log()).mean())
+
+    fit = minimize_scalar(log_loss, bounds=(math.log(0.02), math.log(50.0)), method="bounded")
+    temperature = math.exp(fit.x)
+    with torch.no_grad():
+        drafter.lm_head.weight.div_(temperature)
+    p_before = torch.softmax(logits, dim=-1).gather(1, top)
+    p_after = torch.softmax(logits / temperature, dim=-1).gather(1, top)
+    return {
+        "temperature": temperature,
+        "calibration_steps": len(drafted),
+        "top1_hit_rate": hits[:, 0].mean().item(),
+        "top1_prob_before": p_before[:, 0].mean().item(),
+        "top1_prob_after": p_after[:, 0].mean().item(),
+        "top2_hit_rate": hits[:, 1].mean().item() if width > 1 else None,
+        "top2_prob_before": p_before[:, 1].mean().item() if width > 1 else None,
+        "top2_prob_after": p_after[:, 1].mean().item() if width > 1 else None,
     }
 
 
@@ -239,7 +292,9 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     stats = train_loop(step, spec["steps"], "toy drafter", spec["max_minutes"], key="toy.drafter")
     stats["tokens"] = seen
     drafter.eval()
-    stats |= acceptance(target, tokenizer, drafter, heldout, spec)
+    measured, drafted = acceptance(target, tokenizer, drafter, heldout, spec)
+    stats |= measured
+    stats["confidence"] = calibrate_confidence(drafter, drafted)
     log.info("acceptance: %s", stats)
     with atomic_path(outputs["drafter"], directory=True) as tmp:
         drafter.save_pretrained(tmp)
