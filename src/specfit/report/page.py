@@ -144,7 +144,7 @@ def x_cell(e) -> str:
 @functools.cache
 def _notes():
     return jinja2.Environment(loader=jinja2.PackageLoader("specfit", "templates"), undefined=jinja2.StrictUndefined,
-                              autoescape=False).get_template("notes.j2").module
+                              autoescape=False).get_template("notes.j2", globals={"EMULATED": EMULATED}).module
 
 
 def note(name: str, /, **values) -> str:

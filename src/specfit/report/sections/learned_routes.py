@@ -1,29 +1,11 @@
-"""Beyond the paper: learned routes (``routes: learned``, issue 13). SpecFit reads its routes from a trained route
-predictor (`specfit.speculative.learned`) instead of the target (the paper's oracle, ``routes: atlas``). Per cell
-(workload × slots) where a learned-route run exists: exact, learned and the paper's simulated 60% predictor's routes
-(``routes: noisy``) side by side, EAGLE-3 beside them; the issue's goals judged with the paired bootstrap intervals;
-and the predictor itself (its held-out recall per layer, accuracy, size, cost and time, at this model's size and at
-the paper's model's beside the paper's estimate of section 4.6).
-
-The goals: route accuracy at least 60% (held-out, draft nodes, mean over layers); learned-route SpecFit at least
-98% of SpecFit's decode TPS with exact routes (a tie within the interval counts); faster than EAGLE-3 in every cell
-where SpecFit with exact routes is (a tie does not count); the predictor's time at most 5% of a cycle.
-"""
+"""Beyond the paper: learned routes (``routes: learned``, issue 13). Per cell (workload × slots) of a learned-route
+run: SpecFit with exact (``atlas``), learned and simulated noisy routes beside EAGLE-3, judged against the issue's
+goals (route accuracy ≥ 60%; decode TPS ≥ 98% of exact routes, a tie counts; faster than EAGLE-3 wherever exact
+routes are, a tie does not; the predictor ≤ 5% of a cycle); then the predictor at this model's size and at the
+paper's model's, beside the paper's estimate (section 4.6)."""
 
 from specfit.report.inputs import learned_methods, predictor_metrics
-from specfit.report.page import (
-    EMULATED,
-    MISSING,
-    Section,
-    Table,
-    cache_cell,
-    fmt,
-    interval_note,
-    note,
-    table,
-    tagged,
-    x_cell,
-)
+from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, table, tagged, x_cell
 from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged
@@ -34,8 +16,7 @@ TITLE = "Beyond the paper: learned routes"
 ACCURACY_GOAL = 0.60  # held-out route accuracy of the predictor
 TPS_GOAL = 0.98  # learned / exact-route SpecFit decode TPS (a tie within the interval counts)
 SHARE_GOAL_PCT = 5.0  # the predictor's share of the decode cycles' time
-# Qwen3-30B-A3B, the paper's model: the size at which the paper estimates its predictor (Section 4.6)
-PAPER_MODEL = "Qwen3-30B-A3B"
+PAPER_MODEL = "Qwen3-30B-A3B"  # the paper's model: the size at which it estimates its predictor (section 4.6)
 PAPER_SIZE = {"hidden_size": 2048, "num_layers": 48, "num_experts": 128}
 
 
@@ -43,31 +24,24 @@ def pct(value, spec: str = ".1f") -> str:
     return MISSING if value is None else f"{100.0 * value:{spec}}%"
 
 
-def count(n: int) -> str:
-    return f"{n:,}"
-
-
 def millions(n: float) -> str:
     return f"{n / 1e6:.3g}M" if n >= 1e5 else f"{n / 1e6:.2g}M"
 
 
 def share_pct(m: dict | None) -> float | None:
-    rp = None if m is None else m.get(ROUTE_PREDICTOR)
-    return None if rp is None else rp.get("share_of_cycle_time_pct")
+    """The predictor's share of a learned-route run's cycle time (%), from its metrics.json."""
+    return ((m or {}).get(ROUTE_PREDICTOR) or {}).get("share_of_cycle_time_pct")
 
 
 def ms_per_cycle(m: dict | None) -> float | None:
     """The predictor's time per decode cycle (ms): its seconds over the run's cycles."""
-    rp = None if m is None else m.get(ROUTE_PREDICTOR)
-    if rp is None or rp.get("seconds") is None or not m.get("cycles"):
-        return None
-    return 1e3 * rp["seconds"] / m["cycles"]
+    seconds = ((m or {}).get(ROUTE_PREDICTOR) or {}).get("seconds")
+    return None if seconds is None or not m.get("cycles") else 1e3 * seconds / m["cycles"]
 
 
 def with_routes(spec: dict, method: str, routes: str) -> list[str]:
     """The methods with the same rule as ``method`` and routes from ``routes`` (atlas: exact; noisy: simulated)."""
-    rule = method_rule(spec, method)
-    return [m for m in spec["methods"] if method_rule(spec, m) == rule
+    return [m for m in spec["methods"] if method_rule(spec, m) == method_rule(spec, method)
             and method_config(spec, m).route_source.name == routes]
 
 
@@ -119,7 +93,7 @@ def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bo
         low = [j for j, r in enumerate(layers) if r < ACCURACY_GOAL]
         state = at_least(acc, ACCURACY_GOAL).verdict
         lines = [(state, f"{goal}: {state}. Held-out route accuracy {pct(acc)} over "
-                         f"{count(predictor['validation_nodes'])} draft nodes of {predictor['validation_requests']} "
+                         f"{predictor['validation_nodes']:,} draft nodes of {predictor['validation_requests']} "
                          f"held-out requests (chance {pct(predictor['chance_accuracy'])}); per layer: "
                          + ", ".join(f"layer {j} {pct(r)}" for j, r in enumerate(layers)) + "; "
                          + (f"below {100 * ACCURACY_GOAL:.0f}% in layer{'s' if len(low) > 1 else ''} "
@@ -134,7 +108,7 @@ def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bo
                            f"faster than {eagle})" if 0 < required < len(cells) else
                            f": in none of the {len(cells)} cells is {atlas} faster than {eagle}" if not required
                            else ""))
-    shares = [x for x in (share_pct(s.i.metrics.get(c.runs["learned"])) for c in cells) if x is not None]
+    shares = [x for c in cells if (x := share_pct(s.i.metrics.get(c.runs["learned"]))) is not None]
     lines.append(goal_line(4, f"predictor time ≤ {SHARE_GOAL_PCT:g}% of a cycle", cells, "share",
                            tagged(f"; largest share {max(shares):.2f}%", emulated) if shares else ""))
     states = [state for state, _ in lines]
@@ -176,19 +150,21 @@ def section(s: Scope) -> Section | None:
     eagle, learned = s.roles.eagle3 or "EAGLE-3", cells[0].runs["learned"].method
 
     def per_cycle(key):
-        return lambda x: MISSING if x[1] not in i.metrics else fmt(i.metrics[x[1]][key], ".2f")
+        return METRICS[key].label + " per cycle", lambda x: fmt((i.metrics.get(x[1]) or {}).get(key), ".2f")
 
+    def share(run):
+        return fmt(share_pct(i.metrics.get(run)), ".2f")
+
+    share_header = tagged("Predictor share of cycle time (%)", emulated)
     sec.tables.append(table(s.id("learned-routes"), tagged(f"Exact vs learned vs simulated noisy routes, {s.model} "
                                                            f"/ {s.device}", emulated), [
         ("Workload", lambda x: x[0].workload), ("Cache", lambda x: cache_cell(x[0].slots)),
         ("Method", lambda x: x[1].method), ("Routes", lambda x: x[2]), ("Route accuracy", lambda x: x[3]),
-        (METRICS["draft_nodes_per_cycle"].label + " per cycle", per_cycle("draft_nodes_per_cycle")),
-        (METRICS["committed_per_cycle"].label + " per cycle", per_cycle("committed_per_cycle")),
+        per_cycle("draft_nodes_per_cycle"), per_cycle("committed_per_cycle"),
         (column("tps_dec", emulated), lambda x: tps_cell(i.tps(x[1]))),
         (tagged(f"/ {atlas} (×)", emulated), lambda x: MISSING if x[1] in (x[0].runs["atlas"], x[0].runs["eagle3"])
          else x_cell(i.speedup(x[1], x[0].runs["atlas"]))),
-        (tagged("Predictor share of cycle time (%)", emulated), lambda x: fmt(share_pct(i.metrics.get(x[1])), ".2f")
-         if x[1] == x[0].runs["learned"] else MISSING)], rows, key=lambda x: x[1]))
+        (share_header, lambda x: share(x[1]) if x[1] == x[0].runs["learned"] else MISSING)], rows, key=lambda x: x[1]))
     sec.tables.append(table(s.id("learned-routes-goals"), tagged(f"{learned} against the issue's goals per cell, "
                                                                  f"{s.model} / {s.device}", emulated), [
         ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
@@ -197,13 +173,11 @@ def section(s: Scope) -> Section | None:
         (tagged(f"{atlas} / {eagle} (×)", emulated), lambda c: x_cell(c.ratios["atlas/eagle3"])),
         (tagged(f"{learned} / {eagle} (×)", emulated), lambda c: x_cell(c.ratios["eagle3"])),
         (f"Faster than {eagle} where {atlas} is", lambda c: c.goals["eagle3"].answer()),
-        (tagged("Predictor share of cycle time (%)", emulated),
-         lambda c: fmt(share_pct(i.metrics.get(c.runs["learned"])), ".2f")),
+        (share_header, lambda c: share(c.runs["learned"])),
         (f"≤ {SHARE_GOAL_PCT:g}% of a cycle", lambda c: c.goals["share"].answer())], cells,
         key=lambda c: (c.workload, c.slots)))
-    sec.notes.append(note("learned_routes", learned=learned))
-    sec.notes += goal_notes(s, cells, predictor, emulated, atlas, eagle)
-    sec.notes.append(interval_note(i.seed))
+    sec.notes += [note("learned_routes", learned=learned), *goal_notes(s, cells, predictor, emulated, atlas, eagle),
+                  interval_note(i.seed)]
     if predictor is not None:
         predictor_table(s, sec, predictor, [c.runs["learned"] for c in cells], emulated)
     return sec
@@ -215,46 +189,42 @@ def predictor_table(s: Scope, sec: Section, p: dict, learned: list[DecodeRun], e
     big = predictor_cost(**PAPER_SIZE)
     paper = s.i.paper.get("route_prediction", {})
     head = paper.get("linear_head_predictor", {})
-    paper_params, paper_mflop, paper_ms = (head.get("params_millions"), head.get("mflop_per_node"),
-                                           head.get("added_ms_per_cycle"))
-    device, t = p["torch_device"], p["training"]
+    paper_params, paper_mflop, paper_ms = (head.get(k) for k in ("params_millions", "mflop_per_node",
+                                                                 "added_ms_per_cycle"))
     per_cycle = [x for x in (ms_per_cycle(s.i.metrics.get(r)) for r in learned) if x is not None]
-    rows = {  # key: quantity, this model's, at the paper model's size, the paper's estimate
-        "route_accuracy": ["Held-out route accuracy (draft nodes, mean over layers)", pct(p["route_accuracy"]),
-                           MISSING, MISSING if paper.get("accuracy_pct") is None
-                           else f"{paper['accuracy_pct']:g}% (simulated predictor)"],
-        "recall_per_layer": ["Held-out recall per MoE layer", ", ".join(
-            f"{j}: {pct(r)}" for j, r in enumerate(p["recall_per_layer"])), MISSING, MISSING],
-        "root_accuracy": ["Held-out accuracy of the root's routes", pct(p["root_accuracy"]), MISSING, MISSING],
-        "train_accuracy": ["Training accuracy", pct(p["train_accuracy"]), MISSING, MISSING],
-        "chance_accuracy": ["Chance accuracy (top-k of the experts)", pct(p["chance_accuracy"]), MISSING, MISSING],
-        "params": ["Parameters", f"{count(p['params'])} ({millions(p['params'])})",
-                   f"{count(big['params'])} ({millions(big['params'])})",
-                   MISSING if paper_params is None else f"{paper_params:g}M"],
-        "flop_per_node": ["FLOP per node", f"{count(p['flop_per_node'])} ({p['flop_per_node'] / 1e6:.3g} MFLOP)",
-                          f"{count(big['flop_per_node'])} ({big['flop_per_node'] / 1e6:.3g} MFLOP)",
-                          MISSING if paper_mflop is None else f"{paper_mflop:g} MFLOP"],
-        "us_per_pool": [f"µs per pool of {p['pool_nodes_timed']} nodes (on {device}: compute only, no link)",
-                        fmt(p["us_per_pool"], ".1f"), MISSING, MISSING],
-        "ms_per_cycle": [tagged(f"Predictor ms per decode cycle in the {s.device} runs", emulated),
-                         MISSING if not per_cycle else (f"{min(per_cycle):.3f}" if len(per_cycle) == 1
-                                                        else f"{min(per_cycle):.3f} – {max(per_cycle):.3f}"),
-                         MISSING, MISSING if not paper_ms else "–".join(f"{x:g}" for x in paper_ms)
-                         + " (added ms per cycle)"],
-        "training": ["Training", (f"{t['steps']} steps, {t['seconds']:.1f} s on {device} ({t.get('threads', '?')} "
-                                  f"threads), final loss {t['loss']:.3f}; {p['train_requests']} requests "
-                                  f"({count(p['train_nodes'])} pool nodes), {p['validation_requests']} held out "
-                                  f"({count(p['validation_nodes'])} draft nodes)"), MISSING, MISSING],
-    }
+    device, t, big_mflop = p["torch_device"], p["training"], big["flop_per_node"] / 1e6
+    rows = [  # key, quantity, this model's, at the paper model's size, the paper's estimate
+        ("route_accuracy", "Held-out route accuracy (draft nodes, mean over layers)", pct(p["route_accuracy"]), MISSING,
+         MISSING if paper.get("accuracy_pct") is None else f"{paper['accuracy_pct']:g}% (simulated predictor)"),
+        ("recall_per_layer", "Held-out recall per MoE layer",
+         ", ".join(f"{j}: {pct(r)}" for j, r in enumerate(p["recall_per_layer"])), MISSING, MISSING),
+        ("root_accuracy", "Held-out accuracy of the root's routes", pct(p["root_accuracy"]), MISSING, MISSING),
+        ("train_accuracy", "Training accuracy", pct(p["train_accuracy"]), MISSING, MISSING),
+        ("chance_accuracy", "Chance accuracy (top-k of the experts)", pct(p["chance_accuracy"]), MISSING, MISSING),
+        ("params", "Parameters", f"{p['params']:,} ({millions(p['params'])})",
+         f"{big['params']:,} ({millions(big['params'])})", MISSING if paper_params is None else f"{paper_params:g}M"),
+        ("flop_per_node", "FLOP per node", f"{p['flop_per_node']:,} ({p['flop_per_node'] / 1e6:.3g} MFLOP)",
+         f"{big['flop_per_node']:,} ({big_mflop:.3g} MFLOP)",
+         MISSING if paper_mflop is None else f"{paper_mflop:g} MFLOP"),
+        ("us_per_pool", f"µs per pool of {p['pool_nodes_timed']} nodes (on {device}: compute only, no link)",
+         fmt(p["us_per_pool"], ".1f"), MISSING, MISSING),
+        ("ms_per_cycle", tagged(f"Predictor ms per decode cycle in the {s.device} runs", emulated),
+         MISSING if not per_cycle else f"{min(per_cycle):.3f}" if len(per_cycle) == 1
+         else f"{min(per_cycle):.3f} – {max(per_cycle):.3f}",
+         MISSING, MISSING if not paper_ms else "–".join(f"{x:g}" for x in paper_ms) + " (added ms per cycle)"),
+        ("training", "Training", f"{t['steps']} steps, {t['seconds']:.1f} s on {device} ({t.get('threads', '?')} "
+         f"threads), final loss {t['loss']:.3f}; {p['train_requests']} requests ({p['train_nodes']:,} pool nodes), "
+         f"{p['validation_requests']} held out ({p['validation_nodes']:,} draft nodes)", MISSING, MISSING)]
     size = f"hidden {p['hidden_size']}, {p['num_layers']} MoE layers, {p['num_experts']} experts, top-{p['top_k']}"
-    big_size = (f"hidden {PAPER_SIZE['hidden_size']}, {PAPER_SIZE['num_layers']} MoE layers, "
-                f"{PAPER_SIZE['num_experts']} experts")
+    big_size = ", ".join(f"{PAPER_SIZE[k]} {what}" for k, what in (("num_layers", "MoE layers"),
+                                                                   ("num_experts", "experts")))
     sec.tables.append(Table(
         s.id("route-predictor"), f"The route predictor of {s.model} ({predictor_metrics(s.model)}), and its cost at "
-        f"{PAPER_MODEL}'s size", ["Quantity", f"{s.model} ({size})", f"At {PAPER_MODEL}'s size ({big_size})",
-                                  "Paper's estimate (section 4.6)"], list(rows.values()), list(rows)))
+        f"{PAPER_MODEL}'s size", ["Quantity", f"{s.model} ({size})", f"At {PAPER_MODEL}'s size (hidden "
+                                  f"{PAPER_SIZE['hidden_size']}, {big_size})", "Paper's estimate (section 4.6)"],
+        [list(row[1:]) for row in rows], [row[0] for row in rows]))
     versus = f"{big['params'] / (paper_params * 1e6):.1f}" if paper_params and paper_mflop else ""
     sec.notes.append(note("route_predictor", paper_model=PAPER_MODEL, params=millions(big["params"]),
-                          mflop=f"{big['flop_per_node'] / 1e6:.3g}", versus=versus, paper_params=f"{paper_params:g}"
-                          if versus else "", paper_mflop=f"{paper_mflop:g}" if versus else "", device=device,
-                          run_device=s.device, emulated=emulated, label=EMULATED))
+                          mflop=f"{big_mflop:.3g}", versus=versus, paper_params=f"{paper_params:g}" if versus else "",
+                          paper_mflop=f"{paper_mflop:g}" if versus else "", device=device, run_device=s.device,
+                          emulated=emulated))
