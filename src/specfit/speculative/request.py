@@ -12,6 +12,7 @@ Output tokens: the first comes from prefill; every cycle adds its accepted token
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import torch
@@ -166,18 +167,37 @@ def decode_request(
     question_id: int, limits: Limits, engine=None,
 ) -> RequestResult:
     """Greedy decoding of one prompt with ``method``; times in seconds, synchronized around every section."""
+    cycles = decode_cycles(model, drafter, method, prompt_ids, request_id=request_id, question_id=question_id,
+                           limits=limits, engine=engine)
+    while True:
+        try:
+            next(cycles)
+        except StopIteration as done:
+            return done.value
+
+
+def decode_cycles(
+    model, drafter: Eagle3Drafter | None, method: Method, prompt_ids: list[int], *, request_id: int,
+    question_id: int, limits: Limits, engine=None,
+) -> Generator[list[int], None, RequestResult]:
+    """`decode_request` as it goes: yields the tokens each step commits (prefill's first token, then each
+    cycle's), and returns the request's `RequestResult`. What the caller does between steps is off the timers."""
     session = Session(model, drafter if method.drafts else None, prompt_ids, limits, request_id=request_id,
                       engine=engine)
     clock = session.clock
     h2d_start = h2d_transfers(engine)
     start = clock.now()
     times: dict[str, float] = {}
-    with torch.inference_mode():
-        with clock.section(times, "prefill"):
-            session.prefill()
-        cycles = []
-        while not session.done:
+    with torch.inference_mode(), clock.section(times, "prefill"):
+        session.prefill()
+    with clock.excluded():
+        yield list(session.output)
+    cycles = []
+    while not session.done:
+        with torch.inference_mode():
             cycles.append(session.step(method))
+        with clock.excluded():
+            yield session.output[len(session.output) - cycles[-1]["committed"]:]
     t_request = clock.now() - start - clock.excluded_s
     request = {
         "request_id": request_id, "question_id": question_id, "output_ids": session.output,
