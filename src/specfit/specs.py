@@ -92,13 +92,13 @@ def _limits(config: dict, workload: str) -> dict:
     return {"limit_tokens": wl["limit_tokens"], "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"]}
 
 
-def _stream(config: dict, model: str, device: str, workload: str, method: str, slots: int, link, emulate) -> dict:
+def _stream(config: dict, model: str, device: str, limits: dict, method: str, slots: int, link, emulate) -> dict:
     """What the decode and atlas stages share (`specfit.speculative.stream.StreamSpec`)."""
     return {
         **_engine(config, model, device, link, emulate),
         "method": method_entry(config, method),
         "slots": slots,
-        **_limits(config, workload),
+        **limits,
         "seed": config["seed"],
     }
 
@@ -106,7 +106,16 @@ def _stream(config: dict, model: str, device: str, workload: str, method: str, s
 def decode(config: dict, model: str, device: str, workload: str, method: str, slots: int | str) -> dict:
     """Rule decode: one run of the decode matrix, over the device's link or emulated device (or neither)."""
     dev = config["devices"][device]
-    return _stream(config, model, device, workload, method, int(slots), dev["link"], dev["emulate"])
+    return _stream(config, model, device, _limits(config, workload), method, int(slots), dev["link"], dev["emulate"])
+
+
+def generate(config: dict, model: str, device: str, method: str, slots: int, limit_tokens: int,
+             max_new_tokens: int) -> dict:
+    """Not a rule: `specfit generate` (`specfit.decoder.Decoder.from_config`), a decode run's spec with the caller's
+    limits in place of a workload's."""
+    dev = config["devices"][device]
+    limits = {"limit_tokens": limit_tokens, "max_new_tokens": max_new_tokens}
+    return _stream(config, model, device, limits, method, int(slots), dev["link"], dev["emulate"])
 
 
 def atlas(config: dict, model: str, device: str, workload: str, method: str, cache: str | None = None) -> dict:
@@ -115,7 +124,7 @@ def atlas(config: dict, model: str, device: str, workload: str, method: str, cac
     is off the measured cache and timers. ``cache`` picks the coefficients the build selects with (an input), so both
     variants of a method have this spec."""
     slots = config["models"][model]["main_slots"][device]
-    return _stream(config, model, device, workload, method, slots, link=None, emulate=None)
+    return _stream(config, model, device, _limits(config, workload), method, slots, link=None, emulate=None)
 
 
 def predictor_device(config: dict, model: str) -> str:

@@ -220,19 +220,27 @@ def evaluated_question_ids(config: dict) -> list[int]:
 
 def decode_inputs(config: dict, run: DecodeRun) -> dict[str, str]:
     """The files a decode run reads, by the stage's input names (the decode rule's inputs; `specfit.bench.paired`):
-    prompts and checkpoints, and for a method that selects by routes its coefficients and its atlas or predictor."""
-    model = config["models"][run.model]
-    inputs = {"prompts": paths.prompts(run.model, run.workload), "target": model["target"]}
-    kind = method_rule(config, run.method)
+    prompts, `method_inputs`, and for a method that selects by atlas routes its atlas."""
+    inputs = {"prompts": paths.prompts(run.model, run.workload),
+              **method_inputs(config, run.model, run.device, run.method, run.slots)}
+    if method_rule(config, run.method) in ROUTED_RULES and not method_config(config, run.method).route_source.learned:
+        variant = paths.atlas_variant(run.method, run.slots)
+        inputs["atlas"] = paths.atlas(run.model, run.device, run.workload, variant)
+    return inputs
+
+
+def method_inputs(config: dict, model: str, device: str, method: str, slots: int) -> dict[str, str]:
+    """What a method decodes with, whatever the prompts (`specfit generate` reads these too): the checkpoints, and
+    for a method that selects by routes its coefficients and, with learned routes, its route predictor."""
+    entry = config["models"][model]
+    inputs = {"target": entry["target"]}
+    kind = method_rule(config, method)
     if kind != "ar":
-        inputs["drafter"] = model["drafter"]
+        inputs["drafter"] = entry["drafter"]
     if kind in ROUTED_RULES:
-        inputs["coefficients"] = paths.calibration(run.model, run.device, run.cache)
-        if method_config(config, run.method).route_source.learned:
-            inputs["predictor"] = paths.predictor(run.model)
-        else:
-            variant = paths.atlas_variant(run.method, run.slots)
-            inputs["atlas"] = paths.atlas(run.model, run.device, run.workload, variant)
+        inputs["coefficients"] = paths.calibration(model, device, paths.cache_mode(slots))
+        if method_config(config, method).route_source.learned:
+            inputs["predictor"] = paths.predictor(model)
     return inputs
 
 
