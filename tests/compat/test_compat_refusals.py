@@ -142,6 +142,15 @@ def test_a_target_whose_weights_miss_tensors_is_refused(target_dir, copy_of):
         load_target(target, "bfloat16", key=f"models.{MODEL}.target")
 
 
+def test_a_target_whose_config_leaves_tensors_unused_is_refused_naming_them(target_dir, copy_of):
+    """A config of 2 layers over the checkpoint's 4 would load a truncated model, with a warning only (issue 20)."""
+    target = copy_of(target_dir)
+    edit_config(target, num_hidden_layers=2)
+    with pytest.raises(SpecFitError, match=rf"{TARGET_KEY}.* tensors its config.json does not use "
+                                           r"\(model\.layers\.2\..*truncated"):
+        load_target(target, "bfloat16", key=f"models.{MODEL}.target")
+
+
 # ------------------------------------------------------------------ item 6: speculators options
 @pytest.mark.parametrize("variant", [
     dict(norm_output=True, norm_before_fc=True, layers=2),
@@ -185,6 +194,9 @@ def test_the_options_change_what_the_drafter_computes(target_dir, tmp_path):
     (dict(norm_before_fc=True, fc_norm=True), "sets both norm_before_fc and fc_norm"),
     (dict(norm_before_lm_head=True), "sets norm_before_lm_head: true, an option SpecFit's EAGLE-3 drafter does not"),
     (dict(speculators_model_type="dflash"), "is a speculators 'dflash' checkpoint"),
+    # booleans only (issue 20): "false" would read as true, 1 would go unnoticed as an unknown option
+    (dict(norm_output="false"), 'sets norm_output: "false"; a drafter option is a JSON boolean'),
+    (dict(norm_before_lm_head=1), "sets norm_before_lm_head: 1; a drafter option is a JSON boolean"),
 ])
 def test_options_specfit_does_not_implement_are_refused_by_name(change, message, target_dir, drafter_dir, copy_of):
     drafter = copy_of(drafter_dir)

@@ -112,6 +112,13 @@ def check_config(config: dict, path, key: str | None = DRAFTER_KEY) -> None:
             f"{where}: transformer_layer_config has sliding-window attention (layer_types / use_sliding_window), "
             "which SpecFit's drafter does not implement"
         )
+    loose = sorted(k for k, v in config.items() if not isinstance(v, bool) and k not in INERT_KEYS
+                   and (k in OPTIONS or _reads_as_boolean(v)))
+    if loose:
+        raise SpecFitError(
+            f"{where}: config.json sets {', '.join(f'{k}: {json.dumps(config[k])}' for k in loose)}; a drafter option "
+            "is a JSON boolean, true or false (a number or a string is not read as one)"
+        )
     if config.get("norm_before_fc") and config.get("fc_norm"):
         raise SpecFitError(f"{where}: config.json sets both norm_before_fc and fc_norm, which exclude each other")
     unknown = sorted(k for k, v in config.items() if v is True and k not in OPTIONS and k not in INERT_KEYS)
@@ -121,6 +128,13 @@ def check_config(config: dict, path, key: str | None = DRAFTER_KEY) -> None:
             f"drafter does not implement (it implements {', '.join(OPTIONS)}); it would draft differently from "
             "how it was trained"
         )
+
+
+def _reads_as_boolean(value) -> bool:
+    """A number or a string that someone may have meant as a boolean option (``1``, ``"false"``)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "false", "yes", "no", "on", "off", "0", "1")
+    return isinstance(value, (int, float)) and value in (0, 1)
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:

@@ -121,6 +121,15 @@ def load_target(path, dtype="bfloat16", device="cpu", key=TARGET_KEY, logits_dty
             f"the weights of the target at {path} (set by `{key}` in config.yaml) do not fit its config.json: "
             f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, wrong shape {mismatched[:8]}"
         )
+    # and tensors the config does not use are dropped, with a warning: a config of 2 layers over a checkpoint of 8
+    # would decode a truncated model
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    if unexpected:
+        raise SpecFitError(
+            f"the weights of the target at {path} (set by `{key}` in config.yaml) hold {len(unexpected)} tensors its "
+            f"config.json does not use ({', '.join(unexpected[:8])}{', ...' if len(unexpected) > 8 else ''}): the "
+            "model would load truncated; use the config.json that came with these weights"
+        )
     if not any(name.endswith("experts") for name, _ in model.named_modules()):
         raise SpecFitError(f"the target at {path} ({type(model).__name__}) has no `experts` modules to offload")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
