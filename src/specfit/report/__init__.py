@@ -1,14 +1,10 @@
-"""Stage 7, the report: one HTML page (Jinja2 + matplotlib) and a Markdown twin with the same tables.
-
-Per model and device, then per model across its devices, the sections `specfit.report.sections` lists, each from
-the files the report rule declares (`specfit.report.inputs`). Every timing taken over an emulated link says so. A
-missing input empties its section with a note; a malformed one is an error. Every decode TPS carries its 95%
-percentile-bootstrap interval over the run's requests, and every ratio of two runs' TPS a paired one over request ids
-(`specfit.intervals`); a ratio whose interval holds 1 reads "tie", never a win.
+"""Stage 7, the report: one HTML page (Jinja2 + matplotlib) and a Markdown twin with the same tables, per model and
+device, then per model across its devices: the sections `specfit.report.sections` lists, from the files the rule
+declares (`specfit.report.inputs`). Timings over an emulated link say so; a missing input empties its section with a
+note, a malformed one is an error; every decode TPS and ratio carries its bootstrap interval (`specfit.intervals`).
 
 spec: the config slice it shows (workloads, models, devices, methods, runs, seed)
-inputs: metrics, requests (each decode run's metrics.json and requests.parquet), calibration, points (each fit's
-        JSON and probe points), theory (each Table 5 pool's JSON), predictor: lists, one --in flag per file
+inputs: metrics, requests, calibration, points, theory, predictor: lists, one --in flag per file
 outputs: report (a folder)
 """
 

@@ -1,10 +1,6 @@
-"""What the report reads: the keys and columns of each input, the files the rule declares, and `Inputs`, the loaded
-files with the bootstrap intervals of their decode TPS.
-
-The report reads a file only when its rule declares it (`Declared`): a file it expects (named by `specfit.paths`)
-that the rule does not declare or the disk lacks is missing, and its section says so. A file it reads without the
-keys or columns below is an error. A learned route predictor is declared as its folder (`specfit.paths.predictor`).
-"""
+"""What the report reads: the keys and columns of each input, and `Inputs`, the files the rule declares (a file the
+report expects, named by `specfit.paths`, that the rule does not declare or the disk lacks is missing, and its section
+says so; one without the keys or columns below is an error), with the bootstrap intervals of their decode TPS."""
 
 import json
 import logging
@@ -77,8 +73,7 @@ class Declared:
 
 
 def _load_json(path: str | None, required: tuple[str, ...]) -> dict | None:
-    """A stage's JSON output, or None when not declared or absent; a file without the keys the report reads is an
-    error."""
+    """A stage's JSON output, None when not declared or absent; an error without the keys the report reads."""
     if path is None or not Path(path).is_file():
         return None
     try:
@@ -91,6 +86,7 @@ def _load_json(path: str | None, required: tuple[str, ...]) -> dict | None:
 
 
 def _load_columns(path: str | None, columns: tuple[str, ...]):
+    """A parquet file's ``columns`` (a table), None when not declared or absent; an error without them."""
     if path is None or not Path(path).is_file():
         return None
     table = pq.read_table(path)
@@ -204,23 +200,20 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
     """Every file the report expects for ``spec``, read when ``inputs`` declares it (`Declared`)."""
     files = Declared(inputs)
     runs = decode_runs(spec)
-    metrics, requests = {}, {}
+    metrics, requests, calibration, points, theory, predictor = {}, {}, {}, {}, {}, {}
     for r in runs:
-        data = _load_json(files.path("metrics", r.file("metrics.json")), METRICS_REQUIRED)
         requests_path = files.path("requests", r.file("requests.parquet"))
-        if data is not None:
+        if (data := _load_json(files.path("metrics", r.file("metrics.json")), METRICS_REQUIRED)) is not None:
             metrics[r] = data
             if (table := _load_columns(requests_path, REQUEST_COLUMNS)) is not None:
                 requests[r] = table.to_pylist()
-    calibration, points, theory = {}, {}, {}
     for model, device in sorted({(r.model, r.device) for r in runs}):
         for mode in paths.CACHE_MODES:
-            data = _load_json(files.path("calibration", paths.calibration(model, device, mode)), CALIBRATION_REQUIRED)
-            if data is not None:
+            path = paths.calibration(model, device, mode)
+            if (data := _load_json(files.path("calibration", path), CALIBRATION_REQUIRED)) is not None:
                 if lacking := [k for k in CACHE_AWARE_REQUIRED if data["cache_aware"] is not None
                                and k not in data["cache_aware"]]:
-                    raise SpecFitError(f"{paths.calibration(model, device, mode)}: cache_aware lacks "
-                                       f"{', '.join(lacking)} (the report reads these keys)")
+                    raise SpecFitError(f"{path}: cache_aware lacks {', '.join(lacking)} (the report reads these keys)")
                 calibration[model, device, mode] = data
             table = _load_columns(files.path("points", paths.calibration_points(model, device, mode)), POINTS_COLUMNS)
             if table is not None:
@@ -229,7 +222,6 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
         required = THEORY_REQUIRED if theory_cost(spec, r) == "paper" else THEORY_CACHE_AWARE_REQUIRED
         if (data := _load_json(files.path("theory", theory_file(spec, r)), required)) is not None:
             theory[r] = data
-    predictor = {}
     learned = set(learned_methods(spec))
     for model in sorted({r.model for r in runs if r.method in learned}):
         folder = files.path("predictor", paths.predictor(model))

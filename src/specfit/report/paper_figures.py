@@ -41,46 +41,53 @@ def share_of_saving(c: dict, key: str) -> float | None:
     return share_of(part_e - part_s, total_e - total_s)
 
 
+FIT, EAGLE = ("specfit", "cache"), ("eagle3", "cache")
+# the paper's headline ratios: label, the key of its text claim (``text_claims``), how the two cells compare (tps: a
+# TPS ratio, gain: its percent gain, less / more: how many percent one key lies below / above the other, share: a
+# part's share of the time a cycle saves), numerator cell, denominator cell, metrics.json key
+HEADLINE = (
+    ("SpecFit over cached EAGLE-3 (%)", "vs_cached_eagle3_pct", "gain", FIT, EAGLE, "tps_dec"),
+    ("SpecFit over cached EAGLE-3, prefill included: Request TPS (%)", "incl_prefill_pct", "gain", FIT, EAGLE,
+     "tps_req"),
+    ("SpecFit over vanilla EAGLE-3, no cache (%)", "vs_vanilla_eagle3_no_cache_pct", "gain", ("specfit", "nocache"),
+     ("eagle3", "nocache"), "tps_dec"),
+    ("SpecFit (cache) over AR without cache (×)", "vs_ar_x", "tps", FIT, ("ar", "nocache"), "tps_dec"),
+    ("Vanilla EAGLE-3 over AR without cache (×)", "vanilla_eagle3_vs_ar_x", "tps", ("eagle3", "nocache"),
+     ("ar", "nocache"), "tps_dec"),
+    ("SpecFit commits fewer tokens per cycle than cached EAGLE-3 (%)", "fewer_committed_pct", "less", FIT, EAGLE,
+     "committed_per_cycle"),
+    ("SpecFit cycle shorter than cached EAGLE-3 (%)", "shorter_cycle_pct", "less", FIT, EAGLE, "ms_per_cycle"),
+    ("Verification's share of the time SpecFit saves per cycle vs cached EAGLE-3 (%)",
+     "verification_share_of_saving_pct", "share", FIT, EAGLE, "verify_ms_per_cycle"),
+    ("SpecFit fewer H2D/token than cached EAGLE-3 (%)", "fewer_h2d_per_token_pct", "less", FIT, EAGLE,
+     "h2d_per_token"),
+    ("SpecFit more tokens per transfer than cached EAGLE-3 (%)", "tokens_per_transfer_advantage_pct", "more", EAGLE,
+     FIT, "h2d_per_token"),
+    ("SpecFit drafting time per cycle cut vs cached EAGLE-3 (%)", "drafting_time_cut_pct", "less", FIT, EAGLE,
+     "draft_ms_per_cycle"),
+)
+
+
 def headline(c: dict, tps_ratio=None, req_ratio=None) -> list[tuple[str, str, float | object | None, str]]:
-    """The paper's headline ratios from (rule, cache mode) cells, the same code for paper and run: label, the key of
-    the paper's text claim (``text_claims``), value, format. ``tps_ratio(cell, cell)`` / ``req_ratio(cell, cell)``
-    give a run's ratio of decode / request TPS as an estimate with its interval; without them the ratio is a plain
-    number (the paper's, whose cells have no request TPS: its text states that gain)."""
+    """The paper's headline ratios (`HEADLINE`) from (rule, cache mode) cells, the same code for paper and run:
+    label, text-claim key, value, format. ``tps_ratio(cell, cell)`` / ``req_ratio(cell, cell)`` give a run's ratio
+    of decode / request TPS as an estimate with its interval; without them the ratio is a plain number (the paper's,
+    whose cells have no request TPS: its text states that gain)."""
 
-    def v(rule, mode, key):
-        cell = c.get((rule, mode))
-        return None if cell is None else cell.get(key)
+    def v(cell, key):
+        return None if c.get(cell) is None else c[cell].get(key)
 
-    def tps(a, b, key="tps_dec", given=tps_ratio):
-        return given(a, b) if given is not None else ratio(v(*a, key), v(*b, key))
-
-    def pct(a, b, key="tps_dec", given=tps_ratio):
-        r = tps(a, b, key, given)
-        return as_pct(r) if given is not None else None if r is None else 100.0 * (r - 1.0)
-
-    fit, eagle = ("specfit", "cache"), ("eagle3", "cache")
-    return [
-        ("SpecFit over cached EAGLE-3 (%)", "vs_cached_eagle3_pct", pct(fit, eagle), ".1f"),
-        ("SpecFit over cached EAGLE-3, prefill included: Request TPS (%)", "incl_prefill_pct",
-         pct(fit, eagle, "tps_req", req_ratio), ".1f"),
-        ("SpecFit over vanilla EAGLE-3, no cache (%)", "vs_vanilla_eagle3_no_cache_pct",
-         pct(("specfit", "nocache"), ("eagle3", "nocache")), ".1f"),
-        ("SpecFit (cache) over AR without cache (×)", "vs_ar_x", tps(fit, ("ar", "nocache")), ".2f"),
-        ("Vanilla EAGLE-3 over AR without cache (×)", "vanilla_eagle3_vs_ar_x",
-         tps(("eagle3", "nocache"), ("ar", "nocache")), ".2f"),
-        ("SpecFit commits fewer tokens per cycle than cached EAGLE-3 (%)", "fewer_committed_pct",
-         pct_less(v(*fit, "committed_per_cycle"), v(*eagle, "committed_per_cycle")), ".1f"),
-        ("SpecFit cycle shorter than cached EAGLE-3 (%)", "shorter_cycle_pct",
-         pct_less(v(*fit, "ms_per_cycle"), v(*eagle, "ms_per_cycle")), ".1f"),
-        ("Verification's share of the time SpecFit saves per cycle vs cached EAGLE-3 (%)",
-         "verification_share_of_saving_pct", share_of_saving(c, "verify_ms_per_cycle"), ".1f"),
-        ("SpecFit fewer H2D/token than cached EAGLE-3 (%)", "fewer_h2d_per_token_pct",
-         pct_less(v(*fit, "h2d_per_token"), v(*eagle, "h2d_per_token")), ".1f"),
-        ("SpecFit more tokens per transfer than cached EAGLE-3 (%)", "tokens_per_transfer_advantage_pct",
-         pct_more(v(*eagle, "h2d_per_token"), v(*fit, "h2d_per_token")), ".1f"),
-        ("SpecFit drafting time per cycle cut vs cached EAGLE-3 (%)", "drafting_time_cut_pct",
-         pct_less(v(*fit, "draft_ms_per_cycle"), v(*eagle, "draft_ms_per_cycle")), ".1f"),
-    ]
+    out = []
+    for label, claim, how, a, b, key in HEADLINE:
+        given = tps_ratio if key == "tps_dec" else req_ratio
+        if how in ("tps", "gain"):
+            r = given(a, b) if given is not None else ratio(v(a, key), v(b, key))
+            value = r if how == "tps" else as_pct(r) if given is not None else None if r is None else 100 * (r - 1)
+        else:
+            compare = {"less": pct_less, "more": pct_more}.get(how)
+            value = compare(v(a, key), v(b, key)) if compare else share_of_saving(c, key)
+        out.append((label, claim, value, ".2f" if how == "tps" else ".1f"))
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,6 @@
 """What a section sees: `Scope`, one (model, device) of the run, and `ModelScope`, one model on its devices; both with
-the config's methods in the paper's roles (`Roles`) and the paper's figures for the GPU a device stands for.
-
-The paper's figures sit beside the workload that stands for the paper's on each device: a workload's config key
-``paper`` (gsm8k-odd, the RTX 4090's 40 odd-numbered questions, stands for gsm8k), else its own name when it is one
-of the paper's (`stand_ins`).
-"""
+the config's methods in the paper's roles (`Roles`) and the paper's figures (`Beside`) for the GPU a device stands
+for, beside the workload that stands for the paper's there (`stand_ins`)."""
 
 from dataclasses import dataclass, field
 
@@ -15,6 +11,11 @@ from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, Beside
 from specfit.report.quantities import LINK_EMULATED
 from specfit.report.verdict import Outcome
 from specfit.workflow import DecodeRun, method_config, method_rule
+
+
+def slot_order(slots) -> list[int]:
+    """Slot counts as tables list them: largest cache first, no cache last."""
+    return sorted(slots, key=lambda x: (x == 0, -x))
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,15 @@ class Roles:
 
     @classmethod
     def of(cls, spec: dict) -> "Roles":
-        def first(rule, routes=None):
-            return next((m for m in spec["methods"] if method_rule(spec, m) == rule
-                         and (routes is None or method_config(spec, m).route_source.name == routes)), None)
+        def having(rule, routes=None):
+            return [m for m in spec["methods"] if method_rule(spec, m) == rule
+                    and (routes is None or method_config(spec, m).route_source.name == routes)]
 
-        noisy = [m for m in spec["methods"] if method_rule(spec, m) == "specfit"
-                 and method_config(spec, m).route_source.name == "noisy"]
-        return cls(first("ar"), first("eagle3"), first("specfit", "atlas"), noisy, first("specfit-ca"))
+        def first(rule, routes=None):
+            return next(iter(having(rule, routes)), None)
+
+        return cls(first("ar"), first("eagle3"), first("specfit", "atlas"), having("specfit", "noisy"),
+                   first("specfit-ca"))
 
     def by_rule(self) -> dict[str, str | None]:
         return {"ar": self.ar, "eagle3": self.eagle3, "specfit": self.specfit}
@@ -52,8 +55,8 @@ def paper_device(spec: dict, device: str) -> str:
 
 
 def paper_workload(spec: dict, workload: str) -> str | None:
-    """The paper's workload a workload stands for: its config key ``paper``, else its own name when that is one of
-    the paper's."""
+    """The paper's workload a workload stands for: its config key ``paper`` (gsm8k-odd, the RTX 4090's 40
+    odd-numbered questions, stands for gsm8k), else its own name when that is one of the paper's."""
     key = spec["workloads"][workload].get("paper")
     return key if key is not None else workload if workload in PAPER_WORKLOADS else None
 
@@ -71,10 +74,8 @@ def stand_ins(spec: dict, runs, roles: Roles, model: str, device: str) -> dict[s
     for order, w in enumerate(spec["workloads"]):
         pw = paper_workload(spec, w)
         have = {(r.method, r.slots) for r in runs if (r.model, r.device, r.workload) == (model, device, w)}
-        if pw is None or not have & wanted:
-            continue
         rank = (len(have & wanted), w == pw, -order)
-        if pw not in best or rank > best[pw][0]:
+        if pw is not None and have & wanted and (pw not in best or rank > best[pw][0]):
             best[pw] = (rank, w)
     return {pw: w for pw, (_, w) in sorted(best.items(), key=lambda kv: PAPER_WORKLOADS.index(kv[0]))}
 
@@ -151,13 +152,11 @@ class Scope:
 
     def cells(self, method: str, roles: dict) -> list[Cell]:
         """A `Cell` per workload × slots where ``method`` ran on this device; ``roles``: role -> method name."""
-        matrix, cells = set(self.runs), []
-        for w in self.workloads:
-            for slots in sorted({r.slots for r in self.runs if r.workload == w and r.method == method},
-                                key=lambda x: (x == 0, -x)):
-                runs = {role: self.run(w, name, slots) for role, name in roles.items()}
-                cells.append(Cell(w, slots, {role: r if r in matrix else None for role, r in runs.items()}))
-        return cells
+        matrix = set(self.runs)
+        return [Cell(w, slots, {role: r if (r := self.run(w, name, slots)) in matrix else None
+                                for role, name in roles.items()})
+                for w in self.workloads
+                for slots in slot_order({r.slots for r in self.runs if r.workload == w and r.method == method})]
 
     def title(self, workload: str) -> str:
         """Where a table's numbers come from: model, device, workload and its subset label."""
@@ -185,8 +184,7 @@ class ModelScope:
 
     def workload_on(self, device: str, group: str) -> str | None:
         """The workload of ``device`` in a side-by-side group: the device's stand-in for the paper's workload
-        ``group`` (`stand_ins`: gsm8k on the A100, gsm8k-odd on the RTX 4090), else the workload named ``group``."""
+        ``group`` (`stand_ins`), else the workload named ``group``."""
         if group in PAPER_WORKLOADS:
             return self.on[device].stand_ins.get(group)
         return group if group in self.on[device].workloads else None
-

@@ -3,7 +3,7 @@ and one verdict (`verdict.confronted`): confirmed, refuted or a tie. Whatever th
 on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md)."""
 
 from specfit.report.page import MISSING, Section, fmt, interval_note, note, table, tagged, x_cell
-from specfit.report.scope import Scope
+from specfit.report.scope import Scope, slot_order
 from specfit.report.verdict import Verdict, confronted
 from specfit.workflow import DecodeRun
 
@@ -81,8 +81,8 @@ def sweep_claim(s: Scope, pw: str, w: str) -> list[tuple]:
     """Figure 4: SpecFit's gain over EAGLE-3 grows as the cache shrinks (21.6% at 48 slots to 31.6% without a cache).
     Confirmed when the gain's point estimates grow as the slots shrink and the gain without a cache lies above the
     main slots' gain by more than its interval; refuted when both hold the other way; else a tie."""
-    slots = sorted({r.slots for r in s.runs_of(w) if r.method == s.roles.specfit}
-                   & {r.slots for r in s.runs_of(w) if r.method == s.roles.eagle3}, key=lambda x: (x == 0, -x))
+    slots = slot_order({r.slots for r in s.runs_of(w) if r.method == s.roles.specfit}
+                       & {r.slots for r in s.runs_of(w) if r.method == s.roles.eagle3})
     sweep = s.paper.sweep(pw, 4)
     if sweep is None or len(slots) < 3 or slots[-1] != 0 or slots[0] != s.main:
         return []

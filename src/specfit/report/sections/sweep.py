@@ -4,7 +4,7 @@ paper's Figure 4 beside on the workload that stands for its summarization on the
 from specfit.report.figures import slug, sweep_panels
 from specfit.report.page import Section, as_pct, fmt, interval_note, note, pct_less, pct_more, show, table, tagged
 from specfit.report.quantities import TOKENS_PER_TRANSFER, column, tokens_per_transfer, tps_cell
-from specfit.report.scope import Scope
+from specfit.report.scope import Scope, slot_order
 
 
 def section(s: Scope) -> Section:
@@ -25,7 +25,7 @@ def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
     slots = {m: {r.slots for r in s.runs_of(w) if r.method == m} for m in pair if m}
     if len(slots) < 2 or min(len(x) for x in slots.values()) < 3:
         return
-    common = sorted(slots[a] & slots[b], key=lambda x: (x == 0, -x))
+    common = slot_order(slots[a] & slots[b])
     runs = [s.run(w, m, x) for m in pair for x in common]
     present, emulated = s.present(sec, runs)
     if not present:
@@ -35,44 +35,38 @@ def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
     tps = {(k, x): s.i.tps(s.run(w, k, x)) for k in pair for x in common}
     per = {(k, x): tokens_per_transfer(m[k, x] or None) for k in pair for x in common}
     paper = s.paper.sweep(s.paper_key(w), len(common))
-    rank = {x: j for j, x in enumerate(common)}
-    by = [("Paper slots (A100, by rank)", lambda x: str(paper["slots"][rank[x]]))]
+    rank = {x: j for j, x in enumerate(common)}  # Figure 4's slot counts matched to this run's by rank
 
-    def p(key, method=None, spec=".1f"):  # the paper's figure at the slot count of the same rank
-        return lambda x: fmt((paper[key] if method is None else paper[key][method])[rank[x]], spec)
+    def both(header, cell, timed=True):  # a column per method of the pair
+        return [(tagged(f"{k} {header}", timed and emulated), lambda x, k=k: cell(k, x)) for k in pair]
 
-    def cut(key):
-        return lambda x: fmt(pct_less(paper[key]["specfit"][rank[x]], paper[key]["eagle3"][rank[x]]), ".1f")
+    def paper_both(header, key, spec=".1f"):  # the paper's figure for each method at the slot count of the same rank
+        return [(f"Paper {name} {header}", lambda x, k=k: fmt(paper[key][k][rank[x]], spec))
+                for k, name in (("eagle3", "EAGLE-3"), ("specfit", "SpecFit"))]
 
-    def stated(x):
-        value = paper["tokens_per_transfer_advantage_pct"][rank[x]]
+    def stated(x):  # the text's advantage where it states one, else computed from Figure 4b
         h2d = paper["h2d_per_token"]
+        value = paper["tokens_per_transfer_advantage_pct"][rank[x]]
         return fmt(value if value is not None else pct_more(h2d["eagle3"][rank[x]], h2d["specfit"][rank[x]]), ".1f")
 
-    paper_tps = [*by, ("Paper EAGLE-3 Decode TPS", p("decode_tps", "eagle3", spec=".2f")),
-                 ("Paper SpecFit Decode TPS", p("decode_tps", "specfit", spec=".2f")),
-                 ("Paper gain (%)", p("specfit_gain_pct"))] if paper else []
-    paper_cost = [*by, ("Paper EAGLE-3 ms/cycle", p("ms_per_cycle", "eagle3")),
-                  ("Paper SpecFit ms/cycle", p("ms_per_cycle", "specfit")),
-                  ("Paper cycle shorter (%)", cut("ms_per_cycle")),
-                  ("Paper EAGLE-3 H2D/token", p("h2d_per_token", "eagle3")),
-                  ("Paper SpecFit H2D/token", p("h2d_per_token", "specfit")),
+    by = [("Paper slots (A100, by rank)", lambda x: str(paper["slots"][rank[x]]))]
+    paper_tps = [*by, *paper_both("Decode TPS", "decode_tps", ".2f"),
+                 ("Paper gain (%)", lambda x: fmt(paper["specfit_gain_pct"][rank[x]], ".1f"))] if paper else []
+    paper_cost = [*by, *paper_both("ms/cycle", "ms_per_cycle"), ("Paper cycle shorter (%)", lambda x: fmt(
+        pct_less(paper["ms_per_cycle"]["specfit"][rank[x]], paper["ms_per_cycle"]["eagle3"][rank[x]]), ".1f")),
+                  *paper_both("H2D/token", "h2d_per_token"),
                   ("Paper tokens per transfer over EAGLE-3 (%)", stated)] if paper else []
     sec.tables.append(table(s.id("sweep", w), tagged(f"Slot sweep, {s.title(w)} (0 = no cache)", emulated), [
-        ("Slots", str), (tagged(f"{a} Decode TPS", emulated), lambda x: tps_cell(tps[a, x])),
-        (tagged(f"{b} Decode TPS", emulated), lambda x: tps_cell(tps[b, x])),
+        ("Slots", str), *both("Decode TPS", lambda k, x: tps_cell(tps[k, x])),
         (tagged(f"{b} gain over {a} (%)", emulated),
          lambda x: show(as_pct(s.i.speedup(s.run(w, b, x), s.run(w, a, x))), ".1f")), *paper_tps], common))
     sec.tables.append(table(s.id("sweep-cost", w), tagged(f"Cycle time and transfers per slot count, "
                                                           f"{s.title(w)} (0 = no cache)", emulated), [
-        ("Slots", str), (tagged(f"{a} ms/cycle", emulated), lambda x: fmt(m[a, x].get("ms_per_cycle"), ".1f")),
-        (tagged(f"{b} ms/cycle", emulated), lambda x: fmt(m[b, x].get("ms_per_cycle"), ".1f")),
+        ("Slots", str), *both("ms/cycle", lambda k, x: fmt(m[k, x].get("ms_per_cycle"), ".1f")),
         (tagged(f"{b} cycle shorter (%)", emulated),
          lambda x: fmt(pct_less(m[b, x].get("ms_per_cycle"), m[a, x].get("ms_per_cycle")), ".1f")),
-        (f"{a} H2D/token", lambda x: fmt(m[a, x].get("h2d_per_token"), ".1f")),
-        (f"{b} H2D/token", lambda x: fmt(m[b, x].get("h2d_per_token"), ".1f")),
-        (f"{a} {TOKENS_PER_TRANSFER}", lambda x: fmt(per[a, x], ".4f")),
-        (f"{b} {TOKENS_PER_TRANSFER}", lambda x: fmt(per[b, x], ".4f")),
+        *both("H2D/token", lambda k, x: fmt(m[k, x].get("h2d_per_token"), ".1f"), timed=False),
+        *both(TOKENS_PER_TRANSFER, lambda k, x: fmt(per[k, x], ".4f"), timed=False),
         (f"{b} tokens per transfer over {a} (%)", lambda x: fmt(pct_more(per[b, x], per[a, x]), ".1f")),
         *paper_cost], common))
     panels = [(column("tps_dec", emulated), {k: [tps[k, x] for x in common] for k in pair}),
