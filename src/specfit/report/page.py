@@ -87,10 +87,6 @@ def share_of(part_saved: float, saved: float) -> float:
     return float("nan") if saved <= 0 else 100.0 * part_saved / saved
 
 
-def x_fmt(value) -> str:
-    return MISSING if value is None else f"{value:.2f}×"
-
-
 def cache_cell(slots: int) -> str:
     return f"Yes ({slots})" if slots > 0 else "No"
 
@@ -136,9 +132,6 @@ def show(value, spec: str, unit: str = "") -> str:
     text += f" [{fmt(value.low, spec)}, {fmt(value.high, spec)}]"
     return f"{text} {value.verdict}" if value.verdict else text
 
-
-def x_cell(e) -> str:
-    return show(e, ".2f", "×")
 
 
 @functools.cache

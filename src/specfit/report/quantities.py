@@ -4,7 +4,7 @@ the theory's Table 5 rows (`specfit.theory`)."""
 from dataclasses import dataclass
 
 from specfit.metrics import SPLIT_KEYS
-from specfit.report.page import show, tagged
+from specfit.report.page import MISSING, as_pct, fmt, show, tagged
 
 
 @dataclass(frozen=True)
@@ -105,5 +105,21 @@ def column(key: str, emulated: bool) -> str:
     return tagged(q.label, emulated and q.timing)
 
 
+def metric(metrics: dict, key: str, emulated: bool, run=lambda x: x, dash=lambda x: False) -> tuple:
+    """A table column of one metrics.json key, as `METRICS` prints it: header, and the cell of a row, whose run
+    ``run(row)`` gives (a dash where ``dash(row)``: AR's draft counters)."""
+    return column(key, emulated), lambda x: MISSING if dash(x) else fmt(metrics[run(x)].get(key), METRICS[key].fmt)
+
+
 def tps_cell(e) -> str:
     return show(e, METRICS["tps_dec"].fmt)
+
+
+def gain_cell(e) -> str:
+    """A ratio of two runs as a percent gain with its interval and verdict: "3.1 [-2.0, 8.4] tie"."""
+    return show(as_pct(e), ".1f")
+
+
+def x_cell(e) -> str:
+    """A ratio, the paper's (a number) or a run's (an estimate), as "1.03×" or "1.03× [0.97, 1.09] tie"."""
+    return show(e, ".2f", "×")

@@ -2,7 +2,8 @@
 and one verdict (`verdict.confronted`): confirmed, refuted or a tie. Whatever the direction, it is the run's finding;
 on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md)."""
 
-from specfit.report.page import MISSING, Section, fmt, interval_note, note, table, tagged, x_cell
+from specfit.report.page import MISSING, Section, fmt, interval_note, note, table, tagged
+from specfit.report.quantities import x_cell
 from specfit.report.scope import Scope, slot_order
 from specfit.report.verdict import Verdict, confronted
 from specfit.workflow import DecodeRun

@@ -2,8 +2,8 @@
 against a cached EAGLE-3 cycle comes from (section 4.2)."""
 
 from specfit.metrics import SPLIT_KEYS
-from specfit.report.page import MISSING, Section, cache_cell, fmt, note, pct_less, pct_more, share_of, table, tagged
-from specfit.report.quantities import DRAFT_KEYS, METRICS, TOKENS_PER_TRANSFER, column, tokens_per_transfer
+from specfit.report.page import CACHE, METHOD, Section, fmt, note, pct_less, pct_more, share_of, table, tagged
+from specfit.report.quantities import DRAFT_KEYS, TOKENS_PER_TRANSFER, metric, tokens_per_transfer
 from specfit.report.scope import Scope
 from specfit.workflow import method_rule
 
@@ -33,9 +33,9 @@ def workload(s: Scope, sec: Section, w: str) -> bool:
     if not present:
         return False
 
-    def counter(k):
-        return column(k, emulated), lambda r: (MISSING if method_rule(s.spec, r.method) == "ar" and k in DRAFT_KEYS
-                                               else fmt(s.i.metrics[r].get(k), METRICS[k].fmt))
+    def counter(k):  # AR drafts nothing: a dash, as in the paper
+        return metric(s.i.metrics, k, emulated,
+                      dash=lambda r: k in DRAFT_KEYS and method_rule(s.spec, r.method) == "ar")
 
     def over_eagle(r):
         base = None if r.method == eagle else s.i.metrics.get(s.run(w, eagle, r.slots))
@@ -43,11 +43,9 @@ def workload(s: Scope, sec: Section, w: str) -> bool:
 
     eagle = s.roles.eagle3
     sec.tables.append(table(s.id("counters", w), tagged(f"Counters per verification cycle, {s.title(w)}", emulated),
-                            [("Method", lambda r: r.method), ("Cache", lambda r: cache_cell(r.slots)),
-                             *map(counter, KEYS)], present))
+                            [METHOD, CACHE, *map(counter, KEYS)], present))
     sec.tables.append(table(s.id("transfers", w), f"Tokens per transfer, {s.title(w)}", [
-        ("Method", lambda r: r.method), ("Cache", lambda r: cache_cell(r.slots)),
-        (column("h2d_per_token", False), lambda r: fmt(s.i.metrics[r].get("h2d_per_token"), ".1f")),
+        METHOD, CACHE, metric(s.i.metrics, "h2d_per_token", False),
         (TOKENS_PER_TRANSFER, lambda r: fmt(tokens_per_transfer(s.i.metrics[r]), ".4f")),
         (f"Tokens per transfer over {eagle} at the same cache (%)", over_eagle)], present))
     return time_saved(s, sec, w)

@@ -1,8 +1,8 @@
 """One model's devices side by side (Table 4 style): each workload, or the workload that stands for one of the
 paper's on each device, with the paper's three methods with and without the cache."""
 
-from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, note, table, tagged, x_cell
-from specfit.report.quantities import DRAFT_KEYS, METRICS, column, tps_cell
+from specfit.report.page import Section, cache_cell, interval_note, note, table, tagged
+from specfit.report.quantities import DRAFT_KEYS, column, metric, tps_cell, x_cell
 from specfit.report.scope import ModelScope, paper_workload
 
 KEYS = ("draft_nodes_per_cycle", "committed_per_cycle", "cycles", "ms_per_cycle", "h2d_per_token")
@@ -40,9 +40,8 @@ def group_table(v: ModelScope, sec: Section, group: str, on: dict[str, str]) -> 
     if not rows:
         return
 
-    def counter(k):
-        return column(k, emulated), lambda x: (MISSING if x[2] == "ar" and k in DRAFT_KEYS
-                                               else fmt(v.i.metrics[x[4]][k], METRICS[k].fmt))
+    def counter(k):  # AR drafts nothing: a dash, as in the paper
+        return metric(v.i.metrics, k, emulated, run=lambda x: x[4], dash=lambda x: x[2] == "ar" and k in DRAFT_KEYS)
 
     shown = ", ".join(f"{d}: {w}" for d, w in on.items()) if any(w != group for w in on.values()) else ""
     sec.tables.append(table(v.id("devices", group), tagged(

@@ -5,8 +5,8 @@ routes are, a tie does not; the predictor ≤ 5% of a cycle); then the predictor
 paper's model's, beside the paper's estimate (section 4.6)."""
 
 from specfit.report.inputs import learned_methods, predictor_metrics
-from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, table, tagged, x_cell
-from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell
+from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, table, tagged
+from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged
 from specfit.speculative.routes import predictor_cost

@@ -1,8 +1,8 @@
 """Sensitivity to route-prediction errors (section 4.6): SpecFit with exact and with noisy routes side by side, the
 paper's speedups beside on its 40 GSM8K questions."""
 
-from specfit.report.page import MISSING, Section, cache_cell, interval_note, table, tagged, x_cell, x_fmt
-from specfit.report.quantities import column, tps_cell
+from specfit.report.page import MISSING, Section, cache_cell, interval_note, table, tagged
+from specfit.report.quantities import column, tps_cell, x_cell
 from specfit.report.scope import Scope, paper_workload
 from specfit.workflow import DecodeRun, method_config, workload_ids
 
@@ -47,7 +47,7 @@ def workload(s: Scope, sec: Section, w: str, cited: dict) -> None:
         (tagged("Speedup over AR without cache", emulated), lambda x: x_cell(s.i.speedup(x[0], ar))),
         ((f"Paper speedup ({cited['device'].upper()}, {cited['questions_label']}; noisy: "
           f"{cited['accuracy_pct']:g}% accuracy)"),
-         lambda x: x_fmt(x[2]) if paper is not None and x[0].slots == s.main else MISSING)],
+         lambda x: x_cell(x[2]) if paper is not None and x[0].slots == s.main else MISSING)],
         rows, key=lambda x: x[0]))
     q = cited["questions"]
     if paper is not None and (workload_ids(s.spec, w) != list(range(q["start"], q["stop"] + 1, q["step"]))

@@ -1,9 +1,9 @@
 """One model's runs on every device beside the paper's figures for the GPU the device stands for: Table 4's cells and
 the paper's headline ratios, computed by the same code from the paper's tables and from this run."""
 
-from specfit.report.page import Section, fmt, interval_note, note, ratio, show, table, tagged, x_cell, x_fmt
+from specfit.report.page import Section, fmt, interval_note, note, ratio, show, table, tagged
 from specfit.report.paper_figures import headline
-from specfit.report.quantities import tps_cell
+from specfit.report.quantities import tps_cell, x_cell
 from specfit.report.scope import ModelScope
 
 
@@ -43,7 +43,7 @@ def tables(v: ModelScope, sec: Section, d: str, pw: str, w: str, paper: dict) ->
         ("Method", lambda c: c[0]), ("Cache", lambda c: "Yes" if c[1] == "cache" else "No"),
         ("Paper Decode TPS", lambda c: fmt(paper[c]["tps_dec"], ".2f")),
         (tagged("This run Decode TPS", emulated), lambda c: tps_cell(i.tps(key[c]))),
-        ("Paper speedup", lambda c: x_fmt(ratio(paper[c]["tps_dec"], ar))),
+        ("Paper speedup", lambda c: x_cell(ratio(paper[c]["tps_dec"], ar))),
         (tagged("This run speedup", emulated), lambda c: x_cell(i.speedup(key[c], key["ar", "nocache"]))),
         ("Paper ms/cycle", lambda c: fmt(paper[c].get("ms_per_cycle"), ".1f")),
         (tagged("This run ms/cycle", emulated), lambda c: fmt(run[c].get("ms_per_cycle"), ".1f")),

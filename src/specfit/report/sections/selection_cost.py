@@ -1,8 +1,8 @@
 """The selector's time per cycle (section 4.6), included in every measured throughput, the paper's beside SpecFit's
 main run on the A100."""
 
-from specfit.report.page import MISSING, Section, cache_cell, fmt, table, tagged
-from specfit.report.quantities import column
+from specfit.report.page import CACHE, METHOD, MISSING, Section, fmt, table, tagged
+from specfit.report.quantities import metric
 from specfit.report.scope import Scope
 from specfit.workflow import method_rule
 
@@ -23,10 +23,8 @@ def section(s: Scope) -> Section:
     if runs:
         sec.tables.append(table(s.id("selection-cost"), tagged(
             "Selector time per cycle, included in every measured throughput", emulated), [
-            ("Workload", lambda r: r.workload), ("Method", lambda r: r.method),
-            ("Cache", lambda r: cache_cell(r.slots)),
-            (column("select_ms_median", emulated), lambda r: fmt(s.i.metrics[r]["select_ms_median"], ".2f")),
-            (column("select_share_pct", emulated), lambda r: fmt(s.i.metrics[r]["select_share_pct"], ".2f")),
+            ("Workload", lambda r: r.workload), METHOD, CACHE, metric(s.i.metrics, "select_ms_median", emulated),
+            metric(s.i.metrics, "select_share_pct", emulated),
             ("Paper median ms (A100)", beside("median_ms_per_cycle", ".2f")),
             ("Paper share (%)", beside("share_of_decode_time_pct", ".1f"))], runs))
     return sec

@@ -1,14 +1,10 @@
 """Beyond the paper: the cache- and draft-aware SpecFit (rule ``specfit-ca``, issue 12) beside AR, EAGLE-3 and the
-paper's SpecFit in every cell (workload × slots) where it ran, judged against the issue's goal with the paired
-bootstrap intervals; for a cell that misses it, where the time went and why, in words made from those numbers.
-
-The goal, per cell: specfit-ca at least as fast as the faster of AR and EAGLE-3 in the cell (a tie within the
-interval counts) and, with the cache (slots > 0), faster than the paper's SpecFit (a tie does not count). Without
-the cache every expert is copied, the cache-aware cost has nothing to tell apart, and only the first part counts.
+paper's SpecFit in every cell (workload × slots) where it ran, judged against the issue's goal (`judge`) with the
+paired bootstrap intervals; for a cell that misses it, where the time went and why, in words made from those numbers.
 """
 
-from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, table, tagged, x_cell
-from specfit.report.quantities import LATER_KEYS, METRICS, column, tps_cell
+from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, table, tagged
+from specfit.report.quantities import LATER_KEYS, METRICS, column, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Verdict, judged, overall
 
@@ -108,50 +104,21 @@ def time_header(emulated: bool) -> list[str]:
 
 
 def why(name: str, m: dict, rival: str, r: dict, rival_is_ar: bool, e) -> str:
-    """Why ``name`` (metrics ``m``) misses against ``rival`` (``r``), in words made from the numbers: the ratio,
-    the cycle and the parts that differ, the tokens a cycle commits and what it would need, the expert copies per
-    token, and the cycles that drafted nothing."""
-    clauses = []
-    ms, r_ms = m.get("ms_per_cycle"), r.get("ms_per_cycle")
-    if ms is not None and r_ms is not None:
-        parts = []
+    """Why ``name`` (metrics ``m``) misses against ``rival`` (``r``), in words made from the numbers
+    (templates/notes.j2): the ratio, the cycle and the parts that differ, the tokens a cycle commits and what it would
+    need, the expert copies per token, and the cycles that drafted nothing."""
+    parts = []  # (part, this run's ms/cycle, the rival's): those that differ, the largest difference first
+    if m.get("ms_per_cycle") is not None and r.get("ms_per_cycle") is not None:
         for label, key in PARTS:
             a, b = m.get(key), 0.0 if rival_is_ar and label == "drafting" else r.get(key)  # AR drafts nothing
-            if a is None or b is None or abs(a - b) < PART_SHARE * r_ms:
-                continue
-            if label == "drafting" and rival_is_ar:
-                parts.append((abs(a - b), f"drafting adds {a - b:.2f} ms/cycle"))
-            else:
-                what = "forward" if rival_is_ar and label == "verify" else label
-                parts.append((abs(a - b), (f"{label} is {abs(a - b):.2f} ms/cycle {'slower' if a > b else 'faster'} "
-                                           f"than {rival}'s {what}")))
-        text = f"its cycle takes {ms:.2f} ms against {r_ms:.2f} ms"
-        if parts:
-            text += " (" + ", ".join(p for _, p in sorted(parts, key=lambda p: -p[0])) + ")"
-        clauses.append(text)
-    c, r_c = m.get("committed_per_cycle"), r.get("committed_per_cycle")
-    t, r_t = ms_per_token(m), ms_per_token(r)
-    if c is not None and r_c is not None:
-        text = f"it commits {c:.2f} tokens per cycle against {r_c:.2f}"
-        if t is not None and r_t is not None:
-            text += f", {t:.2f} ms per committed token against {r_t:.2f}"
-            if t > r_t and ms is not None:
-                text += (f": at its cycle time it would need {ms / r_t:.2f} tokens per cycle, or at its tokens a "
-                         f"cycle of {c * r_t:.2f} ms, to match")
-            elif e is not None and e.verdict == Verdict.TIE:
-                text += ": not slower per committed token, but the gain lies within the interval"
-            else:
-                text += ": not slower per committed token"
-        clauses.append(text)
+            if a is not None and b is not None and abs(a - b) >= PART_SHARE * r["ms_per_cycle"]:
+                parts.append((label, a, b))
+        parts.sort(key=lambda p: -abs(p[1] - p[2]))
     h, r_h = m.get("h2d_per_token"), r.get("h2d_per_token")
-    if h is not None and r_h is not None and abs(h - r_h) > NOISE * max(r_h, 1e-9):
-        clauses.append(f"it copies {h:.1f} experts per token against {r_h:.1f} ({'more' if h > r_h else 'fewer'})")
-    empty = drafted_nothing_pct(m)
-    if empty is not None and empty > 0:
-        r_empty = None if rival_is_ar else drafted_nothing_pct(r)
-        clauses.append(f"{empty:.0f}% of its cycles drafted nothing"
-                       + ("" if r_empty is None else f" ({rival}: {r_empty:.0f}%)"))
-    return f"{name} / {rival}: {x_cell(e)}" + ("; " + "; ".join(clauses) if clauses else "") + "."
+    return note("specfit_ca_why", name=name, rival=rival, ratio=x_cell(e), m=m, r=r, parts=parts, ar=rival_is_ar,
+                t=ms_per_token(m), r_t=ms_per_token(r), tie=e is not None and e.verdict == Verdict.TIE,
+                copies=h is not None and r_h is not None and abs(h - r_h) > NOISE * max(r_h, 1e-9),
+                empty=drafted_nothing_pct(m), r_empty=None if rival_is_ar else drafted_nothing_pct(r))
 
 
 def where_the_time_went(s: Scope, sec: Section, missed: list[Cell], ca: str, emulated: bool) -> None:

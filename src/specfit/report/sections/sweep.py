@@ -2,8 +2,8 @@
 paper's Figure 4 beside on the workload that stands for its summarization on the A100."""
 
 from specfit.report.figures import slug, sweep_panels
-from specfit.report.page import Section, as_pct, fmt, interval_note, note, pct_less, pct_more, show, table, tagged
-from specfit.report.quantities import TOKENS_PER_TRANSFER, column, tokens_per_transfer, tps_cell
+from specfit.report.page import Section, fmt, interval_note, note, pct_less, pct_more, table, tagged
+from specfit.report.quantities import TOKENS_PER_TRANSFER, column, gain_cell, tokens_per_transfer, tps_cell
 from specfit.report.scope import Scope, slot_order
 
 
@@ -59,7 +59,7 @@ def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
     sec.tables.append(table(s.id("sweep", w), tagged(f"Slot sweep, {s.title(w)} (0 = no cache)", emulated), [
         ("Slots", str), *both("Decode TPS", lambda k, x: tps_cell(tps[k, x])),
         (tagged(f"{b} gain over {a} (%)", emulated),
-         lambda x: show(as_pct(s.i.speedup(s.run(w, b, x), s.run(w, a, x))), ".1f")), *paper_tps], common))
+         lambda x: gain_cell(s.i.speedup(s.run(w, b, x), s.run(w, a, x)))), *paper_tps], common))
     sec.tables.append(table(s.id("sweep-cost", w), tagged(f"Cycle time and transfers per slot count, "
                                                           f"{s.title(w)} (0 = no cache)", emulated), [
         ("Slots", str), *both("ms/cycle", lambda k, x: fmt(m[k, x].get("ms_per_cycle"), ".1f")),

@@ -2,11 +2,9 @@
 same cache in decode and in request TPS (prefill included), the paper's beside."""
 
 from specfit.report.figures import slug, throughput_bars
-from specfit.report.page import Section, as_pct, cache_cell, fmt, interval_note, note, show, table, tagged, x_cell
-from specfit.report.quantities import METRICS, column, tps_cell
+from specfit.report.page import CACHE, METHOD, Section, cache_cell, fmt, interval_note, note, table, tagged
+from specfit.report.quantities import column, gain_cell, metric, tps_cell, x_cell
 from specfit.report.scope import Scope
-
-SPEEDUP = "Speedup over AR without cache"
 
 
 def section(s: Scope) -> Section:
@@ -14,8 +12,7 @@ def section(s: Scope) -> Section:
     for w in s.workloads:
         workload(s, sec, w)
     if sec.tables:
-        sec.notes.append(interval_note(s.i.seed))
-        sec.notes.append(note("throughput_request_tps"))
+        sec.notes += [interval_note(s.i.seed), note("throughput_request_tps")]
     return sec
 
 
@@ -26,16 +23,15 @@ def workload(s: Scope, sec: Section, w: str) -> None:
     bars = {m: [s.i.tps(s.run(w, m, slots)) for slots in (s.main, 0)]
             for m in s.spec["methods"] if any(r.method == m for r in present)}
     fig = throughput_bars(bars, [f"With expert cache ({s.main} slots)", "Without expert cache"],
-                             tagged(f"{s.model} / {s.device} / {w}: decode throughput", emulated))
+                          tagged(f"{s.model} / {s.device} / {w}: decode throughput", emulated))
     sec.figures.append(s.figures.save(fig, slug(s.model, s.device, w, "tps"),
                                       tagged(f"Decode TPS with 95% bootstrap intervals, {s.title(w)}", emulated)))
     ar = s.ar(w)
     sec.missing += s.i.missing_requests([*present, ar])
     sec.tables.append(table(s.id("throughput", w), tagged(f"Throughput, {s.title(w)}", emulated), [
-        ("Method", lambda r: r.method), ("Cache", lambda r: cache_cell(r.slots)),
-        (column("tps_dec", emulated), lambda r: tps_cell(s.i.tps(r))),
-        (column("tps_req", emulated), lambda r: fmt(s.i.metrics[r]["tps_req"], METRICS["tps_req"].fmt)),
-        (tagged(SPEEDUP, emulated), lambda r: x_cell(s.i.speedup(r, ar)))], present))
+        METHOD, CACHE, (column("tps_dec", emulated), lambda r: tps_cell(s.i.tps(r))),
+        metric(s.i.metrics, "tps_req", emulated),
+        (tagged("Speedup over AR without cache", emulated), lambda r: x_cell(s.i.speedup(r, ar)))], present))
     gains(s, sec, w, emulated)
 
 
@@ -59,6 +55,6 @@ def gains(s: Scope, sec: Section, workload: str, emulated: bool) -> None:
                                                                  emulated), [
             ("Cache", lambda c: cache_cell(c[0])),
             (tagged(f"{fit} over {eagle}, Decode TPS (%)", emulated),
-             lambda c: show(as_pct(s.i.speedup(c[1], c[2])), ".1f")),
+             lambda c: gain_cell(s.i.speedup(c[1], c[2]))),
             (tagged(f"{fit} over {eagle}, Request TPS, prefill included (%)", emulated),
-             lambda c: show(as_pct(s.i.request_speedup(c[1], c[2])), ".1f")), *paper], cells, key=lambda c: c[0]))
+             lambda c: gain_cell(s.i.request_speedup(c[1], c[2]))), *paper], cells, key=lambda c: c[0]))
