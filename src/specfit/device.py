@@ -124,6 +124,7 @@ class Overlap:
     modelled_s: float = 0.0
     cpu_s: float = 0.0
     waited_s: float = 0.0  # slept to reach the modelled time
+    excess_s: float = 0.0  # CPU time beyond the model, summed over the overruns: what the CPU added to the model
 
     def finish(self, started: float, modelled_ms: float) -> None:
         """End a forward that began at ``started`` (perf_counter): wait until its modelled time has passed."""
@@ -134,13 +135,14 @@ class Overlap:
         self.cpu_s += cpu
         if cpu > modelled:
             self.overruns += 1
+            self.excess_s += cpu - modelled
             return
         _wait_until(started + modelled)
         self.waited_s += modelled - cpu
 
     def as_dict(self) -> dict:
         return {"forwards": self.forwards, "overruns": self.overruns, "modelled_s": self.modelled_s,
-                "cpu_s": self.cpu_s, "waited_s": self.waited_s}
+                "cpu_s": self.cpu_s, "waited_s": self.waited_s, "excess_s": self.excess_s}
 
 
 def _wait_until(deadline: float) -> None:

@@ -78,6 +78,7 @@ def test_overlap_waits_to_the_model_and_counts_overruns():
     d = overlap.as_dict()
     assert d["forwards"] == 2 and d["overruns"] == 1
     assert d["modelled_s"] == pytest.approx(0.010)
+    assert d["excess_s"] == pytest.approx(0.005, abs=1e-3)  # the overrun's CPU time beyond the model
 
 
 def test_engine_on_the_device_changes_no_logit_and_takes_the_modelled_time(make_target, forwards):
