@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from specfit.engine import OffloadEngine, make_engine
 from specfit.errors import SpecFitError
@@ -45,7 +46,7 @@ from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, read_pro
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.learned import LearnedRoutes
 from specfit.speculative.methods import Method, build_method
-from specfit.speculative.request import Limits, decode_request
+from specfit.speculative.request import Limits, decode_cycles, decode_request
 from specfit.speculative.routes import AtlasRoutes, LiveRoutes, find_source
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class Loaded:
     live: LiveRoutes | None  # routes of the target itself, kept as atlas rows (the atlas build)
     atlas: AtlasRoutes | None  # routes replayed from an atlas
     learned: LearnedRoutes | None  # routes from a route predictor
+    tokenizer: PreTrainedTokenizerBase  # the target's (`specfit.decoder` renders and detokenizes with it)
 
     def decode(self, prompt: dict, limits: Limits):
         return decode_request(
@@ -143,9 +145,20 @@ class Loaded:
             question_id=prompt["question_id"], limits=limits, engine=self.engine,
         )
 
+    def decode_cycles(self, prompt: dict, limits: Limits):
+        """`decode` as it goes (`specfit.speculative.request.decode_cycles`): each step's committed tokens."""
+        return decode_cycles(
+            self.model, self.drafter, self.method, prompt["prompt_ids"], request_id=prompt["request_id"],
+            question_id=prompt["question_id"], limits=limits, engine=self.engine,
+        )
+
     def warm_up(self, prompt: dict, limits: Limits) -> None:
         """Decode ``prompt`` untimed, then start over: an empty expert cache and fresh counters."""
         self.decode(prompt, limits)
+        self.reset()
+
+    def reset(self) -> None:
+        """An empty expert cache, fresh engine counters, and a method and route sources that forget earlier requests."""
         self.engine.clear_cache()
         self.engine.reset_stats()
         self.method.reset()
@@ -159,7 +172,8 @@ def load(spec: StreamSpec, inputs: dict, outputs: dict) -> Loaded:
     from their configs and headers before any weight is read."""
     keys = {name: f"models.{spec.model}.{name}" for name in ("target", "drafter")}
     check_checkpoints(inputs["target"], inputs.get("drafter"), spec.model)  # configs and headers, before any weight
-    model, _ = load_target(inputs["target"], spec.dtype, "cpu", key=keys["target"], logits_dtype=spec.logits_dtype)
+    model, tokenizer = load_target(inputs["target"], spec.dtype, "cpu", key=keys["target"],
+                                   logits_dtype=spec.logits_dtype)
     engine = make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device, spec.emulate)
     method = build_method(spec.method, inputs, spec.seed, engine.num_experts)
     drafter = None
@@ -172,7 +186,7 @@ def load(spec: StreamSpec, inputs: dict, outputs: dict) -> Loaded:
         raise SpecFitError("live routes build an atlas: give the `atlas` output")
     source = getattr(method, "route_source", None)
     return Loaded(model, engine, method, drafter, live=method.live, atlas=find_source(source, AtlasRoutes),
-                  learned=find_source(source, LearnedRoutes))
+                  learned=find_source(source, LearnedRoutes), tokenizer=tokenizer)
 
 
 def stream(loaded: Loaded, spec: StreamSpec, prompts: list[dict], parts: Parts) -> list[dict]:

@@ -1,0 +1,115 @@
+"""The ``specfit`` console script: ``specfit generate``, a thin shell over `specfit.decoder.Decoder`.
+
+Run from the workflow root (it reads ``config.yaml`` there, and the workflow's outputs for the model and device)::
+
+    specfit generate --model toy --device cpu-a100link --method specfit-learned "Summarize: ..."
+    echo "What is 12 * 7?" | specfit generate --model toy --device cpu-a100 --method eagle3 --compare ar --json
+
+The text streams to stdout as cycles commit it and a summary goes to stderr; ``--json`` prints one record instead.
+Bad input is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from specfit.errors import SpecFitError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specfit", description="SpecFit's decoder on the workflow's models and devices")
+    commands = p.add_subparsers(dest="command", required=True)
+    g = commands.add_parser("generate", help="decode one prompt, greedy, with a deployable method",
+                            description="Decode one prompt (an argument, or stdin) in the model's chat template.")
+    g.add_argument("prompt", nargs="?", help="the prompt (read from stdin when omitted)")
+    g.add_argument("--configfile", nargs="+", default=[], metavar="FILE",
+                   help="config files merged over config.yaml, as Snakemake's --configfile")
+    g.add_argument("--model", help="a model of the config (models.<name>)")
+    g.add_argument("--device", help="a device of the config (devices.<name>)")
+    g.add_argument("--method", help="a deployable method of the config (methods.<name>)")
+    g.add_argument("--routes", choices=["learned"], help="run a SpecFit method on the trained route predictor")
+    g.add_argument("--slots", type=int, help="expert slots per layer (default: the model's main_slots on the device)")
+    g.add_argument("--max-new-tokens", type=int, default=None, help="output tokens at most (default 128)")
+    g.add_argument("--compare", choices=["ar"], help="decode with AR too: identical output? speedup?")
+    g.add_argument("--json", action="store_true", help="print one JSON record instead of the text and summary")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+    try:
+        generate(args)
+    except SpecFitError as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+def generate(args: argparse.Namespace) -> None:
+    from transformers.utils import logging as transformers_logging  # torch: loaded once the arguments are read
+
+    from specfit.decoder import MAX_NEW_TOKENS, Decoder, compare
+
+    transformers_logging.disable_progress_bar()  # stderr holds the summary
+
+    prompt = args.prompt if args.prompt is not None else ("" if sys.stdin.isatty() else sys.stdin.read())
+    if not prompt.strip():
+        raise SpecFitError("no prompt: give it as an argument or on stdin")
+    decoder = Decoder.from_config(
+        args.model, args.device, args.method, overlays=args.configfile, slots=args.slots, routes=args.routes,
+        max_new_tokens=MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens,
+    )
+    if args.json or args.compare:
+        ours, ar = compare(decoder, prompt) if args.compare else (decoder.generate(prompt), None)
+        if not args.json:
+            print(ours.text, flush=True)
+    else:
+        pieces = decoder.stream(prompt)
+        while True:
+            try:
+                sys.stdout.write(next(pieces))
+                sys.stdout.flush()
+            except StopIteration as done:
+                ours, ar = done.value, None
+                break
+        print(flush=True)
+    record = {**ours.figures, "text": ours.text, "prompt_ids": ours.prompt_ids, "output_ids": ours.output_ids}
+    if ar is not None:
+        record["compare"] = {"method": "ar", "identical": ar.output_ids == ours.output_ids,
+                             "tps_dec": ar.figures["tps_dec"], "speedup": speedup(ours, ar)}
+    if args.json:
+        print(json.dumps(record))
+    else:
+        print(summary(record), file=sys.stderr)
+
+
+def speedup(ours, ar) -> float | None:
+    a, b = ours.figures["tps_dec"], ar.figures["tps_dec"]
+    return a / b if a and b else None
+
+
+def summary(r: dict) -> str:
+    """The record in a few lines for a person."""
+
+    def num(x, fmt=".2f"):
+        return "n/a" if x is None else format(x, fmt)
+
+    lines = [
+        f"{r['method']} on {r['model']}, {r['device']} ({r['slots']} slots): {r['n_output_tokens']} tokens, "
+        f"{num(r['tps_dec'], '.1f')} tokens/s decode [{r['timing_label']}]",
+        f"per cycle: {num(r['committed_per_cycle'])} committed tokens, {num(r['draft_nodes_per_cycle'])} verified "
+        f"draft nodes, {num(r['select_ms_per_cycle'], '.3f')} ms selection; {num(r['h2d_per_token'])} expert copies "
+        "per token",
+    ]
+    if "compare" in r:
+        c = r["compare"]
+        lines.append(f"ar: {'identical output' if c['identical'] else 'OUTPUT DIFFERS'}, "
+                     f"{num(c['tps_dec'], '.1f')} tokens/s decode; speedup {num(c['speedup'])}x")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The decoder as a library (issue 20): every deployable method decodes AR's tokens, streaming gives generate's
+text, a generation's figures are its decode run's, and oracles and missing workflow outputs are refused by name.
+
+The tiny random pair of conftest.py here; the Qwen3-30B-A3B fakes through the config and the CLI in
+tests/compat/test_compat_generate.py; the workflow's own toy below when it has been built."""
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from specfit import decode, paths, predictor
+from specfit.decoder import FIGURES, Decoder, compare, deployable
+from specfit.errors import SpecFitError
+from specfit.records import PROMPTS_SCHEMA
+from specfit.workflow import SCHEMA, load_config
+
+DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: cuda
+ROOT = Path(__file__).resolve().parents[1]
+# a calibration's coefficients as the calibrate stage writes them (the paper model's and specfit-ca's fits), in ms
+COEFFICIENTS = {
+    "b": [20.0, 20.4, 20.8, 21.2, 21.6, 22.0, 22.4, 22.8], "beta": 0.6,
+    "drafting": {"start_ms": 1.0, "level_ms": 0.8, "select_ms": 0.1},
+    "cache_aware": {"b": [20.0] * 8, "beta_miss": 0.6, "beta_hit": 0.02,
+                    "without_drafting": {"b": [19.0, 19.3, 19.6, 19.9, 20.2, 20.5, 20.8, 21.1], "beta_miss": 0.6,
+                                         "beta_hit": 0.02}},
+}
+# the deployable methods by their method entries: AR, EAGLE-3, and SpecFit and specfit-ca on learned routes
+METHODS = {"ar": {"name": "ar"}, "eagle3": {"name": "eagle3"},
+           "specfit-learned": {"name": "specfit", "routes": "learned"},
+           "specfit-ca-learned": {"name": "specfit-ca", "routes": "learned"}}
+
+
+def spec(method: dict, **over) -> dict:
+    return {"method": method, "slots": 4, "max_inflight": 2, "link": None, "emulate": None, "torch_device": DEVICE,
+            "dtype": "float32", "logits_dtype": "model", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
+            "model": "tiny", **over}
+
+
+@pytest.fixture(scope="module")
+def inputs(files, tmp_path_factory):
+    """The tiny pair, coefficients with specfit-ca's fits, and a route predictor trained on it."""
+    root = tmp_path_factory.mktemp("decoder")
+    (root / "coefficients.json").write_text(json.dumps(COEFFICIENTS))
+    predictor.run({"model": "tiny", "dtype": "float32", "logits_dtype": "model", "torch_device": DEVICE,
+                   "limit_tokens": 40, "max_new_tokens": 10, "k_max": 7, "max_depth": 5, "top_k_expand": 2,
+                   "validation_requests": 1, "steps": 30, "batch_size": 64, "lr": 0.003, "seed": 0},
+                  {k: files[k] for k in ("prompts", "target", "drafter")}, {"predictor": root / "predictor"})
+    return {"target": files["target"], "drafter": files["drafter"], "coefficients": root / "coefficients.json",
+            "predictor": root / "predictor"}
+
+
+@pytest.fixture(scope="module")
+def decoders(inputs):
+    return {name: Decoder(spec(method), inputs) for name, method in METHODS.items()}
+
+
+def test_every_deployable_method_decodes_ars_tokens(decoders, prompts):
+    for prompt in prompts[:2]:
+        ar = decoders["ar"].generate(prompt).output_ids
+        assert len(ar) == 12
+        for name in METHODS:
+            assert decoders[name].generate(prompt).output_ids == ar, name
+
+
+def test_streaming_yields_generates_text(decoders, prompts):
+    decoder = decoders["specfit-ca-learned"]
+    decoder.reset()
+    pieces = decoder.stream(prompts[1])
+    streamed = []
+    while True:
+        try:
+            streamed.append(next(pieces))
+        except StopIteration as done:
+            result = done.value
+            break
+    assert len(streamed) > 1 and "".join(streamed) == result.text
+    decoder.reset()
+    again = decoder.generate(prompts[1])
+    assert again.text == result.text and again.output_ids == result.output_ids
+    assert again.text == decoder.tokenizer.decode(again.output_ids, skip_special_tokens=True)
+
+
+def test_the_figures_are_the_decode_runs_metrics_for_the_same_request(inputs, prompts, tmp_path):
+    """The decode stage on one prompt (after its warm-up, from an empty cache) and a new decoder on it, with the
+    method whose decisions depend most on what came before (the cache, the cycles it drafted in)."""
+    name = "specfit-ca-learned"
+    pq.write_table(pa.Table.from_pylist([{"request_id": 0, "question_id": 0, "category": "test", "prompt": "",
+                                          "prompt_ids": prompts[2], "n_prompt": len(prompts[2])}],
+                                        schema=PROMPTS_SCHEMA), tmp_path / "prompts.parquet")
+    run = {k: tmp_path / f"run.{k}" for k in ("requests", "cycles", "metrics")}
+    decode.run(dict(spec(METHODS[name]), warmup_tokens=3), dict(inputs, prompts=tmp_path / "prompts.parquet"), run)
+    metrics = json.loads(run["metrics"].read_text())
+    result = Decoder(spec(METHODS[name]), inputs).generate(prompts[2])
+    figures = result.figures
+    timed = {"tps_dec", "select_ms_per_cycle"}
+    assert {k: figures[k] for k in FIGURES if k not in timed} == {k: metrics[k] for k in FIGURES if k not in timed}
+    assert figures["tps_dec"] > 0 and figures["select_ms_per_cycle"] > 0
+    assert figures["timing_label"] == metrics["timing_label"] and figures["slots"] == 4
+    assert pq.read_table(run["requests"]).column("output_ids").to_pylist() == [result.output_ids]
+    assert pq.read_table(run["cycles"]).column("selected").to_pylist() == [c["selected"] for c in result.cycles]
+
+
+def test_compare_runs_ar_on_the_same_target_from_an_empty_cache(decoders, prompts):
+    decoder = decoders["specfit-learned"]
+    ours, ar = compare(decoder, prompts[0])
+    assert ar.figures["method"] == "ar" and ours.figures["method"] == "specfit"
+    assert ar.output_ids == ours.output_ids and ar.cycles[0]["selected"] == []
+    assert decoder.loaded.method.name == "specfit"  # the decoder itself still decodes with its method
+
+
+def test_bad_requests_are_refused_by_name(decoders):
+    decoder = decoders["ar"]
+    with pytest.raises(SpecFitError, match="the prompt is 40 tokens, and tiny takes at most 40 tokens"):
+        decoder.generate(list(range(40)))
+    with pytest.raises(SpecFitError, match="the prompt is empty"):
+        decoder.generate("  ")
+    with pytest.raises(SpecFitError, match="has no chat template: pass token ids"):
+        decoder.generate("Hello")  # the tiny tokenizer has none
+    with pytest.raises(SpecFitError, match="ask for at least 1 token"):
+        decoder.generate([1, 2, 3], max_new_tokens=0)
+
+
+def test_oracle_methods_are_refused_naming_the_deployable_alternative():
+    config = load_config(ROOT / "config.yaml", ROOT / SCHEMA)
+    for method in ("ar", "eagle3", "specfit-learned"):
+        deployable(config, method)
+    with pytest.raises(SpecFitError, match=r"'specfit' reads its expert routes from an atlas .* experiment oracle.*"
+                                           r"use --method specfit-learned, or --routes learned"):
+        deployable(config, "specfit")
+    config["methods"]["specfit-ca"]["routes"] = "atlas"
+    with pytest.raises(SpecFitError, match=r"'specfit-ca' reads .* use --routes learned to run 'specfit-ca'"):
+        deployable(config, "specfit-ca")
+
+
+def test_missing_workflow_outputs_name_their_snakemake_target(tmp_path):
+    """A config whose calibration and predictor were never made: the message names the file to ask Snakemake for."""
+    (tmp_path / "workflow/schemas").mkdir(parents=True)
+    (tmp_path / SCHEMA).write_text((ROOT / SCHEMA).read_text())
+    (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    calibration = paths.calibration("toy", "cpu-a100", "cache")
+    with pytest.raises(SpecFitError, match=rf"no calibration of toy on cpu-a100 at .*: make it with "
+                                           rf"`snakemake --cores 1 {calibration}`"):
+        Decoder.from_config("toy", "cpu-a100", "specfit-learned", configfile=tmp_path / "config.yaml")
+    with pytest.raises(SpecFitError, match=r"no toy target for toy at .*`snakemake --cores 1 data/models/toy/target`"):
+        Decoder.from_config("toy", "cpu-a100", "ar", configfile=tmp_path / "config.yaml")
+    for name in (paths.toy_model("toy", "target"), paths.toy_model("toy", "drafter"), calibration):
+        (tmp_path / name).mkdir(parents=True)
+    with pytest.raises(SpecFitError, match=rf"no route predictor for toy at .*`snakemake --cores 1 "
+                                           rf"{paths.predictor('toy')}`"):
+        Decoder.from_config("toy", "cpu-a100", "specfit-learned", configfile=tmp_path / "config.yaml")
+    with pytest.raises(SpecFitError, match="unknown device 'gpu': the config defines cpu-a100, cpu-4090"):
+        Decoder.from_config("toy", "gpu", "ar", configfile=tmp_path / "config.yaml")
+    with pytest.raises(SpecFitError, match="unknown model 'llama'"):
+        Decoder.from_config("llama", "cpu-a100", "ar", configfile=tmp_path / "config.yaml")
+    with pytest.raises(SpecFitError, match="unknown method 'medusa': the config's deployable methods are ar, eagle3, "
+                                           "specfit-learned$"):
+        Decoder.from_config("toy", "cpu-a100", "medusa", configfile=tmp_path / "config.yaml")
+    with pytest.raises(SpecFitError, match="no config at"):
+        Decoder.from_config("toy", "cpu-a100", "ar", configfile=tmp_path / "nowhere.yaml")
+
+
+TOY = [paths.toy_model("toy", "target"), paths.toy_model("toy", "drafter"), paths.predictor("toy"),
+       paths.calibration("toy", "cpu-a100link", "cache")]
+
+
+@pytest.mark.skipif(not all((ROOT / p).exists() for p in TOY), reason="the workflow's toy is not built here")
+def test_the_workflows_toy_decodes_ars_tokens_with_every_deployable_method(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    methods = [("ar", None), ("eagle3", None), ("specfit-learned", None), ("specfit-ca", "learned")]
+    outputs = {}
+    for method, routes in methods:
+        decoder = Decoder.from_config("toy", "cpu-a100link", method, routes=routes, max_new_tokens=8)
+        outputs[method] = decoder.generate("Summarize: the cat sat on the mat all day long.").output_ids
+    assert len(outputs["ar"]) > 1 and all(ids == outputs["ar"] for ids in outputs.values())
