@@ -4,6 +4,7 @@ has a stable id and a key per row, which tests look it up by."""
 
 import functools
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -143,6 +144,12 @@ def _notes():
 def note(name: str, /, **values) -> str:
     """A note's fixed prose (templates/notes.j2, one macro per note) with the run's ``values``, as one paragraph."""
     return " ".join(str(getattr(_notes(), name)(**values)).split())
+
+
+def notes(name: str, /, **values) -> list[str]:
+    """The paragraphs of a macro that holds several, separated by a blank line (each as `note` gives it)."""
+    text = str(getattr(_notes(), name)(**values))
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
 
 
 def interval_note(seed: int) -> str:

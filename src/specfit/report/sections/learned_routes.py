@@ -5,7 +5,7 @@ routes are, a tie does not; the predictor ≤ 5% of a cycle); then the predictor
 paper's model's, beside the paper's estimate (section 4.6)."""
 
 from specfit.report.inputs import learned_methods, predictor_metrics
-from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, table, tagged
+from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, notes, table, tagged
 from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged
@@ -68,55 +68,25 @@ def judge(c: Cell, metrics: dict) -> None:
                         else at_least(SHARE_GOAL_PCT, share))
 
 
-def goal_line(n: int, what: str, cells: list[Cell], key: str, extra: str = "") -> tuple[Verdict, str]:
-    """The verdict of one goal over the cells and its sentence: met when every cell that requires it meets it;
-    ``extra`` follows the count of cells."""
-    by = {v: [c for c in cells if c.goals[key].verdict == v] for v in Verdict}
-    required = [c for c in cells if c.goals[key].verdict != Verdict.NOT_REQUIRED]
-    state = Verdict.MISSED if by[Verdict.MISSED] else Verdict.NOT_JUDGED if by[Verdict.NOT_JUDGED] else Verdict.MET
-    tally = (f"Met in {len(by[Verdict.MET])} of {len(required)} cells" if required else "No cell requires it") + extra
-    if by[Verdict.MISSED]:
-        tally += "; missed in: " + "; ".join(c.label for c in by[Verdict.MISSED])
-    if by[Verdict.NOT_JUDGED]:
-        tally += "; not judged in: " + "; ".join(f"{c.label} ({c.goals[key].why})" for c in by[Verdict.NOT_JUDGED])
-    return state, f"Goal {n}, {what}: {state}. {tally}."
-
-
 def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bool, atlas: str, eagle: str
                ) -> list[str]:
-    """The verdict on each of the issue's four goals, then all together."""
-    goal = f"Goal 1, route accuracy ≥ {100 * ACCURACY_GOAL:.0f}%"
-    if predictor is None:
-        lines = [(Verdict.NOT_JUDGED, f"{goal}: not judged. {predictor_metrics(s.model)} is missing.")]
-    else:
-        acc, layers = predictor["route_accuracy"], predictor["recall_per_layer"]
-        low = [j for j, r in enumerate(layers) if r < ACCURACY_GOAL]
-        state = at_least(acc, ACCURACY_GOAL).verdict
-        lines = [(state, f"{goal}: {state}. Held-out route accuracy {pct(acc)} over "
-                         f"{predictor['validation_nodes']:,} draft nodes of {predictor['validation_requests']} "
-                         f"held-out requests (chance {pct(predictor['chance_accuracy'])}); per layer: "
-                         + ", ".join(f"layer {j} {pct(r)}" for j, r in enumerate(layers)) + "; "
-                         + (f"below {100 * ACCURACY_GOAL:.0f}% in layer{'s' if len(low) > 1 else ''} "
-                            f"{', '.join(map(str, low))}." if low else f"every layer ≥ {100 * ACCURACY_GOAL:.0f}%."))]
-    ties = sum(c.goals["tps"].basis == Verdict.TIE for c in cells)
-    lines.append(goal_line(2, f"decode TPS ≥ {100 * TPS_GOAL:.0f}% of SpecFit with exact routes ({atlas})", cells,
-                           "tps", f", {ties} of them by a tie within the interval (a tie counts as met)" if ties
-                           else ""))
-    required = sum(c.goals["eagle3"].verdict != Verdict.NOT_REQUIRED for c in cells)
-    lines.append(goal_line(3, f"faster than {eagle} wherever {atlas} is (a tie does not count)", cells, "eagle3",
-                           f" that require it (the other {len(cells) - required} do not: there {atlas} is not "
-                           f"faster than {eagle})" if 0 < required < len(cells) else
-                           f": in none of the {len(cells)} cells is {atlas} faster than {eagle}" if not required
-                           else ""))
+    """The verdict on the issue's four goals together, then on each (worded in templates/notes.j2). Goal 1 is the
+    predictor's; goals 2-4 hold over the cells when every cell that requires one meets it."""
+    states = [Verdict.NOT_JUDGED if predictor is None else at_least(predictor["route_accuracy"], ACCURACY_GOAL).verdict]
+    for key in ("tps", "eagle3", "share"):
+        verdicts = {c.goals[key].verdict for c in cells}
+        states.append(next((v for v in (Verdict.MISSED, Verdict.NOT_JUDGED) if v in verdicts), Verdict.MET))
     shares = [x for c in cells if (x := share_pct(s.i.metrics.get(c.runs["learned"]))) is not None]
-    lines.append(goal_line(4, f"predictor time ≤ {SHARE_GOAL_PCT:g}% of a cycle", cells, "share",
-                           tagged(f"; largest share {max(shares):.2f}%", emulated) if shares else ""))
-    states = [state for state, _ in lines]
-    verdict = f"Issue 13's goals, {s.model} / {s.device}: {states.count(Verdict.MET)} of {len(states)} met"
-    for which in (Verdict.MISSED, Verdict.NOT_JUDGED):
-        if goals := [str(j + 1) for j, state in enumerate(states) if state == which]:
-            verdict += f"; {which}: goal{'s' if len(goals) > 1 else ''} {' and '.join(goals)}"
-    return [verdict + "."] + [text for _, text in lines]
+    return notes("learned_goals", model=s.model, device=s.device, states=states, p=predictor, pct=pct,
+                 which={v: [j + 1 for j, state in enumerate(states) if state == v]
+                        for v in (Verdict.MISSED, Verdict.NOT_JUDGED)},
+                 path=predictor_metrics(s.model), low=predictor and [
+                     j for j, r in enumerate(predictor["recall_per_layer"]) if r < ACCURACY_GOAL],
+                 cells=cells, goal=f"{100 * ACCURACY_GOAL:.0f}", tps_goal=f"{100 * TPS_GOAL:.0f}",
+                 share_goal=f"{SHARE_GOAL_PCT:g}", atlas=atlas, eagle=eagle,
+                 ties=sum(c.goals["tps"].basis == Verdict.TIE for c in cells),
+                 required=sum(c.goals["eagle3"].verdict != Verdict.NOT_REQUIRED for c in cells),
+                 largest=tagged(f"; largest share {max(shares):.2f}%", emulated) if shares else "")
 
 
 def section(s: Scope) -> Section | None:
