@@ -137,8 +137,9 @@ def show(value, spec: str, unit: str = "") -> str:
 
 @functools.cache
 def _notes():
-    return jinja2.Environment(loader=jinja2.PackageLoader("specfit", "templates"), undefined=jinja2.StrictUndefined,
-                              autoescape=False).get_template("notes.j2", globals={"EMULATED": EMULATED}).module
+    """templates/notes.j2 as a module of macros; they print EMULATED and numbers (`fmt`) as the tables do."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("specfit", "templates"), undefined=jinja2.StrictUndefined)
+    return env.get_template("notes.j2", globals={"EMULATED": EMULATED, "fmt": fmt}).module
 
 
 def note(name: str, /, **values) -> str:

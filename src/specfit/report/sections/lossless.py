@@ -22,8 +22,8 @@ def section(s: Scope) -> Section:
                 rows.append(common + ["(this run is the reference)", MISSING, MISSING, "reference"])
                 continue
             divs = check.get("divergences") or []
-            rows.append(common + [str(check["reference"]), identical_cell(check), diverged_cell(divs),
-                                  verdict(check)])
+            rows.append(common + [str(check["reference"]), *(note(f"lossless_{cell}", check=check, divs=divs)
+                                                             for cell in ("identical", "diverged", "verdict"))])
             divergences += [[*run, str(d["request_id"]), str(d["position"]), fmt(d.get("ours"), "d"),
                              fmt(d.get("reference"), "d"), fmt(d["margin"], ".4g")] for d in divs]
     if rows:
@@ -40,29 +40,3 @@ def section(s: Scope) -> Section:
     elif rows:
         sec.notes.append(note("lossless_none"))
     return sec
-
-
-def identical_cell(check: dict) -> str:
-    """"identical: x of n requests", and the requests the check could not compare."""
-    text = f"identical: {check['n_identical']} of {check['n_requests']} requests"
-    if check.get("missing"):
-        text += f" ({check['missing']} more without a reference output, not compared)"
-    return text
-
-
-def diverged_cell(divergences: list[dict]) -> str:
-    if not divergences:
-        return "none"
-    return "; ".join(f"request {d['request_id']} (position {d['position']}, margin {fmt(d['margin'], '.4g')})"
-                     for d in divergences)
-
-
-def verdict(check: dict) -> str:
-    """Lossless only when every request was compared and is identical; a divergence is never "lossless"."""
-    divs = check.get("divergences") or []
-    n, same = check["n_requests"], check["n_identical"]
-    if divs or same < n:
-        return f"diverges: {n - same} of {n} requests differ from the reference"
-    if check.get("missing"):
-        return f"identical on the {n} requests compared; {check['missing']} not compared"
-    return f"lossless: all {n} requests identical"
