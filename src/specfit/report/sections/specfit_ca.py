@@ -4,7 +4,7 @@ paired bootstrap intervals; for a cell that misses it, where the time went and w
 """
 
 from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, table, tagged
-from specfit.report.quantities import LATER_KEYS, METRICS, column, tps_cell, x_cell
+from specfit.report.quantities import LATER_KEYS, METRICS, column, metric, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Verdict, judged, overall
 
@@ -16,6 +16,7 @@ LABELS = {"ar": "AR", "eagle3": "EAGLE-3", "specfit": "SpecFit", "specfit-ca": "
 PARTS = (("verify", "verify_ms_per_cycle"), ("drafting", "draft_ms_per_cycle"), ("selection", "select_ms_per_cycle"),
          ("commit", "commit_ms_per_cycle"))
 PART_SHARE = 0.02  # a part enters the sentence when it differs by at least this share of the rival's cycle
+TIMED = ("ms_per_cycle", "draft_ms_per_cycle", "select_ms_per_cycle", "verify_ms_per_cycle", "commit_ms_per_cycle")
 NOISE = 0.05  # H2D/token enters the sentence when it differs by more than this share (5%)
 
 
@@ -60,13 +61,8 @@ def section(s: Scope) -> Section | None:
         (tagged(f"{ca} / {label['specfit']} (×)", emulated), lambda c: x_cell(c.ratios["specfit"]) + (
             "" if c.cached or c.ratios["specfit"] is None else " (not counted: no cache)")),
         ("Goal met", lambda c: c.goals["goal"].answer())], cells, key=lambda c: (c.workload, c.slots)))
-    verdicts = [c.goals["goal"].verdict for c in cells]
-    sec.notes.append(note("specfit_ca", ca=ca, ar=label["ar"], eagle3=label["eagle3"], specfit=label["specfit"]))
-    summary = f"Goal met in {verdicts.count(Verdict.MET)} of {len(cells)} cells."
-    if unjudged := [c for c in cells if c.goals["goal"].verdict == Verdict.NOT_JUDGED]:
-        summary += f" {len(unjudged)} not judged: " + "; ".join(
-            f"{c.workload}, cache {cache_cell(c.slots)}: {c.goals['goal'].why}" for c in unjudged) + "."
-    sec.notes += [summary, interval_note(i.seed)]
+    sec.notes += [note("specfit_ca", ca=ca, ar=label["ar"], eagle3=label["eagle3"], specfit=label["specfit"]),
+                  note("specfit_ca_goal", cells=cells), interval_note(i.seed)]
     if missed := [c for c in cells if c.goals["goal"].verdict == Verdict.MISSED]:
         where_the_time_went(s, sec, missed, ca, emulated)
     return sec
@@ -85,22 +81,6 @@ def ms_per_token(m: dict) -> float | None:
     """ms per committed token of the decode loop: ms/cycle over committed tokens per cycle."""
     ms, committed = m.get("ms_per_cycle"), m.get("committed_per_cycle")
     return None if ms is None or not committed else ms / committed
-
-
-def time_row(name: str, m: dict, is_ar: bool) -> list[str]:
-    """One method's row of "where the time went" (AR drafts nothing: a dash where only drafting counts)."""
-    return [name, fmt(m.get("ms_per_cycle"), ".2f"), MISSING if is_ar else fmt(m.get("draft_ms_per_cycle"), ".2f"),
-            fmt(m.get("select_ms_per_cycle"), ".2f"), fmt(m.get("verify_ms_per_cycle"), ".2f"),
-            fmt(m.get("commit_ms_per_cycle"), ".2f"), fmt(m.get("committed_per_cycle"), ".2f"),
-            fmt(ms_per_token(m), ".2f"), fmt(m.get("h2d_per_token"), METRICS["h2d_per_token"].fmt),
-            MISSING if is_ar else fmt(drafted_nothing_pct(m), ".1f")]
-
-
-def time_header(emulated: bool) -> list[str]:
-    return ["Method", *(column(k, emulated) for k in ("ms_per_cycle", "draft_ms_per_cycle", "select_ms_per_cycle",
-                                                     "verify_ms_per_cycle", "commit_ms_per_cycle")),
-            METRICS["committed_per_cycle"].label + " per cycle", tagged("ms per committed token", emulated),
-            column("h2d_per_token", emulated), "Cycles that drafted nothing (%)"]
 
 
 def why(name: str, m: dict, rival: str, r: dict, rival_is_ar: bool, e) -> str:
@@ -124,20 +104,32 @@ def why(name: str, m: dict, rival: str, r: dict, rival_is_ar: bool, e) -> str:
 def where_the_time_went(s: Scope, sec: Section, missed: list[Cell], ca: str, emulated: bool) -> None:
     """Per missed cell, each method's cycle in parts; then, per comparison that failed, the sentence that says why."""
     i, reasons, older = s.i, [], False
+
+    def m(x):  # a row's metrics.json: (role, run)
+        return i.metrics[x[1]]
+
+    def part(key, emulated):  # a part of the cycle in ms (AR drafts nothing: a dash)
+        return column(key, emulated), lambda x: (MISSING if x[0] == "ar" and key == "draft_ms_per_cycle"
+                                                  else fmt(m(x).get(key), ".2f"))
+
     for c in missed:
         present = [(role, c.runs[role]) for role in ROLES if c.runs[role] in i.metrics]
         older |= any(k not in i.metrics[r] for _, r in present for k in LATER_KEYS)
-        sec.tables.append(Table(
-            s.id("where-the-time-went", c.workload, c.slots),
-            tagged(f"Where the time went, {s.title(c.workload)}, cache {cache_cell(c.slots)}", emulated),
-            time_header(emulated), [time_row(r.method, i.metrics[r], role == "ar") for role, r in present],
-            [r for _, r in present]))
+        sec.tables.append(table(s.id("where-the-time-went", c.workload, c.slots), tagged(
+            f"Where the time went, {s.title(c.workload)}, cache {cache_cell(c.slots)}", emulated), [
+            ("Method", lambda x: x[1].method), *(part(k, emulated) for k in TIMED),
+            (METRICS["committed_per_cycle"].label + " per cycle",
+             lambda x: fmt(m(x).get("committed_per_cycle"), ".2f")),
+            (tagged("ms per committed token", emulated), lambda x: fmt(ms_per_token(m(x)), ".2f")),
+            metric(i.metrics, "h2d_per_token", emulated, run=lambda x: x[1]),
+            ("Cycles that drafted nothing (%)", lambda x: MISSING if x[0] == "ar"
+             else fmt(drafted_nothing_pct(m(x)), ".1f"))], present, key=lambda x: x[1]))
         fails = [(c.best, c.ratios["best"])] if c.ratios["best"] and c.ratios["best"].verdict == Verdict.SLOWER else []
         if c.cached and c.ratios["specfit"] and c.ratios["specfit"].verdict in (Verdict.SLOWER, Verdict.TIE):
             fails.append(("specfit", c.ratios["specfit"]))
-        m = i.metrics[c.runs["specfit-ca"]]
+        ours = i.metrics[c.runs["specfit-ca"]]
         reasons += [[c.workload, cache_cell(c.slots), c.runs[role].method,
-                     why(ca, m, c.runs[role].method, i.metrics[c.runs[role]], role == "ar", e)] for role, e in fails]
+                     why(ca, ours, c.runs[role].method, i.metrics[c.runs[role]], role == "ar", e)] for role, e in fails]
     sec.tables.append(Table(s.id("specfit-ca-why"), tagged(f"Why {ca} misses the goal, {s.model} / {s.device}",
                                                               emulated),
                             ["Workload", "Cache", "Against", tagged("Why (from the numbers above)", emulated)],
