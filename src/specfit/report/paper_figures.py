@@ -13,6 +13,7 @@ PAPER_CACHE = {"cache": "cache", "nocache": "no_cache"}
 PAPER_DEVICES = ("a100", "rtx4090")
 PAPER_WORKLOADS = ("summarization", "gsm8k")  # the workload keys of paper_results.yaml
 RULES = ("ar", "eagle3", "specfit")  # the paper's methods
+CELLS = tuple((rule, mode) for mode in ("nocache", "cache") for rule in RULES)  # Table 4's (method, cache), in order
 
 
 def paper_cells(paper: dict, gpu: str, workload: str | None) -> dict | None:
@@ -22,11 +23,10 @@ def paper_cells(paper: dict, gpu: str, workload: str | None) -> dict | None:
     if tps is None:
         return None
     out = {}
-    for rule in RULES:
-        for mode, paper_mode in PAPER_CACHE.items():
-            out[rule, mode] = {"tps_dec": tps[rule][paper_mode]}
-            if counters is not None:
-                out[rule, mode].update({PAPER_COUNTERS[k]: v for k, v in counters[rule][paper_mode].items()})
+    for rule, mode in CELLS:
+        out[rule, mode] = {"tps_dec": tps[rule][PAPER_CACHE[mode]]}
+        if counters is not None:
+            out[rule, mode].update({PAPER_COUNTERS[k]: v for k, v in counters[rule][PAPER_CACHE[mode]].items()})
     return out
 
 

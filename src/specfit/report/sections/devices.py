@@ -2,6 +2,7 @@
 paper's on each device, with the paper's three methods with and without the cache."""
 
 from specfit.report.page import Section, cache_cell, interval_note, note, table, tagged
+from specfit.report.paper_figures import CELLS
 from specfit.report.quantities import DRAFT_KEYS, column, metric, tps_cell, x_cell
 from specfit.report.scope import ModelScope, paper_workload
 
@@ -32,11 +33,10 @@ def group_table(v: ModelScope, sec: Section, group: str, on: dict[str, str]) -> 
     rows = []  # device, workload, rule, cache mode, its run, AR's without the cache
     for d, w in on.items():
         runs = v.paper_runs(d, w)
-        for mode in ("nocache", "cache"):
-            for rule in ("ar", "eagle3", "specfit"):
-                if runs[rule, mode] in v.i.metrics:
-                    sec.missing += v.i.missing_requests([runs[rule, mode], runs["ar", "nocache"]])
-                    rows.append((d, w, rule, mode, runs[rule, mode], runs["ar", "nocache"]))
+        for rule, mode in CELLS:
+            if runs[rule, mode] in v.i.metrics:
+                sec.missing += v.i.missing_requests([runs[rule, mode], runs["ar", "nocache"]])
+                rows.append((d, w, rule, mode, runs[rule, mode], runs["ar", "nocache"]))
     if not rows:
         return
 

@@ -2,7 +2,7 @@
 the paper's headline ratios, computed by the same code from the paper's tables and from this run."""
 
 from specfit.report.page import Section, fmt, interval_note, note, ratio, show, table, tagged
-from specfit.report.paper_figures import headline
+from specfit.report.paper_figures import CELLS, headline
 from specfit.report.quantities import tps_cell, x_cell
 from specfit.report.scope import ModelScope
 
@@ -38,7 +38,6 @@ def tables(v: ModelScope, sec: Section, d: str, pw: str, w: str, paper: dict) ->
     sec.missing += i.missing_requests(key.values())
     name, emulated = w if w == pw else f"{w} (paper: {pw})", s.link_emulated
     ar = paper["ar", "nocache"]["tps_dec"]
-    cells = [(rule, mode) for mode in ("nocache", "cache") for rule in ("ar", "eagle3", "specfit")]
     sec.tables.append(table(v.id("paper", d, w), tagged(f"{d} vs paper {s.gpu}, {name}", emulated), [
         ("Method", lambda c: c[0]), ("Cache", lambda c: "Yes" if c[1] == "cache" else "No"),
         ("Paper Decode TPS", lambda c: fmt(paper[c]["tps_dec"], ".2f")),
@@ -48,7 +47,7 @@ def tables(v: ModelScope, sec: Section, d: str, pw: str, w: str, paper: dict) ->
         ("Paper ms/cycle", lambda c: fmt(paper[c].get("ms_per_cycle"), ".1f")),
         (tagged("This run ms/cycle", emulated), lambda c: fmt(run[c].get("ms_per_cycle"), ".1f")),
         ("Paper H2D/token", lambda c: fmt(paper[c].get("h2d_per_token"), ".1f")),
-        ("This run H2D/token", lambda c: fmt(run[c].get("h2d_per_token"), ".1f"))], cells))
+        ("This run H2D/token", lambda c: fmt(run[c].get("h2d_per_token"), ".1f"))], CELLS))
     # the text's own figure where it states one (computed from rounded table values it can differ)
     claims = s.paper.claims(pw)
     ratios = headline({k: i.metrics.get(r) for k, r in key.items()},
