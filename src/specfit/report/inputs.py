@@ -131,21 +131,10 @@ class Inputs:
             return None
         if run not in self.requests:
             return est(m["tps_dec"])
-        key = ("tps", run)
-        if key not in self._intervals:
-            try:
-                ci = intervals.tps_interval(self.requests[run], seed=self.seed)
-            except ValueError as err:
-                raise SpecFitError(f"{run.file('requests.parquet')}: {err}") from err
-            self._check_agrees(run, "tps_dec", ci["value"])
-            self._intervals[key] = ci
-        return est(m["tps_dec"], self._intervals[key])
-
-    def _check_agrees(self, run: DecodeRun, key: str, value: float) -> None:
-        """metrics.json's ``key`` is ``value``, what the run's requests.parquet gives; else they are not one run's."""
-        if not math.isclose(value, self.metrics[run][key], rel_tol=TPS_MATCH_RTOL):
-            raise SpecFitError(f"{run.path}: metrics.json has {key} {self.metrics[run][key]}, its requests.parquet "
-                               f"gives {value}: the two files come from different runs")
+        ci = self._interval(("tps", run), run.file("requests.parquet"),
+                            lambda: intervals.tps_interval(self.requests[run], seed=self.seed))
+        self._check_agrees(run, "tps_dec", ci["value"])
+        return est(m["tps_dec"], ci)
 
     def speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> Estimate | None:
         """TPS(num) / TPS(den) with a paired bootstrap interval over the request ids both runs hold."""
@@ -163,19 +152,28 @@ class Inputs:
             return None
         if num not in self.requests or den not in self.requests:
             return est(ratio(a[key], b[key]))
-        cache_key = (key, num, den)
-        if cache_key not in self._intervals:
-            rows = {}
-            for run in (num, den):
-                rows[run] = rows_of(self.requests[run])
-                tokens, seconds = intervals.decode_sums(rows[run])  # [requests] each
-                self._check_agrees(run, key, float(tokens.sum() / seconds.sum()))
-            try:
-                self._intervals[cache_key] = intervals.ratio_interval(rows[num], rows[den], seed=self.seed)
-            except ValueError as err:
-                raise SpecFitError(f"{num.path} over {den.path}: {err}") from err
-        ci = self._intervals[cache_key]
+        rows = {run: rows_of(self.requests[run]) for run in (num, den)}
+        for run in (num, den):
+            tokens, seconds = intervals.decode_sums(rows[run])  # [requests] each
+            self._check_agrees(run, key, float(tokens.sum() / seconds.sum()))
+        ci = self._interval((key, num, den), f"{num.path} over {den.path}",
+                            lambda: intervals.ratio_interval(rows[num], rows[den], seed=self.seed))
         return est(ci["value"], ci)
+
+    def _interval(self, key: tuple, where: str, compute) -> dict:
+        """An interval computed once per report; a sample it cannot resample is an error about ``where``."""
+        if key not in self._intervals:
+            try:
+                self._intervals[key] = compute()
+            except ValueError as err:
+                raise SpecFitError(f"{where}: {err}") from err
+        return self._intervals[key]
+
+    def _check_agrees(self, run: DecodeRun, key: str, value: float) -> None:
+        """metrics.json's ``key`` is ``value``, what the run's requests.parquet gives; else they are not one run's."""
+        if not math.isclose(value, self.metrics[run][key], rel_tol=TPS_MATCH_RTOL):
+            raise SpecFitError(f"{run.path}: metrics.json has {key} {self.metrics[run][key]}, its requests.parquet "
+                               f"gives {value}: the two files come from different runs")
 
 
 def whole_requests(rows: list[dict]) -> list[dict]:
