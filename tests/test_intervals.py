@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from specfit.intervals import ratio_interval, tps_interval, verdict
+from specfit.intervals import PROCESS_SPREAD, ratio_interval, tps_interval, verdict
 from specfit.ngrams import cycle_kinds, seen_before, split, stream_split
 
 
@@ -88,6 +88,22 @@ def test_noisy_runs_whose_interval_spans_one_tie():
     assert out["low"] < 1.0 < out["high"]
     assert out["verdict"] == "tie"
     assert 0.9 < out["value"] < 1.1
+
+
+def test_a_spread_between_processes_widens_the_interval_in_quadrature():
+    """A run 3% faster on every request: faster in one process; timed in two processes whose log ratio has sd 0.022,
+    the interval is value * exp(±1.96 * 0.022) (the bootstrap's own width is 0), so 1.03 becomes a tie."""
+    slow = stream(np.random.default_rng(6))
+    fast = [dict(r, t_request_s=r["t_prefill_s"] + (r["t_request_s"] - r["t_prefill_s"]) / 1.03) for r in slow]
+    assert ratio_interval(fast, slow)["verdict"] == "faster"
+    out = ratio_interval(fast, slow, spread=PROCESS_SPREAD)
+    half = 1.959964 * PROCESS_SPREAD
+    assert out["low"] == pytest.approx(1.03 * np.exp(-half), rel=1e-6)
+    assert out["high"] == pytest.approx(1.03 * np.exp(half), rel=1e-6)
+    assert out["verdict"] == "tie"
+    twice = ratio_interval([dict(r, t_request_s=r["t_prefill_s"] + (r["t_request_s"] - r["t_prefill_s"]) / 2)
+                            for r in slow], slow, spread=PROCESS_SPREAD)
+    assert twice["verdict"] == "faster"  # a real difference survives
 
 
 def test_pairing_removes_the_spread_between_prompts():

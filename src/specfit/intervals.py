@@ -11,17 +11,25 @@ resample the requests with replacement, recompute the ratio of sums, take the (1
 same ids for both runs (a paired bootstrap), so that a prompt that is slow for both runs moves both
 throughputs together instead of widening the interval.
 
+Two runs timed in different processes also differ by what the machine did meanwhile, which resampling requests
+cannot see: the same decode job run twice (two full DAG runs of the toy's 33 decode jobs, 2 cores) gave
+throughputs whose log ratio had a standard deviation of 0.022 (`PROCESS_SPREAD`). A ratio between processes widens
+its interval by that spread, in quadrature on the log scale (``spread``); a ratio timed in one process
+(`specfit.bench.paired`) does not.
+
 Everything is deterministic for a given ``seed`` (one `numpy.random.Generator`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from statistics import NormalDist
 
 import numpy as np
 
 N_BOOT = 2000
 LEVEL = 0.95
+PROCESS_SPREAD = 0.022  # sd of log(TPS run 2 / TPS run 1) of one decode job in two processes (see the docstring)
 CHUNK = 4_000_000  # resampled indices drawn at a time (bounds memory on streams of many requests)
 
 
@@ -109,12 +117,14 @@ def _by_id(requests: Iterable[Mapping], which: str) -> dict:
 
 
 def ratio_interval(num_requests: Iterable[Mapping], den_requests: Iterable[Mapping], seed: int = 0,
-                   n_boot: int = N_BOOT, level: float = LEVEL) -> dict:
+                   n_boot: int = N_BOOT, level: float = LEVEL, spread: float = 0.0) -> dict:
     """TPS_dec(num) / TPS_dec(den) on the request ids both runs hold, with a paired percentile bootstrap.
 
     Each resample draws request ids with replacement and recomputes both runs' throughputs on those ids.
+    ``spread``: the standard deviation of the log ratio between the two runs' processes (`PROCESS_SPREAD` for runs
+    timed apart, 0 in one process), added to each side's log half-width in quadrature at the interval's level.
     Returns {"value", "low", "high", "n", "verdict"}: verdict "faster" when low > 1, "slower" when
-    high < 1, else "tie". With one common request the interval is the value.
+    high < 1, else "tie". With one common request the interval is the value, widened by ``spread``.
     """
     _check(n_boot, level)
     num, den = _by_id(num_requests, "numerator"), _by_id(den_requests, "denominator")
@@ -135,4 +145,9 @@ def ratio_interval(num_requests: Iterable[Mapping], den_requests: Iterable[Mappi
         sa, ta, sb, tb = _resampled_sums([tok_a, sec_a, tok_b, sec_b], seed, n_boot)
         with np.errstate(divide="ignore", invalid="ignore"):
             low, high = _quantiles(_tps(sa, ta) / _tps(sb, tb), level)
+    if spread > 0 and low > 0:
+        z = float(NormalDist().inv_cdf((1.0 + level) / 2.0))
+        down, up = np.log(value / low), np.log(high / value)  # the bootstrap's log half-widths
+        low = value * float(np.exp(-np.hypot(down, z * spread)))
+        high = value * float(np.exp(np.hypot(up, z * spread)))
     return {"value": value, "low": low, "high": high, "n": n, "verdict": verdict(low, high)}
