@@ -55,7 +55,8 @@ def generate(args: argparse.Namespace) -> None:
 
     transformers_logging.disable_progress_bar()  # stderr holds the summary
 
-    prompt = args.prompt if args.prompt is not None else ("" if sys.stdin.isatty() else sys.stdin.read())
+    # from stdin without the newline `echo` ends it with, so that both ways give one prompt
+    prompt = args.prompt if args.prompt is not None else ("" if sys.stdin.isatty() else sys.stdin.read().rstrip("\n"))
     if not prompt.strip():
         raise SpecFitError("no prompt: give it as an argument or on stdin")
     decoder = Decoder.from_config(
