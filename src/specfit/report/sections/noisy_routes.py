@@ -34,9 +34,8 @@ def workload(s: Scope, sec: Section, w: str, cited: dict) -> None:
         pairs = [*(exact if s.roles.specfit else []),
                  (r, f"noisy, accuracy {method_config(s.spec, r.method).accuracy}", cited["simulated_60pct_speedup"])]
         rows += [p for p in pairs if p[0] in s.runs]
-    for run, _, _ in rows:
-        sec.missing += s.i.missing([run])
     runs = [run for run, _, _ in rows]
+    sec.missing += s.i.missing(runs)
     if not any(r in s.i.metrics for r in runs):
         return
     sec.missing += s.i.missing_requests([*runs, ar])
