@@ -4,7 +4,8 @@
 #   1. the offload engine on the device: logits equality across cache states, counters, pinned copies (-m gpu);
 #   2. the compatibility suite on cuda: real-layout bf16 fakes of Qwen3-30B-A3B and its speculators drafter
 #      through extract, calibrate, atlas (built within its slots, slot rows checked) and decode for AR,
-#      EAGLE-3 and SpecFit, lossless against AR or diverging only at a bf16 near-tie (the margin is asserted);
+#      EAGLE-3 and SpecFit, lossless against AR or diverging only at a bf16 near-tie (the margin is asserted),
+#      and `specfit generate` with every deployable method (tests/compat/test_compat_generate.py);
 #   3. the stage tests on cuda: the warm-up leaves no trace in a measured SpecFit run, no stage allocates
 #      more slots than asked, a crashed stream resumes, Table 5 on a real run; the fp32-logits option;
 #   4. the learned route predictor on the device: trained, then SpecFit with learned routes lossless (tests);
