@@ -326,6 +326,7 @@ def _specfit_imports(path: Path, module: str) -> set[str]:
 # Package data a module reads at run time: an edit to it reruns the rules that run the module.
 MODULE_DATA = {
     "specfit.report.render": ("templates/report.html.j2", "templates/report.md.j2"),
+    "specfit.report.page": ("templates/notes.j2",),
     "specfit.coefficients": ("data/paper_coefficients.yaml",),
     "specfit.paper": ("data/paper_results.yaml",),
 }
