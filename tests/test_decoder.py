@@ -100,6 +100,7 @@ def test_the_figures_are_the_decode_runs_metrics_for_the_same_request(inputs, pr
     assert {k: figures[k] for k in FIGURES if k not in timed} == {k: metrics[k] for k in FIGURES if k not in timed}
     assert figures["tps_dec"] > 0 and figures["select_ms_per_cycle"] > 0
     assert figures["timing_label"] == metrics["timing_label"] and figures["slots"] == 4
+    assert figures["routes"] == "learned" and figures["method"] == "specfit-ca"
     assert pq.read_table(run["requests"]).column("output_ids").to_pylist() == [result.output_ids]
     assert pq.read_table(run["cycles"]).column("selected").to_pylist() == [c["selected"] for c in result.cycles]
 

@@ -98,8 +98,10 @@ def summary(r: dict) -> str:
     def num(x, fmt=".2f"):
         return "n/a" if x is None else format(x, fmt)
 
+    routes = f" ({r['routes']} routes)" if r["routes"] else ""
     lines = [
-        f"{r['method']} on {r['model']}, {r['device']} ({r['slots']} slots): {r['n_output_tokens']} tokens, "
+        f"{r['method']}{routes} on {r['model']}, {r['device']} "
+        f"({r['slots']} slots): {r['n_output_tokens']} tokens, "
         f"{num(r['tps_dec'], '.1f')} tokens/s decode [{r['timing_label']}]",
         f"per cycle: {num(r['committed_per_cycle'])} committed tokens, {num(r['draft_nodes_per_cycle'])} verified "
         f"draft nodes, {num(r['select_ms_per_cycle'], '.3f')} ms selection; {num(r['h2d_per_token'])} expert copies "

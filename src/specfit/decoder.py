@@ -41,7 +41,8 @@ from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits
 from specfit.speculative.stream import Loaded, StreamSpec, load
 
-# the figures a generation reports, by their names in a decode run's metrics.json (`specfit.metrics.stream_metrics`)
+# the figures a generation reports, by their names in a decode run's metrics.json (`specfit.metrics.stream_metrics`),
+# beside model, device, method, routes, slots and the device's timing_label
 FIGURES = ("n_output_tokens", "cycles", "tps_dec", "committed_per_cycle", "draft_nodes_per_cycle", "h2d_per_token",
            "select_ms_per_cycle")
 MAX_NEW_TOKENS = 128
@@ -149,6 +150,9 @@ class Decoder:
         inputs = {k: str(root / v) for k, v in inputs.items()}
         target = read_config(inputs["target"], "target model", f"models.{model}.target")
         limit = (target.get("text_config") or target).get("max_position_embeddings")
+        if not limit:
+            raise SpecFitError(f"the target's config.json sets no max_position_embeddings: its token limit is unknown "
+                               f"(set by `models.{model}.target` in config.yaml)")
         spec = specs.generate(config, model, device, method, slots, limit, max_new_tokens)
         return cls(spec, inputs, {"model": model, "device": device, "method": method})
 
@@ -214,8 +218,10 @@ class Decoder:
         """`FIGURES` of one request, computed as its decode run's metrics.json computes them."""
         metrics = stream_metrics([request], pa.Table.from_pylist(cycles, schema=CYCLE_SCHEMA), [prompt],
                                  self.spec.seed)
-        return {**self.name, "slots": self.spec.slots, "timing_label": self.loaded.engine.timing_label,
-                **{k: metrics[k] for k in FIGURES}}
+        method = self.spec.method
+        routes = method.routes if method.name in ROUTED_RULES else None  # where SpecFit's routes came from
+        return {**self.name, "routes": routes, "slots": self.spec.slots,
+                "timing_label": self.loaded.engine.timing_label, **{k: metrics[k] for k in FIGURES}}
 
     def reset(self) -> None:
         """An empty expert cache and fresh counters, as after the decode stage's warm-up."""

@@ -91,7 +91,8 @@ def test_the_streamed_text_is_the_records_and_the_summary_goes_to_stderr(workflo
     record = json.loads(out)
     status, out, err = generate(workflow, monkeypatch, capsys, *args, stdin=PROMPT + "\n")
     assert status == 0 and out == record["text"] + "\n"
-    assert err.startswith(f"specfit-learned on {MODEL}, a100 (4 slots): {record['n_output_tokens']} tokens, ")
+    assert err.startswith(f"specfit-learned (learned routes) on {MODEL}, a100 (4 slots): {record['n_output_tokens']} "
+                          "tokens, ")
     assert "committed tokens" in err and "expert copies per token" in err
 
 
