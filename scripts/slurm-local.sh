@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A single-node SLURM on this machine, to run workflow/profiles/slurm for real (docs/cluster.md, .ci/run).
+# A single-node SLURM on this machine, to run workflow/profiles/slurm for real (docs/cluster.md).
 #
 #   scripts/slurm-local.sh up       install slurm-wlm and munge if missing, then start munged, slurmctld and slurmd
 #   scripts/slurm-local.sh status   what runs, and the partitions

@@ -1,9 +1,9 @@
 """The cluster profile on a real SLURM: what a cluster user meets (docs/cluster.md).
 
 Skips unless a SLURM answers (`scontrol ping`; with SPECFIT_SLURM_REQUIRED set, fails instead): bring one up with
-`eval "$(scripts/slurm-local.sh up)"` first, as .ci/run does after the tests. The smoke DAG runs through
-workflow/profiles/slurm with the local user profile (workflow/profiles/slurm-local) in a copy of the workflow; with
-SPECFIT_LOCAL_SMOKE naming a finished local smoke run (.ci/run's), its outputs are compared with that run's.
+`eval "$(scripts/slurm-local.sh up)"` first. The smoke DAG runs through workflow/profiles/slurm with the local user
+profile (workflow/profiles/slurm-local) in a copy of the workflow; with SPECFIT_LOCAL_SMOKE naming a finished local
+smoke run (made as .ci/run makes its own), its outputs are compared with that run's.
 """
 
 import os
@@ -33,12 +33,12 @@ def slurm_is_up() -> bool:
 
 
 if not slurm_is_up():
-    if os.environ.get("SPECFIT_SLURM_REQUIRED"):  # .ci/run: a SLURM that did not come up fails, not skips
+    if os.environ.get("SPECFIT_SLURM_REQUIRED"):  # for CI: a SLURM that did not come up fails, not skips
         pytest.fail("SPECFIT_SLURM_REQUIRED is set, but no SLURM answers `scontrol ping`", pytrace=False)
     pytest.skip("no SLURM answers `scontrol ping` (scripts/slurm-local.sh up)", allow_module_level=True)
 
 
-def snakemake(workdir: Path, *args: str, env: dict | None = None, timeout: int = 2400) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, env: dict | None = None, timeout: int = 2700) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "snakemake", *args, "--configfile", "smoke.yaml"], cwd=workdir,
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
