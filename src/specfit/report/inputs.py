@@ -157,7 +157,8 @@ class Inputs:
             tokens, seconds = intervals.decode_sums(rows[run])  # [requests] each
             self._check_agrees(run, key, float(tokens.sum() / seconds.sum()))
         ci = self._interval((key, num, den), f"{num.path} over {den.path}",
-                            lambda: intervals.ratio_interval(rows[num], rows[den], seed=self.seed))
+                            lambda: intervals.ratio_interval(rows[num], rows[den], seed=self.seed,
+                                                             spread=intervals.PROCESS_SPREAD))
         return est(ci["value"], ci)
 
     def _interval(self, key: tuple, where: str, compute) -> dict:

@@ -154,4 +154,4 @@ def notes(name: str, /, **values) -> list[str]:
 
 
 def interval_note(seed: int) -> str:
-    return note("intervals", n_boot=intervals.N_BOOT, seed=seed)
+    return note("intervals", n_boot=intervals.N_BOOT, seed=seed, spread=intervals.PROCESS_SPREAD)
