@@ -70,8 +70,10 @@ def copy_workflow(root: Path, workdir: Path, questions_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def smoke(root, questions_path, tmp_path_factory):
-    """The smoke DAG through the cluster profile; the run's output and its jobs as SLURM lists them."""
-    workdir = copy_workflow(root, tmp_path_factory.mktemp("slurm_smoke"), questions_path)
+    """The smoke DAG through the cluster profile, and the run's output (SPECFIT_SLURM_SMOKE: in that folder, a
+    copy made before, finishing what it lacks)."""
+    reuse = os.environ.get("SPECFIT_SLURM_SMOKE")
+    workdir = Path(reuse) if reuse else copy_workflow(root, tmp_path_factory.mktemp("slurm_smoke"), questions_path)
     proc = snakemake(workdir, *PROFILES, "reports/all")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
@@ -156,12 +158,22 @@ def newest_mtime(paths) -> float:
     return max(p.stat().st_mtime for p in paths)
 
 
+def wait_until_running(job_id: str, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        state = subprocess.run(["squeue", "--states=all", "--noheader", "--jobs", job_id, "--format=%T"],
+                               capture_output=True, text=True).stdout.strip()
+        if state != "PENDING":
+            return
+        time.sleep(0.2)
+
+
 def test_failed_job_names_its_slurm_log_and_a_rerun_resumes(smoke):
     """A job killed on the node (scancel: what a preemption, a time limit or an admin does) is reported with its
     SLURM log; the rerun submits only what did not finish, and leaves every finished output as it was."""
     workdir, _ = smoke
-    shutil.rmtree(workdir / "data/theory")
-    shutil.rmtree(workdir / "reports/all")
+    shutil.rmtree(workdir / "data/theory", ignore_errors=True)
+    shutil.rmtree(workdir / "reports/all", ignore_errors=True)
     decoded = list((workdir / "data/decode").rglob("*.parquet"))
     before = newest_mtime(decoded)
 
@@ -172,6 +184,7 @@ def test_failed_job_names_its_slurm_log_and_a_rerun_resumes(smoke):
         lines.append(line)
         if cancelled is None and (m := SUBMITTED.search(line)) and "rule_theory/" in m.group(2):
             cancelled = m.groups()
+            wait_until_running(cancelled[0])  # a job cancelled before it starts has no log yet
             subprocess.run(["scancel", cancelled[0]], check=True)
     output = "".join(lines)
     assert proc.wait(timeout=600) != 0, output[-3000:]
@@ -195,7 +208,7 @@ def test_failed_job_names_its_slurm_log_and_a_rerun_resumes(smoke):
 
 def test_unknown_partition_fails_at_first_submission_with_slurms_message(smoke, tmp_path):
     workdir, _ = smoke
-    shutil.rmtree(workdir / "reports/all")
+    shutil.rmtree(workdir / "reports/all", ignore_errors=True)
     started = time.monotonic()
     proc = snakemake(workdir, *PROFILES, "reports/all", env={"SPECFIT_SLURM_CPU_PARTITION": "nosuch"}, timeout=300)
     output = proc.stdout + proc.stderr
