@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from compat.compat_fakes import COEFFICIENTS
 from specfit import decode, paths, predictor
 from specfit.decoder import FIGURES, Decoder, compare, deployable
 from specfit.errors import SpecFitError
@@ -20,14 +21,6 @@ from specfit.workflow import SCHEMA, load_config
 
 DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: cuda
 ROOT = Path(__file__).resolve().parents[1]
-# a calibration's coefficients as the calibrate stage writes them (the paper model's and specfit-ca's fits), in ms
-COEFFICIENTS = {
-    "b": [20.0, 20.4, 20.8, 21.2, 21.6, 22.0, 22.4, 22.8], "beta": 0.6,
-    "drafting": {"start_ms": 1.0, "level_ms": 0.8, "select_ms": 0.1},
-    "cache_aware": {"b": [20.0] * 8, "beta_miss": 0.6, "beta_hit": 0.02,
-                    "without_drafting": {"b": [19.0, 19.3, 19.6, 19.9, 20.2, 20.5, 20.8, 21.1], "beta_miss": 0.6,
-                                         "beta_hit": 0.02}},
-}
 # the deployable methods by their method entries: AR, EAGLE-3, and SpecFit and specfit-ca on learned routes
 METHODS = {"ar": {"name": "ar"}, "eagle3": {"name": "eagle3"},
            "specfit-learned": {"name": "specfit", "routes": "learned"},

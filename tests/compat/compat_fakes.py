@@ -33,6 +33,14 @@ from specfit.workflow import SCHEMA, load_config
 DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh runs the suite on cuda
 ROOT = Path(__file__).resolve().parents[2]  # the workflow checkout: its config.yaml and config.qwen3-30b-a3b.yaml
 MODEL = "qwen3-30b-a3b"  # the model's name in config.qwen3-30b-a3b.yaml: errors name models.qwen3-30b-a3b.*
+# a calibration's coefficients as the calibrate stage writes them (the paper model's and specfit-ca's fits), in ms
+COEFFICIENTS = {
+    "b": [20.0, 20.4, 20.8, 21.2, 21.6, 22.0, 22.4, 22.8], "beta": 0.6,
+    "drafting": {"start_ms": 1.0, "level_ms": 0.8, "select_ms": 0.1},
+    "cache_aware": {"b": [20.0] * 8, "beta_miss": 0.6, "beta_hit": 0.02,
+                    "without_drafting": {"b": [19.0, 19.3, 19.6, 19.9, 20.2, 20.5, 20.8, 21.1], "beta_miss": 0.6,
+                                         "beta_hit": 0.02}},
+}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 256, 257, 258 after the 256 byte tokens
 BOS, EOS = 256, 258
 VOCAB = 320

@@ -11,20 +11,12 @@ import sys
 
 import pytest
 import yaml
-from compat_fakes import DEVICE, MODEL, NEW, QUESTIONS, ROOT
+from compat_fakes import COEFFICIENTS, DEVICE, MODEL, NEW, QUESTIONS, ROOT
 
 from specfit import cli, paths, predictor
 from specfit.workflow import SCHEMA
 
 PROMPT = QUESTIONS[1]["turns"][0]  # a prompt the fake drafter was taught the answer of: drafts are accepted
-# a calibration's coefficients with specfit-ca's fits (ms), as the calibrate stage writes them
-COEFFICIENTS = {
-    "b": [20.0, 20.4, 20.8, 21.2, 21.6, 22.0, 22.4, 22.8], "beta": 0.6,
-    "drafting": {"start_ms": 1.0, "level_ms": 0.8, "select_ms": 0.1},
-    "cache_aware": {"b": [20.0] * 8, "beta_miss": 0.6, "beta_hit": 0.02,
-                    "without_drafting": {"b": [19.0, 19.3, 19.6, 19.9, 20.2, 20.5, 20.8, 21.1], "beta_miss": 0.6,
-                                         "beta_hit": 0.02}},
-}
 DEPLOYABLE = [["--method", "ar"], ["--method", "eagle3"], ["--method", "specfit-learned"],
               ["--method", "specfit-ca", "--routes", "learned"]]
 
