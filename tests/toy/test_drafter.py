@@ -33,7 +33,7 @@ def test_ttt_forward_equals_chain_drafting():
 
 def test_calibrate_confidence_recovers_the_temperature_of_acceptance():
     """Tokens drawn from softmax(z / 0.4) where the drafter says softmax(z): the fitted temperature is ~0.4, folded
-    into lm_head (logits divided by it exactly), and the drafter's argmax is unchanged."""
+    into lm_head (logits divided by it exactly: a positive scale, so no token's rank moves)."""
     torch.manual_seed(0)
     layer = LlamaConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                         head_dim=8, num_hidden_layers=1, vocab_size=64)
@@ -45,6 +45,5 @@ def test_calibrate_confidence_recovers_the_temperature_of_acceptance():
     stats = calibrate_confidence(drafter, drafted)
     assert abs(stats["temperature"] - 0.4) < 0.04
     assert torch.allclose(drafter.lm_head.weight, weight / stats["temperature"])
-    assert torch.equal(drafter.lm_head.weight.argmax(0), weight.argmax(0))
     assert abs(stats["top1_prob_after"] - stats["top1_hit_rate"]) < 0.03  # calibrated where it was not
     assert stats["top1_prob_before"] < stats["top1_hit_rate"] - 0.1
