@@ -2,6 +2,7 @@
 target / EAGLE-3 drafter pair (with an oracle drafter and the pair saved as a decode stage's inputs)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,6 +43,23 @@ def questions_path() -> Path:
             pytest.fail(str(err))
     return path
 
+
+
+@pytest.fixture(scope="session")
+def workflow_copy(root, questions_path):
+    """Make a runnable copy of the workflow in a folder: its rules, profiles and config with tests/smoke.yaml beside
+    as smoke.yaml, and the configured question.jsonl in place (a copy: a cluster job may not see this checkout)."""
+    def copy(workdir: Path) -> Path:
+        for name in ("workflow", "rules", "envs"):
+            shutil.copytree(root / name, workdir / name)
+        shutil.copy(root / "config.yaml", workdir / "config.yaml")
+        shutil.copy(root / "tests" / "smoke.yaml", workdir / "smoke.yaml")
+        raw = workdir / "data/raw/spec_bench"
+        raw.mkdir(parents=True)
+        shutil.copy(questions_path, raw / "question.jsonl")
+        return workdir
+
+    return copy
 
 # ------------------------------------------------------------------ a tiny random target and drafter
 VOCAB = 256

@@ -7,7 +7,6 @@ Snakemake schedules exactly what an edit affects.
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,15 +46,8 @@ def scheduled(workdir: Path, *configfiles: str) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def workflow(root, questions_path, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("workflow")
-    for name in ("workflow", "rules", "envs"):
-        shutil.copytree(root / name, workdir / name)
-    shutil.copy(root / "config.yaml", workdir / "config.yaml")
-    shutil.copy(root / "tests" / "smoke.yaml", workdir / "smoke.yaml")
-    raw = workdir / "data/raw/spec_bench"
-    raw.mkdir(parents=True)
-    (raw / "question.jsonl").symlink_to(questions_path)
+def workflow(workflow_copy, tmp_path_factory):
+    workdir = workflow_copy(tmp_path_factory.mktemp("workflow"))
     snakemake(workdir, "--cores", "1", "reports/all")
     return workdir, load_config(workdir / "config.yaml", workdir / "workflow/schemas/config.schema.yaml",
                                 workdir / "smoke.yaml")  # merged as snakemake's --configfile merges them

@@ -57,23 +57,12 @@ def jobs_of_run(output: str) -> dict[str, dict]:
     return {row[0]: dict(zip(fields, row[1:])) for line in listing.splitlines() if (row := line.split("|"))}
 
 
-def copy_workflow(root: Path, workdir: Path, questions_path: Path) -> Path:
-    for name in ("workflow", "rules", "envs"):
-        shutil.copytree(root / name, workdir / name)
-    shutil.copy(root / "config.yaml", workdir / "config.yaml")
-    shutil.copy(root / "tests" / "smoke.yaml", workdir / "smoke.yaml")
-    raw = workdir / "data/raw/spec_bench"
-    raw.mkdir(parents=True)
-    shutil.copy(questions_path, raw / "question.jsonl")
-    return workdir
-
-
 @pytest.fixture(scope="module")
-def smoke(root, questions_path, tmp_path_factory):
+def smoke(workflow_copy, tmp_path_factory):
     """The smoke DAG through the cluster profile, and the run's output (SPECFIT_SLURM_SMOKE: in that folder, a
     copy made before, finishing what it lacks)."""
     reuse = os.environ.get("SPECFIT_SLURM_SMOKE")
-    workdir = Path(reuse) if reuse else copy_workflow(root, tmp_path_factory.mktemp("slurm_smoke"), questions_path)
+    workdir = Path(reuse) if reuse else workflow_copy(tmp_path_factory.mktemp("slurm_smoke"))
     proc = snakemake(workdir, *PROFILES, "reports/all")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
@@ -219,13 +208,10 @@ def test_unknown_partition_fails_at_first_submission_with_slurms_message(smoke, 
     assert time.monotonic() - started < 120
 
 
-def test_gpu_rule_asks_for_the_devices_gpu(root, tmp_path):
+def test_gpu_rule_asks_for_the_devices_gpu(root, workflow_copy, tmp_path):
     """On the paper's config (CUDA devices), a calibration job's sbatch asks the GPU partition for one GPU of its
     device's model. This SLURM has no GPU, so SLURM refuses it, after Snakemake printed the call."""
-    workdir = tmp_path
-    for name in ("workflow", "rules", "envs"):
-        shutil.copytree(root / name, workdir / name)
-    shutil.copy(root / "config.yaml", workdir / "config.yaml")
+    workdir = workflow_copy(tmp_path)
     config = (root / "config.qwen3-30b-a3b.yaml").read_text()
     config = config.replace("/models/", f"{workdir}/models/")  # stand-in folders: the job never reads them
     (workdir / "smoke.yaml").write_text(config)
