@@ -45,6 +45,10 @@ class Outcome:
     why: str = ""
     basis: Verdict | None = None
 
+    @classmethod
+    def met(cls, ok: bool, why: str = "") -> "Outcome":
+        return cls(Verdict.MET if ok else Verdict.MISSED, why)
+
     def answer(self) -> str:
         """As a goal column prints it: "yes", "no", "not judged (why)", ..."""
         word = {Verdict.MET: "yes", Verdict.MISSED: "no"}.get(self.verdict, str(self.verdict))
@@ -56,7 +60,7 @@ class Outcome:
 
 
 def at_least(value: float, bound: float, why: str = "") -> Outcome:
-    return Outcome(Verdict.MET if value >= bound else Verdict.MISSED, why)
+    return Outcome.met(value >= bound, why)
 
 
 def not_judged(runs: list, metrics: dict, what: str) -> Outcome:

@@ -4,7 +4,7 @@ with-cache fit's R², and how often the CPU overran the device's model (docs/dev
 from specfit.paper_device import NAMES, PROPORTIONS, REQUESTS, paper_proportions, proportion_met, run_proportions
 from specfit.report.page import MISSING, Section, fmt, note, table
 from specfit.report.scope import Scope
-from specfit.report.verdict import Verdict
+from specfit.report.verdict import Outcome, at_least
 
 R2_GOAL = 0.9  # the with-cache NNLS fit of the paper's model
 OVERRUN_GOAL = 0.01  # share of forwards whose CPU time overran the model
@@ -15,8 +15,9 @@ def shown(key: str, value: float) -> str:
     return fmt(100 * value, ".1f") + "%" if key.endswith("share") else fmt(value, ".2f")
 
 
-def goal(met: bool | None) -> str:
-    return "–" if met is None else str(Verdict.MET if met else Verdict.MISSED)
+def goal(o: Outcome | None) -> str:
+    """A goal's verdict as the tables print it; a dash where the quantity has no goal or no value."""
+    return MISSING if o is None else o.word()
 
 
 def section(s: Scope) -> Section | None:
@@ -35,17 +36,17 @@ def section(s: Scope) -> Section | None:
         if (s.gpu, pw) not in REQUESTS:  # no table of the paper for this GPU and workload
             continue
         paper = paper_proportions(s.i.paper, pw, s.gpu)
-        rows = [(key, name, toy[key], paper[key], proportion_met(key, toy[key], paper[key]))
-                for key, name in PROPORTIONS]
+        rows = [(key, name, toy[key], paper[key], None if (met := proportion_met(key, toy[key], paper[key])) is None
+                 else Outcome.met(met)) for key, name in PROPORTIONS]
         caption = f"Proportions, {s.title(w)}, beside the {NAMES[s.gpu]}'s {pw}"
         sec.tables.append(table(s.id("proportions", w), caption, [
             ("Quantity", lambda r: r[1]),
             ("This run", lambda r: shown(r[0], r[2])), ("Paper", lambda r: shown(r[0], r[3])),
             ("Goal met", lambda r: goal(r[4]))], rows, key=lambda r: r[0]))
     fit = s.i.calibration.get((s.model, s.device, "cache"))
-    devices = [m["device"] for r in s.runs if (m := s.i.metrics.get(r)) and m.get("device")]
     rows = [("r2", f"with-cache NNLS fit of the paper's model, R² (goal ≥ {R2_GOAL})",
-             MISSING if fit is None else fmt(fit["r2"], ".3f"), goal(None if fit is None else fit["r2"] >= R2_GOAL))]
+             MISSING if fit is None else fmt(fit["r2"], ".3f"), None if fit is None else at_least(fit["r2"], R2_GOAL))]
+    devices = [m["device"] for r in s.runs if (m := s.i.metrics.get(r)) and m.get("device")]
     parts = {"target": "decode target forwards", "drafter": "drafter forwards",
              "prefill": "prefill forwards (outside the decode time; no goal)"}
     for part, what in parts.items():
@@ -55,9 +56,9 @@ def section(s: Scope) -> Section | None:
         rows.append((f"overruns-{part}", f"{what} whose CPU time overran the model, all runs"
                      + ("" if part == "prefill" else f" (goal < {100 * OVERRUN_GOAL:.0f}%)"),
                      MISSING if share is None else f"{100 * share:.2f}% ({over} of {forwards})",
-                     goal(None if share is None or part == "prefill" else share < OVERRUN_GOAL)))
+                     None if share is None or part == "prefill" else Outcome.met(share < OVERRUN_GOAL)))
     sec.tables.append(table(s.id("device-checks"), f"The emulated {emulate['name']}: fit and overruns, "
                             f"{s.model} / {s.device}", [
-        ("Check", lambda r: r[1]), ("This run", lambda r: r[2]), ("Goal met", lambda r: r[3])], rows,
+        ("Check", lambda r: r[1]), ("This run", lambda r: r[2]), ("Goal met", lambda r: goal(r[3]))], rows,
         key=lambda r: r[0]))
     return sec
