@@ -105,10 +105,11 @@ def column(key: str, emulated: bool) -> str:
     return tagged(q.label, emulated and q.timing)
 
 
-def metric(metrics: dict, key: str, emulated: bool, run=lambda x: x, dash=lambda x: False) -> tuple:
-    """A table column of one metrics.json key, as `METRICS` prints it: header, and the cell of a row, whose run
-    ``run(row)`` gives (a dash where ``dash(row)``: AR's draft counters)."""
-    return column(key, emulated), lambda x: MISSING if dash(x) else fmt(metrics[run(x)].get(key), METRICS[key].fmt)
+def metric(metrics: dict, key: str, emulated: bool, run=lambda x: x, ar=lambda x: False, spec: str = "") -> tuple:
+    """A table column of one metrics.json key, as `METRICS` prints it (or as ``spec``): header, and the cell of a row,
+    whose run ``run(row)`` gives; AR drafts nothing, so a row where ``ar(row)`` has a dash for `DRAFT_KEYS`."""
+    return column(key, emulated), lambda x: (MISSING if key in DRAFT_KEYS and ar(x)
+                                             else fmt(metrics[run(x)].get(key), spec or METRICS[key].fmt))
 
 
 def tps_cell(e) -> str:

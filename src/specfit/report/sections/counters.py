@@ -3,7 +3,7 @@ against a cached EAGLE-3 cycle comes from (section 4.2)."""
 
 from specfit.metrics import SPLIT_KEYS
 from specfit.report.page import CACHE, METHOD, Section, fmt, note, pct_less, pct_more, share_of, table, tagged
-from specfit.report.quantities import DRAFT_KEYS, TOKENS_PER_TRANSFER, metric, tokens_per_transfer
+from specfit.report.quantities import TOKENS_PER_TRANSFER, metric, tokens_per_transfer
 from specfit.report.scope import Scope
 from specfit.workflow import method_rule
 
@@ -33,17 +33,14 @@ def workload(s: Scope, sec: Section, w: str) -> bool:
     if not present:
         return False
 
-    def counter(k):  # AR drafts nothing: a dash, as in the paper
-        return metric(s.i.metrics, k, emulated,
-                      dash=lambda r: k in DRAFT_KEYS and method_rule(s.spec, r.method) == "ar")
-
     def over_eagle(r):
         base = None if r.method == eagle else s.i.metrics.get(s.run(w, eagle, r.slots))
         return fmt(pct_more(tokens_per_transfer(s.i.metrics[r]), tokens_per_transfer(base)), ".1f")
 
     eagle = s.roles.eagle3
+    counters = [metric(s.i.metrics, k, emulated, ar=lambda r: method_rule(s.spec, r.method) == "ar") for k in KEYS]
     sec.tables.append(table(s.id("counters", w), tagged(f"Counters per verification cycle, {s.title(w)}", emulated),
-                            [METHOD, CACHE, *map(counter, KEYS)], present))
+                            [METHOD, CACHE, *counters], present))
     sec.tables.append(table(s.id("transfers", w), f"Tokens per transfer, {s.title(w)}", [
         METHOD, CACHE, metric(s.i.metrics, "h2d_per_token", False),
         (TOKENS_PER_TRANSFER, lambda r: fmt(tokens_per_transfer(s.i.metrics[r]), ".4f")),

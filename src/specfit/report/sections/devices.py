@@ -3,7 +3,7 @@ paper's on each device, with the paper's three methods with and without the cach
 
 from specfit.report.page import Section, cache_cell, interval_note, note, table, tagged
 from specfit.report.paper_figures import CELLS
-from specfit.report.quantities import DRAFT_KEYS, column, metric, tps_cell, x_cell
+from specfit.report.quantities import column, metric, tps_cell, x_cell
 from specfit.report.scope import ModelScope, paper_workload
 
 KEYS = ("draft_nodes_per_cycle", "committed_per_cycle", "cycles", "ms_per_cycle", "h2d_per_token")
@@ -40,9 +40,6 @@ def group_table(v: ModelScope, sec: Section, group: str, on: dict[str, str]) -> 
     if not rows:
         return
 
-    def counter(k):  # AR drafts nothing: a dash, as in the paper
-        return metric(v.i.metrics, k, emulated, run=lambda x: x[4], dash=lambda x: x[2] == "ar" and k in DRAFT_KEYS)
-
     shown = ", ".join(f"{d}: {w}" for d, w in on.items()) if any(w != group for w in on.values()) else ""
     sec.tables.append(table(v.id("devices", group), tagged(
         f"{group} on every device" + (f" ({shown})" if shown else ""), emulated), [
@@ -50,4 +47,5 @@ def group_table(v: ModelScope, sec: Section, group: str, on: dict[str, str]) -> 
         ("Cache", lambda x: cache_cell(v.on[x[0]].main if x[3] == "cache" else 0)),
         (column("tps_dec", emulated), lambda x: tps_cell(v.i.tps(x[4]))),
         (tagged("Speedup over AR without cache", emulated), lambda x: x_cell(v.i.speedup(x[4], x[5]))),
-        *map(counter, KEYS)], rows, key=lambda x: x[4]))
+        *(metric(v.i.metrics, k, emulated, run=lambda x: x[4], ar=lambda x: x[2] == "ar") for k in KEYS)], rows,
+        key=lambda x: x[4]))

@@ -4,7 +4,7 @@ paired bootstrap intervals; for a cell that misses it, where the time went and w
 """
 
 from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, table, tagged
-from specfit.report.quantities import LATER_KEYS, METRICS, column, metric, tps_cell, x_cell
+from specfit.report.quantities import LATER_KEYS, METRICS, metric, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Verdict, judged, overall
 
@@ -21,8 +21,8 @@ NOISE = 0.05  # H2D/token enters the sentence when it differs by more than this 
 
 
 def judge(s: Scope, c: Cell) -> None:
-    """Goal met: specfit-ca / best ties or wins, and with the cache specfit-ca / SpecFit wins. A part that fails
-    decides the cell even when the other cannot be judged."""
+    """Goal met: specfit-ca / best ties or wins, and with the cache specfit-ca / SpecFit wins; each part is a goal of
+    its own (by the ratio's key), and one that fails decides the cell even when the other cannot be judged."""
     i, ca = s.i, c.runs["specfit-ca"]
     base = [c.runs[b] for b in BASELINES if c.runs[b] is not None]
     if base and all(r in i.metrics for r in base):
@@ -30,11 +30,12 @@ def judge(s: Scope, c: Cell) -> None:
         c.best = next(b for b in BASELINES if c.runs[b] == best)
     c.ratios = {"best": None if c.best is None else i.speedup(ca, c.runs[c.best]),
                 "specfit": i.speedup(ca, c.runs["specfit"])}
-    parts = [judged(c.ratios["best"], (Verdict.TIE, Verdict.FASTER), [ca, *(base or [None])], i.metrics,
-                    "AR or EAGLE-3")]
+    c.goals["best"] = judged(c.ratios["best"], (Verdict.TIE, Verdict.FASTER), [ca, *(base or [None])], i.metrics,
+                             "AR or EAGLE-3")
     if c.cached:
-        parts.append(judged(c.ratios["specfit"], (Verdict.FASTER,), [ca, c.runs["specfit"]], i.metrics, "SpecFit"))
-    c.goals["goal"] = overall(parts)
+        c.goals["specfit"] = judged(c.ratios["specfit"], (Verdict.FASTER,), [ca, c.runs["specfit"]], i.metrics,
+                                    "SpecFit")
+    c.goals["goal"] = overall(list(c.goals.values()))
 
 
 def section(s: Scope) -> Section | None:
@@ -102,38 +103,37 @@ def why(name: str, m: dict, rival: str, r: dict, rival_is_ar: bool, e) -> str:
 
 
 def where_the_time_went(s: Scope, sec: Section, missed: list[Cell], ca: str, emulated: bool) -> None:
-    """Per missed cell, each method's cycle in parts; then, per comparison that failed, the sentence that says why."""
-    i, reasons, older = s.i, [], False
+    """Per missed cell, each method's cycle in parts; then, per part of the goal it missed, the sentence that says
+    why."""
+    i, reasons = s.i, []
 
     def m(x):  # a row's metrics.json: (role, run)
         return i.metrics[x[1]]
 
-    def part(key, emulated):  # a part of the cycle in ms (AR drafts nothing: a dash)
-        return column(key, emulated), lambda x: (MISSING if x[0] == "ar" and key == "draft_ms_per_cycle"
-                                                  else fmt(m(x).get(key), ".2f"))
+    def cycle(key):  # a part of the cycle in ms
+        return metric(i.metrics, key, emulated, run=lambda x: x[1], ar=lambda x: x[0] == "ar", spec=".2f")
 
     for c in missed:
         present = [(role, c.runs[role]) for role in ROLES if c.runs[role] in i.metrics]
-        older |= any(k not in i.metrics[r] for _, r in present for k in LATER_KEYS)
         sec.tables.append(table(s.id("where-the-time-went", c.workload, c.slots), tagged(
             f"Where the time went, {s.title(c.workload)}, cache {cache_cell(c.slots)}", emulated), [
-            ("Method", lambda x: x[1].method), *(part(k, emulated) for k in TIMED),
+            ("Method", lambda x: x[1].method), *map(cycle, TIMED),
             (METRICS["committed_per_cycle"].label + " per cycle",
              lambda x: fmt(m(x).get("committed_per_cycle"), ".2f")),
             (tagged("ms per committed token", emulated), lambda x: fmt(ms_per_token(m(x)), ".2f")),
             metric(i.metrics, "h2d_per_token", emulated, run=lambda x: x[1]),
             ("Cycles that drafted nothing (%)", lambda x: MISSING if x[0] == "ar"
              else fmt(drafted_nothing_pct(m(x)), ".1f"))], present, key=lambda x: x[1]))
-        fails = [(c.best, c.ratios["best"])] if c.ratios["best"] and c.ratios["best"].verdict == Verdict.SLOWER else []
-        if c.cached and c.ratios["specfit"] and c.ratios["specfit"].verdict in (Verdict.SLOWER, Verdict.TIE):
-            fails.append(("specfit", c.ratios["specfit"]))
-        ours = i.metrics[c.runs["specfit-ca"]]
-        reasons += [[c.workload, cache_cell(c.slots), c.runs[role].method,
-                     why(ca, ours, c.runs[role].method, i.metrics[c.runs[role]], role == "ar", e)] for role, e in fails]
+        for k in ("best", "specfit"):  # the parts of the goal, by ratio
+            if k in c.goals and c.goals[k].verdict == Verdict.MISSED:
+                role = c.best if k == "best" else k
+                reasons.append([c.workload, cache_cell(c.slots), c.runs[role].method, why(
+                    ca, i.metrics[c.runs["specfit-ca"]], c.runs[role].method, i.metrics[c.runs[role]], role == "ar",
+                    c.ratios[k])])
     sec.tables.append(Table(s.id("specfit-ca-why"), tagged(f"Why {ca} misses the goal, {s.model} / {s.device}",
                                                               emulated),
                             ["Workload", "Cache", "Against", tagged("Why (from the numbers above)", emulated)],
                             reasons))
     sec.notes.append(note("specfit_ca_time"))
-    if older:
+    if any(k not in i.metrics[r] for c in missed for r in c.runs.values() if r in i.metrics for k in LATER_KEYS):
         sec.notes.append(note("specfit_ca_older"))
