@@ -81,10 +81,13 @@ SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-# a container: no cgroups, no systemd
+# a container: no cgroups, no systemd. Memory is still enforced as on a site: slurmd reads each step's RSS from
+# /proc every second and kills a step over its job's request (OverMemoryKill).
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=task=1
+JobAcctGatherParams=OverMemoryKill
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none

@@ -195,6 +195,29 @@ def test_failed_job_names_its_slurm_log_and_a_rerun_resumes(smoke):
     assert len(list((workdir / "data/theory").rglob("*.json"))) == 4
 
 
+
+def test_job_over_its_memory_request_is_killed_and_reported(smoke):
+    """A job that asks for too little memory (here every job capped at 64 MB, SPECFIT_SLURM_MAX_MEM_MB) is killed
+    by SLURM on the node; Snakemake names the job's SLURM log, which says why; a rerun with enough memory finishes
+    it and submits nothing else."""
+    workdir, _ = smoke
+    theory = sorted((workdir / "data/theory").rglob("*.json"))[0]
+    target = str(theory.relative_to(workdir))
+    theory.unlink()
+    proc = snakemake(workdir, *PROFILES, target, env={"SPECFIT_SLURM_MAX_MEM_MB": "64"}, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    [(job_id, log)] = submissions(output).items()
+    assert jobs_of_run(output)[job_id]["mem"] == "64M"
+    assert f"SLURM-job '{job_id}' failed" in output and log in output.split(f"SLURM-job '{job_id}' failed")[1]
+    assert "exceeded memory limit" in Path(log).read_text(), Path(log).read_text()[-2000:]
+    assert not theory.exists()
+
+    rerun = snakemake(workdir, *PROFILES, target, timeout=600)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    assert len(submissions(rerun.stdout + rerun.stderr)) == 1
+    assert theory.is_file()
+
 def test_unknown_partition_fails_at_first_submission_with_slurms_message(smoke, tmp_path):
     workdir, _ = smoke
     shutil.rmtree(workdir / "reports/all", ignore_errors=True)
