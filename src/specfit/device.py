@@ -56,11 +56,14 @@ class DeviceModel:
         """The fixed part of a target forward over ``tokens`` tokens (ms)."""
         return self.fixed_ms + self.token_ms * (tokens - 1)
 
-    def layer_ms(self, steps: list, link_free: float, now: float) -> tuple[float, float]:
+    def layer_ms(self, steps: list, link_free: float, now: float,
+                 landing: dict[int, float] | None = None) -> tuple[float, float]:
         """Walk one layer's plan (``ExpertCache.admit`` steps) from ``now``; return (end, link free at).
 
         A ``load`` step puts its copies on the link one after another; a ``compute`` step runs its group after the
         copies issued so far when it waits for them, else at once (the hits, while the misses' copies are in flight).
+        ``landing`` gives the hits still in flight (a prefetch's copies that have not landed): expert -> when it
+        lands (ms from the forward's start); a group runs its landed experts first and each other one once it lands.
         """
         for step in steps:
             if step[0] == "load":
@@ -69,7 +72,11 @@ class DeviceModel:
             _, group, wait = step
             if wait:
                 now = max(now, link_free)
-            now += self.expert_ms * len(group)
+            if landing and any(e in landing for e, _ in group):
+                for lands in sorted(landing.get(e, 0.0) for e, _ in group):
+                    now = max(now, lands) + self.expert_ms
+            else:
+                now += self.expert_ms * len(group)
         return now, link_free
 
     def mean_layer_ms(self, union: float, misses: float) -> float:
@@ -161,8 +168,13 @@ PREFILL_TOKENS = 16
 
 @dataclass
 class Timeline:
-    """The modelled clock of the forward in progress (ms from its start) and of the link, and the overruns of decode
-    forwards (``target``), prefills and drafter forwards."""
+    """The modelled clock of the forward in progress (ms from its start), the one modelled link, and the overruns of
+    decode forwards (``target``), prefills and drafter forwards.
+
+    The link is one resource on the wall clock (``link_free_at``, perf_counter seconds): a forward's copies and the
+    copies a prefetch issues between forwards (`copy_ahead`) queue on it in the order they are issued, so a forward
+    that begins while prefetched copies are still moving queues its own misses behind them.
+    """
 
     model: DeviceModel
     target: Overlap = field(default_factory=Overlap)
@@ -170,24 +182,41 @@ class Timeline:
     drafter: Overlap = field(default_factory=Overlap)
     started: float = 0.0
     now: float = 0.0
-    link_free: float = 0.0
+    link_free: float = 0.0  # ms from the forward's start at which the link is free (during a forward)
+    link_free_at: float = 0.0  # perf_counter seconds at which the link has moved every copy issued so far
     tokens: int = 0
 
     def begin(self) -> None:
         self.started = time.perf_counter()
-        self.now = self.link_free = 0.0
+        self.now = 0.0
+        self.link_free = max(0.0, (self.link_free_at - self.started) * 1e3)  # copies still moving from before
 
-    def layer(self, index: int, tokens: int, steps: list) -> None:
+    def layer(self, index: int, tokens: int, steps: list, landing: dict[int, float] | None = None) -> None:
+        """One layer's plan; ``landing``: its prefetched hits still in flight, expert -> landing (perf_counter s)."""
         if index == 0:
             self.tokens = tokens
             self.now += self.model.fixed(tokens)
-        self.now, self.link_free = self.model.layer_ms(steps, self.link_free, self.now)
+        if landing:
+            landing = {e: (t - self.started) * 1e3 for e, t in landing.items()}  # ms from the forward's start
+        self.now, self.link_free = self.model.layer_ms(steps, self.link_free, self.now, landing)
 
     def end(self) -> None:
+        self.link_free_at = self.started + self.link_free * 1e-3
         (self.prefill if self.tokens > PREFILL_TOKENS else self.target).finish(self.started, self.now)
+
+    def copy_ahead(self) -> tuple[float, float]:
+        """Put one copy on the link now, between forwards (a prefetch); its (start, landing), perf_counter seconds."""
+        start = max(time.perf_counter(), self.link_free_at)
+        self.link_free_at = start + self.model.copy_ms * 1e-3
+        return start, self.link_free_at
+
+    def backlog_ms(self) -> float:
+        """How long the link still needs for the copies issued so far (ms from now)."""
+        return max(0.0, (self.link_free_at - time.perf_counter()) * 1e3)
 
     def reset(self) -> None:
         self.target, self.prefill, self.drafter = Overlap(), Overlap(), Overlap()
+        self.link_free_at = 0.0
 
     def as_dict(self) -> dict:
         return {"label": self.model.label, "target": self.target.as_dict(), "prefill": self.prefill.as_dict(),

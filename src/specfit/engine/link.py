@@ -87,6 +87,11 @@ class Link:
             if remaining > 0:
                 time.sleep(remaining)
 
+    def backlog_ms(self) -> float:
+        """How long the link still needs for the bytes issued so far (ms from now)."""
+        with self._lock:
+            return max(0.0, (self._free_at - time.perf_counter()) * 1e3)
+
     def reset(self) -> None:
         with self._lock:
             self._free_at = 0.0

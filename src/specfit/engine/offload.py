@@ -35,6 +35,7 @@ implementations other than those of ``SPLIT_ARITHMETIC`` are refused.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -135,6 +136,23 @@ class ExpertCache:
         if pending:
             steps.append(("compute", pending, True))
         return hits, misses, steps
+
+
+    def prefetch(self, expert: int, protect) -> tuple[int, int | None] | None:
+        """Make ``expert`` (not resident) resident ahead of a forward, as that forward would admit it: a free slot,
+        else the slot of the least recently used expert outside ``protect`` (a set of expert ids, never evicted).
+        It lands most recently used. Returns (slot, victim or None), or None when every resident expert is protected.
+        """
+        slot_of = self.slot_of
+        if self.free:
+            slot, victim = self.free.pop(), None
+        else:
+            victim = next((e for e in slot_of if e not in protect), None)  # least recently used first
+            if victim is None:
+                return None
+            slot = slot_of.pop(victim)
+        slot_of[expert] = slot
+        return slot, victim
 
 
 # A copy job: the (slot row, host row) pairs of one expert's tensors, and its bytes.
@@ -240,6 +258,22 @@ class _SlotView:
 
 
 @dataclass
+class _PrefetchCounters:
+    """What the prefetches did (`OffloadEngine.prefetch`); every prefetched expert is settled by the next forward
+    of its layer as used (a hit of that forward), evicted unused (by that forward's misses) or idle (resident,
+    unused), so issued = used + evicted_unused + idle + those still waiting for a forward."""
+
+    issued: int = 0
+    used: int = 0
+    evicted_unused: int = 0
+    idle: int = 0
+    hidden_ms: float = 0.0  # emulated device: copy time of the used ones that passed before their forward began
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
 class _Counters:
     """Exact counters over some forwards, per MoE layer."""
 
@@ -309,6 +343,8 @@ class _OffloadedLayer:
         self.cache = ExpertCache(capacity)
         self.slot_table: torch.Tensor | None = None  # [E] slot row of each resident expert; None after a change
         self.inner = inner
+        self.prefetched: dict[int, tuple[float, float]] = {}  # expert -> copy (start, landing) since last forward
+        self.prefetch_handles: list = []  # the copier's handles of those copies
         self.views = (_SlotView(module, slots, self.rows, False), _SlotView(module, slots, self.rows, True))
 
     def copy_jobs(self, loads: list[tuple[int, int]]) -> list[CopyJob]:
@@ -323,12 +359,16 @@ class _OffloadedLayer:
         with torch.no_grad():
             counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
             union = counts.nonzero().flatten().tolist()  # increasing expert ids; a host sync
+        if self.prefetch_handles:  # the prefetched slots are written before anything reads or overwrites them
+            engine.copier.wait(self.prefetch_handles)
+            self.prefetch_handles = []
         hits, misses, steps = self.cache.admit(union)
         if misses:
             self.slot_table = None
         engine._on_layer(self.index, len(union), len(hits), len(misses), top_k_index)
+        landing = engine._settle_prefetch(self, union) if self.prefetched else None
         if engine.timeline is not None:
-            engine.timeline.layer(self.index, hidden_states.shape[0], steps)
+            engine.timeline.layer(self.index, hidden_states.shape[0], steps, landing)
 
         if not misses and steps:  # all hits: one call of the target's own implementation over the slot rows
             return self._compute(steps[0][1], True, hidden_states, top_k_index, top_k_weights)
@@ -516,6 +556,7 @@ class OffloadEngine:
         self._current = _Counters(self.num_layers, self.expert_bytes)
         self.last_forward: dict = self._current.as_dict()
         self._forwards = 0
+        self._prefetch = _PrefetchCounters()
         self._clear_s = 0.0
         self._copy_wait_s = 0.0
         if self.link is not None:
@@ -538,6 +579,7 @@ class OffloadEngine:
             link_s=self.link.busy_s if self.link is not None else 0.0,  # modelled link time, summed over copies
             link_emulated=self.link_emulated,
             timing_label=self.timing_label,
+            prefetch=self._prefetch.as_dict(),
         )
         if self.timeline is not None:
             out["device"] = self.timeline.as_dict()  # modelled vs CPU time, overruns (target, drafter)
@@ -550,6 +592,25 @@ class OffloadEngine:
             counters.misses[index] += misses
         if self._recorder is not None:
             self._forward_routes[index] = top_k_index.detach().to("cpu", torch.long, copy=True)  # [T, k]
+
+    def _settle_prefetch(self, layer: _OffloadedLayer, union: list[int]) -> dict[int, float]:
+        """Settle the experts prefetched into ``layer`` since its last forward, now that this forward admitted
+        ``union``; return those of them still in flight as it begins (expert -> landing, perf_counter seconds)."""
+        counters, timeline, needed = self._prefetch, self.timeline, set(union)
+        landing = {}
+        for e, (start, lands) in layer.prefetched.items():
+            if e in needed:
+                counters.used += 1
+                if timeline is not None:
+                    counters.hidden_ms += min(max(0.0, (timeline.started - start) * 1e3), timeline.model.copy_ms)
+                    if lands > timeline.started:
+                        landing[e] = lands
+            elif e in layer.cache.slot_of:
+                counters.idle += 1
+            else:
+                counters.evicted_unused += 1
+        layer.prefetched = {}
+        return landing
 
     def _on_transfers(self, index: int, transfers: int) -> None:
         self._total.transfers[index] += transfers
@@ -583,12 +644,82 @@ class OffloadEngine:
         return resident
 
     def clear_cache(self) -> None:
-        """Empty every layer's slots (timed into ``stats()["clear_s"]``)."""
+        """Empty every layer's slots (timed into ``stats()["clear_s"]``); a prefetch not yet settled counts as
+        evicted unused."""
         started = time.perf_counter()
         for layer in self.layers:
+            if layer.prefetch_handles:
+                self.copier.wait(layer.prefetch_handles)
+                layer.prefetch_handles = []
+            self._prefetch.evicted_unused += len(layer.prefetched)
+            layer.prefetched = {}
             layer.cache.clear()
             layer.slot_table = None
         self._clear_s += time.perf_counter() - started
+
+    # ----- prefetch -------------------------------------------------------------------------------------------
+
+    def prefetch(self, wanted, protect) -> int:
+        """Copy experts into their layers' caches ahead of the next forward; returns how many copies were issued.
+
+        ``wanted``: (layer, expert) pairs, most valuable first; ``protect[l]``: the experts layer l must keep (those
+        the subtree about to be verified is predicted to need). Each expert not resident takes its slot as that
+        forward would admit it (`ExpertCache.prefetch`): a free slot, else the least recently used expert that is
+        neither protected nor prefetched since the layer's last forward; an expert with no such victim is skipped.
+        The copies go through the forward's own copier (the same ``max_inflight`` streams or lanes) and, on an
+        emulated device, onto the one modelled link from now on, so a forward that begins before they land waits
+        only for what is left of them and queues its own misses behind them. They are left to complete: the next
+        forward of the layer waits for them before it reads or overwrites a slot. Outputs and logits are those of
+        any other cache state. Without an expert cache (slots 0, cleared before every forward) nothing is copied.
+        """
+        if self.config.slots == 0:
+            return 0
+        loads: dict[int, list[tuple[int, int]]] = {}  # layer -> (expert, slot), in the order given
+        for index, e in wanted:
+            layer = self.layers[index]
+            if e in layer.cache.slot_of:
+                continue
+            placed = layer.cache.prefetch(e, set(protect[index]) | layer.prefetched.keys())
+            if placed is None:
+                continue
+            layer.slot_table = None
+            layer.prefetched[e] = self.timeline.copy_ahead() if self.timeline is not None else (0.0, 0.0)
+            loads.setdefault(index, []).append((e, placed[0]))
+        for index, pairs in loads.items():
+            layer = self.layers[index]
+            layer.prefetch_handles += self.copier.submit(layer.copy_jobs(pairs))
+            self._total.transfers[index] += len(pairs)
+        issued = sum(map(len, loads.values()))
+        self._prefetch.issued += issued
+        return issued
+
+    @property
+    def copy_ms(self) -> float | None:
+        """What one expert copy takes on the link (ms): the emulated device's or link's; None where it is measured."""
+        if self.timeline is not None:
+            return self.timeline.model.copy_ms
+        if self.link is not None:
+            return self.link.model.copy_s(self.expert_bytes) * 1e3
+        return None
+
+    def link_backlog_ms(self) -> float:
+        """How long the link still needs for the copies issued so far (ms from now; 0 where it is not modelled)."""
+        if self.timeline is not None:
+            return self.timeline.backlog_ms()
+        if self.link is not None:
+            return self.link.backlog_ms()
+        return 0.0
+
+    def in_flight_ms(self) -> np.ndarray:
+        """[L, N] float: what is left of each prefetched expert's copy now (ms; 0 once landed, and where the link
+        is not modelled)."""
+        left = np.zeros((self.num_layers, self.num_experts))  # [L, N]
+        if self.timeline is not None:
+            now = time.perf_counter()
+            for index, layer in enumerate(self.layers):
+                for e, (_, lands) in layer.prefetched.items():
+                    left[index, e] = max(0.0, (lands - now) * 1e3)
+        return left
 
     @contextmanager
     def record_routes(self) -> Iterator[RouteRecorder]:
