@@ -120,10 +120,6 @@ class Inputs:
         return list(dict.fromkeys(r.file("requests.parquet") for r in runs
                                   if r is not None and r in self.metrics and r not in self.requests))
 
-    def missing_predictor(self, model: str) -> list[str]:
-        """The learned route predictor's metrics.json of ``model`` when the report has not read it."""
-        return [] if model in self.predictor else [predictor_metrics(model)]
-
     def tps(self, run: DecodeRun | None) -> Estimate | None:
         """A run's decode TPS (metrics.json) with its bootstrap interval over requests."""
         m = self.metrics.get(run)
@@ -189,10 +185,15 @@ def predictor_metrics(model: str) -> str:
     return f"{paths.predictor(model)}/{PREDICTOR_METRICS}"
 
 
+def methods_with(spec: dict, rules: tuple[str, ...], routes: str | None = None) -> list[str]:
+    """The config's methods whose rule is one of ``rules`` and, if given, whose routes come from ``routes`` (atlas:
+    exact; noisy: simulated; learned: a learned route predictor)."""
+    return [m for m in spec["methods"] if method_rule(spec, m) in rules
+            and (routes is None or method_config(spec, m).route_source.name == routes)]
+
+
 def learned_methods(spec: dict) -> list[str]:
-    """The config's methods whose routes come from a learned route predictor (``routes: learned``)."""
-    return [m for m in spec["methods"] if method_rule(spec, m) in ROUTED_RULES
-            and method_config(spec, m).route_source.learned]
+    return methods_with(spec, ROUTED_RULES, "learned")
 
 
 def load_inputs(spec: dict, inputs: dict) -> Inputs:

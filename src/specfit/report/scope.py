@@ -5,12 +5,12 @@ for, beside the workload that stands for the paper's there (`stand_ins`)."""
 from dataclasses import dataclass, field
 
 from specfit.report.figures import Figures
-from specfit.report.inputs import Inputs
+from specfit.report.inputs import Inputs, methods_with
 from specfit.report.page import Estimate, Section, cache_cell
 from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, Beside
 from specfit.report.quantities import LINK_EMULATED
 from specfit.report.verdict import Outcome
-from specfit.workflow import DecodeRun, method_config, method_rule
+from specfit.workflow import DecodeRun
 
 
 def slot_order(slots) -> list[int]:
@@ -31,14 +31,10 @@ class Roles:
 
     @classmethod
     def of(cls, spec: dict) -> "Roles":
-        def having(rule, routes=None):
-            return [m for m in spec["methods"] if method_rule(spec, m) == rule
-                    and (routes is None or method_config(spec, m).route_source.name == routes)]
-
         def first(rule, routes=None):
-            return next(iter(having(rule, routes)), None)
+            return next(iter(methods_with(spec, (rule,), routes)), None)
 
-        return cls(first("ar"), first("eagle3"), first("specfit", "atlas"), having("specfit", "noisy"),
+        return cls(first("ar"), first("eagle3"), first("specfit", "atlas"), methods_with(spec, ("specfit",), "noisy"),
                    first("specfit-ca"))
 
     def by_rule(self) -> dict[str, str | None]:

@@ -4,11 +4,11 @@ goals (route accuracy ≥ 60%; decode TPS ≥ 98% of exact routes, a tie counts;
 routes are, a tie does not; the predictor ≤ 5% of a cycle); then the predictor at this model's size and at the
 paper's model's, beside the paper's estimate (section 4.6)."""
 
-from specfit.report.inputs import learned_methods, predictor_metrics
+from specfit.report.inputs import learned_methods, methods_with, predictor_metrics
 from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, notes, table, tagged
 from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
-from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged
+from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged, overall
 from specfit.speculative.routes import predictor_cost
 from specfit.workflow import DecodeRun, method_config, method_rule
 
@@ -39,12 +39,6 @@ def ms_per_cycle(m: dict | None) -> float | None:
     return None if seconds is None or not m.get("cycles") else 1e3 * seconds / m["cycles"]
 
 
-def with_routes(spec: dict, method: str, routes: str) -> list[str]:
-    """The methods with the same rule as ``method`` and routes from ``routes`` (atlas: exact; noisy: simulated)."""
-    return [m for m in spec["methods"] if method_rule(spec, m) == method_rule(spec, method)
-            and method_config(spec, m).route_source.name == routes]
-
-
 def judge(c: Cell, metrics: dict) -> None:
     learned, atlas, eagle = c.runs["learned"], c.runs["atlas"], c.runs["eagle3"]
     e = c.ratios["atlas"]  # learned at least TPS_GOAL of exact routes; a tie counts as met
@@ -72,10 +66,8 @@ def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bo
                ) -> list[str]:
     """The verdict on the issue's four goals together, then on each (worded in templates/notes.j2). Goal 1 is the
     predictor's; goals 2-4 hold over the cells when every cell that requires one meets it."""
-    states = [Verdict.NOT_JUDGED if predictor is None else at_least(predictor["route_accuracy"], ACCURACY_GOAL).verdict]
-    for key in ("tps", "eagle3", "share"):
-        verdicts = {c.goals[key].verdict for c in cells}
-        states.append(next((v for v in (Verdict.MISSED, Verdict.NOT_JUDGED) if v in verdicts), Verdict.MET))
+    states = [Verdict.NOT_JUDGED if predictor is None else at_least(predictor["route_accuracy"], ACCURACY_GOAL).verdict,
+              *(overall([c.goals[key] for c in cells]).verdict for key in ("tps", "eagle3", "share"))]
     shares = [x for c in cells if (x := share_pct(s.i.metrics.get(c.runs["learned"]))) is not None]
     return notes("learned_goals", model=s.model, device=s.device, states=states, p=predictor, pct=pct,
                  which={v: [j + 1 for j, state in enumerate(states) if state == v]
@@ -93,15 +85,16 @@ def section(s: Scope) -> Section | None:
     """None when no method has ``routes: learned`` or none runs on this device."""
     i, cells = s.i, []
     for method in learned_methods(s.spec):
-        atlas = next(iter(with_routes(s.spec, method, "atlas")), None)
-        noisy = {("noisy", m): m for m in with_routes(s.spec, method, "noisy")}
+        rule = (method_rule(s.spec, method),)
+        atlas = next(iter(methods_with(s.spec, rule, "atlas")), None)
+        noisy = {("noisy", m): m for m in methods_with(s.spec, rule, "noisy")}
         cells += s.cells(method, {"atlas": atlas, "learned": method, **noisy, "eagle3": s.roles.eagle3})
     if not cells:
         return None
     sec = Section(TITLE)
     keys = [r for c in cells for r in c.runs.values() if r is not None]
-    sec.missing += i.missing(keys) + i.missing_requests(keys) + i.missing_predictor(s.model)
     predictor = i.predictor.get(s.model)
+    sec.missing += i.missing(keys) + i.missing_requests(keys) + ([] if predictor else [predictor_metrics(s.model)])
     emulated = s.emulated(keys)
     rows = []  # cell, run, its routes, their accuracy
     for c in cells:
@@ -163,28 +156,28 @@ def predictor_table(s: Scope, sec: Section, p: dict, learned: list[DecodeRun], e
                                                                  "added_ms_per_cycle"))
     per_cycle = [x for x in (ms_per_cycle(s.i.metrics.get(r)) for r in learned) if x is not None]
     device, t, big_mflop = p["torch_device"], p["training"], big["flop_per_node"] / 1e6
-    rows = [  # key, quantity, this model's, at the paper model's size, the paper's estimate
+    rows = [  # key, quantity, this model's, at the paper model's size, the paper's estimate (a dash where not given)
         ("route_accuracy", "Held-out route accuracy (draft nodes, mean over layers)", pct(p["route_accuracy"]), MISSING,
          MISSING if paper.get("accuracy_pct") is None else f"{paper['accuracy_pct']:g}% (simulated predictor)"),
         ("recall_per_layer", "Held-out recall per MoE layer",
-         ", ".join(f"{j}: {pct(r)}" for j, r in enumerate(p["recall_per_layer"])), MISSING, MISSING),
-        ("root_accuracy", "Held-out accuracy of the root's routes", pct(p["root_accuracy"]), MISSING, MISSING),
-        ("train_accuracy", "Training accuracy", pct(p["train_accuracy"]), MISSING, MISSING),
-        ("chance_accuracy", "Chance accuracy (top-k of the experts)", pct(p["chance_accuracy"]), MISSING, MISSING),
+         ", ".join(f"{j}: {pct(r)}" for j, r in enumerate(p["recall_per_layer"]))),
+        ("root_accuracy", "Held-out accuracy of the root's routes", pct(p["root_accuracy"])),
+        ("train_accuracy", "Training accuracy", pct(p["train_accuracy"])),
+        ("chance_accuracy", "Chance accuracy (top-k of the experts)", pct(p["chance_accuracy"])),
         ("params", "Parameters", f"{p['params']:,} ({millions(p['params'])})",
          f"{big['params']:,} ({millions(big['params'])})", MISSING if paper_params is None else f"{paper_params:g}M"),
         ("flop_per_node", "FLOP per node", f"{p['flop_per_node']:,} ({p['flop_per_node'] / 1e6:.3g} MFLOP)",
          f"{big['flop_per_node']:,} ({big_mflop:.3g} MFLOP)",
          MISSING if paper_mflop is None else f"{paper_mflop:g} MFLOP"),
         ("us_per_pool", f"µs per pool of {p['pool_nodes_timed']} nodes (on {device}: compute only, no link)",
-         fmt(p["us_per_pool"], ".1f"), MISSING, MISSING),
+         fmt(p["us_per_pool"], ".1f")),
         ("ms_per_cycle", tagged(f"Predictor ms per decode cycle in the {s.device} runs", emulated),
          MISSING if not per_cycle else f"{min(per_cycle):.3f}" if len(per_cycle) == 1
          else f"{min(per_cycle):.3f} – {max(per_cycle):.3f}",
          MISSING, MISSING if not paper_ms else "–".join(f"{x:g}" for x in paper_ms) + " (added ms per cycle)"),
         ("training", "Training", f"{t['steps']} steps, {t['seconds']:.1f} s on {device} ({t.get('threads', '?')} "
          f"threads), final loss {t['loss']:.3f}; {p['train_requests']} requests ({p['train_nodes']:,} pool nodes), "
-         f"{p['validation_requests']} held out ({p['validation_nodes']:,} draft nodes)", MISSING, MISSING)]
+         f"{p['validation_requests']} held out ({p['validation_nodes']:,} draft nodes)")]
     size = f"hidden {p['hidden_size']}, {p['num_layers']} MoE layers, {p['num_experts']} experts, top-{p['top_k']}"
     big_size = ", ".join(f"{PAPER_SIZE[k]} {what}" for k, what in (("num_layers", "MoE layers"),
                                                                    ("num_experts", "experts")))
@@ -192,7 +185,7 @@ def predictor_table(s: Scope, sec: Section, p: dict, learned: list[DecodeRun], e
         s.id("route-predictor"), f"The route predictor of {s.model} ({predictor_metrics(s.model)}), and its cost at "
         f"{PAPER_MODEL}'s size", ["Quantity", f"{s.model} ({size})", f"At {PAPER_MODEL}'s size (hidden "
                                   f"{PAPER_SIZE['hidden_size']}, {big_size})", "Paper's estimate (section 4.6)"],
-        [list(row[1:]) for row in rows], [row[0] for row in rows]))
+        [[*row[1:], *[MISSING] * (5 - len(row))] for row in rows], [row[0] for row in rows]))
     versus = f"{big['params'] / (paper_params * 1e6):.1f}" if paper_params and paper_mflop else ""
     sec.notes.append(note("route_predictor", paper_model=PAPER_MODEL, params=millions(big["params"]),
                           mflop=f"{big_mflop:.3g}", versus=versus, paper_params=f"{paper_params:g}" if versus else "",
