@@ -142,15 +142,16 @@ def _notes():
     return env.get_template("notes.j2", globals={"EMULATED": EMULATED, "fmt": fmt}).module
 
 
-def note(name: str, /, **values) -> str:
-    """A note's fixed prose (templates/notes.j2, one macro per note) with the run's ``values``, as one paragraph."""
-    return " ".join(str(getattr(_notes(), name)(**values)).split())
-
-
 def notes(name: str, /, **values) -> list[str]:
-    """The paragraphs of a macro that holds several, separated by a blank line (each as `note` gives it)."""
+    """A note's fixed prose (templates/notes.j2, one macro per note) with the run's ``values``: its paragraphs,
+    separated by a blank line in the macro, each on one line."""
     text = str(getattr(_notes(), name)(**values))
     return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def note(name: str, /, **values) -> str:
+    """A note of one paragraph (`notes`)."""
+    return " ".join(notes(name, **values))
 
 
 def interval_note(seed: int) -> str:

@@ -16,20 +16,6 @@ RULES = ("ar", "eagle3", "specfit")  # the paper's methods
 CELLS = tuple((rule, mode) for mode in ("nocache", "cache") for rule in RULES)  # Table 4's (method, cache), in order
 
 
-def paper_cells(paper: dict, gpu: str, workload: str | None) -> dict | None:
-    """(method rule, cache mode) -> the paper's figures for one GPU and paper workload, under metrics.json keys."""
-    tps = paper["decode_tps"].get(gpu, {}).get(workload)
-    counters = paper["counters"].get(gpu, {}).get(workload)
-    if tps is None:
-        return None
-    out = {}
-    for rule, mode in CELLS:
-        out[rule, mode] = {"tps_dec": tps[rule][PAPER_CACHE[mode]]}
-        if counters is not None:
-            out[rule, mode].update({PAPER_COUNTERS[k]: v for k, v in counters[rule][PAPER_CACHE[mode]].items()})
-    return out
-
-
 def share_of_saving(c: dict, key: str) -> float | None:
     """How much of the time a SpecFit cycle saves against a cached EAGLE-3 cycle (ms/cycle) one part of the cycle
     (``key``, e.g. verify_ms_per_cycle) saves, in percent; NaN ("n/a") when SpecFit's cycle saves no time."""
@@ -98,7 +84,13 @@ class Beside:
     gpu: str  # PAPER_DEVICES
 
     def cells(self, workload: str | None) -> dict | None:
-        return paper_cells(self.paper, self.gpu, workload)
+        """(method rule, cache mode) -> the paper's figures for a paper workload, under metrics.json keys."""
+        tps = self.paper["decode_tps"].get(self.gpu, {}).get(workload)
+        counters = self.paper["counters"].get(self.gpu, {}).get(workload)
+        if tps is None:
+            return None
+        return {(rule, mode): {"tps_dec": tps[rule][PAPER_CACHE[mode]], **({} if counters is None else {
+            PAPER_COUNTERS[k]: v for k, v in counters[rule][PAPER_CACHE[mode]].items()})} for rule, mode in CELLS}
 
     def claims(self, workload: str | None) -> dict[str, float | None]:
         """The headline figures by text-claim key: the one its text states where it states one, else computed from

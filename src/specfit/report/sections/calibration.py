@@ -13,18 +13,14 @@ NAMES = {"cache": "With cache", "nocache": "Without cache"}
 
 def section(s: Scope) -> Section:
     sec = Section("Calibration fit T(S) = b_|S| + β F(S) (Appendix B)")
-    fits = {}
-    for mode in paths.CACHE_MODES:
-        if (s.model, s.device, mode) in s.i.calibration:
-            fits[mode] = s.i.calibration[s.model, s.device, mode]
-        else:
-            sec.missing.append(paths.calibration(s.model, s.device, mode))
+    fits = {mode: f for mode in paths.CACHE_MODES if (f := s.i.calibration.get((s.model, s.device, mode)))}
+    sec.missing += [paths.calibration(s.model, s.device, mode) for mode in paths.CACHE_MODES if mode not in fits]
     if not fits:
         return sec
     emulated = any(f["link_emulated"] for f in fits.values())
     n_b = max(len(f["b"]) for f in fits.values())
 
-    def b(k):
+    def b(k):  # the fit's b_k (fits without the cache have fewer)
         return lambda f: fmt(f["b"][k], ".3f") if k < len(f["b"]) else MISSING
 
     rows = [*((f"b_{k}", f"b_{k} (ms)", b(k), b(k)) for k in range(n_b)),  # key, label, ours, the paper's
@@ -40,7 +36,7 @@ def section(s: Scope) -> Section:
         *((f"Paper {s.gpu}, {which}", lambda q, p=p: q[3](p)) for which, p in (("with cache", paper["cache"]),
                                                                                ("without cache", paper["no_cache"])))],
         rows, key=lambda q: q[0]))
-    cache_aware(s, sec, fits, n_b, emulated)
+    cache_aware(s, sec, fits, [b(k) for k in range(n_b)], emulated)
     frames = {NAMES[mode]: s.i.points[s.model, s.device, mode] for mode in fits
               if (s.model, s.device, mode) in s.i.points}
     sec.missing += [paths.calibration_points(s.model, s.device, mode) for mode in fits
@@ -56,7 +52,7 @@ def fit_header(mode: str, fit: dict) -> str:
     return tagged(f"{NAMES[mode]} ({fit['slots']} slots)", fit["link_emulated"])
 
 
-def cache_aware(s: Scope, sec: Section, fits: dict, n_b: int, emulated: bool) -> None:
+def cache_aware(s: Scope, sec: Section, fits: dict, b: list, emulated: bool) -> None:
     """The cache-aware model beside the paper's, fitted on the same probes, and the drafting time of one level."""
 
     def ca(get):  # a quantity of the cache-aware fit: a dash where there is none (the paper's presets)
@@ -70,8 +66,7 @@ def cache_aware(s: Scope, sec: Section, fits: dict, n_b: int, emulated: bool) ->
         d = f["drafting"]
         return MISSING if d is None else f"{d['start_ms']:.3f} / {d['level_ms']:.3f} / {d['select_ms']:.3f}"
 
-    rows = [*((f"b_{k}", f"b_{k} (ms)", ca(lambda c, k=k: fmt(c["b"][k], ".3f") if k < len(c["b"]) else MISSING))
-              for k in range(n_b)),
+    rows = [*((f"b_{k}", f"b_{k} (ms)", ca(b_k)) for k, b_k in enumerate(b)),
             ("beta_miss", "β_miss (ms per copied expert)", ca(lambda c: fmt(c["beta_miss"], ".4f"))),
             ("beta_hit", "β_hit (ms per resident expert)", ca(lambda c: fmt(c["beta_hit"], ".4f") + (
                 "" if c["beta_hit_identified"] else " (not identified: no hits)"))),

@@ -16,14 +16,7 @@ RATIOS = (
     ("specfit-ar-nocache", "SpecFit with the cache against AR without it", ("specfit", "main"), ("ar", 0)),
     ("specfit-ar-cache", "SpecFit against AR, both with the cache", ("specfit", "main"), ("ar", "main")),
 )
-
-
 MODE = {"main": "cache", 0: "nocache"}  # a claim's cache side as the paper's figures are keyed
-
-
-def direction(paper_ratio: float) -> Verdict:
-    """The direction a paper's ratio claims (it gives no interval): faster above 1, slower below."""
-    return Verdict.FASTER if paper_ratio > 1 else Verdict.SLOWER if paper_ratio < 1 else Verdict.TIE
 
 
 def section(s: Scope) -> Section | None:
@@ -58,9 +51,9 @@ def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
             continue
         sec.missing += s.i.missing([num, den]) + s.i.missing_requests([num, den])
         p = paper[a, MODE[x]]["tps_dec"] / paper[b, MODE[y]]["tps_dec"]
-        e = s.i.speedup(num, den)
-        rows.append((f"{key}/{w}", w, claim, f"{p:.2f}× ({direction(p)})", x_cell(e),
-                     confronted(direction(p), None if e is None else e.verdict)))
+        e, direction = s.i.speedup(num, den), Verdict.of(p, p)  # the paper's ratio has no interval: its direction
+        rows.append((f"{key}/{w}", w, claim, f"{p:.2f}× ({direction})", x_cell(e),
+                     confronted(direction, None if e is None else e.verdict)))
     return rows
 
 
