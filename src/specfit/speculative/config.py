@@ -37,9 +37,9 @@ class RouteSource:
         return next(s for s in ROUTE_SOURCES.values() if s.live and s.noisy == self.noisy)
 
 
-# Registered methods that select by expert routes: their runs read coefficients and an atlas (built by the atlas
-# rule with their own rule and live routes). A method of your own that reads routes joins this list.
-ROUTED_RULES = ("specfit", "specfit-ca")
+# Registered methods that read expert routes: their runs read coefficients and an atlas (built by the atlas rule with
+# their own rule and live routes) or a learned predictor. A method of your own that reads routes joins this list.
+ROUTED_RULES = ("specfit", "specfit-ca", "specfit-prefetch", "eagle3-prefetch")
 
 ROUTE_SOURCES = {s.name: s for s in (
     RouteSource("atlas", live=False, noisy=False),  # measured runs: the atlas, exact

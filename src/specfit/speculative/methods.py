@@ -302,3 +302,118 @@ class SpecFitCA(SpecFit):
         root_only = float(self.b[0]) + self.beta_miss * misses + self.beta_hit * (view.expert_union(()) - misses)
         self._last = (root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
         return Decision(chosen.nodes, depth)
+
+
+def prefetch_order(routes: np.ndarray, path_prob, nodes) -> tuple[list[tuple[int, int]], list[set[int]]]:
+    """The experts the subtree root + ``nodes`` is predicted to need, most valuable first, and per layer the set.
+
+    ``routes`` [n+1, L, k] the nodes' predicted experts (negative: padding). Under the cache-aware cost every
+    expert of the union that is not resident costs β_miss and a resident one β_hit, so each would cut T̂ of the
+    subtree by β_miss − β_hit: they are ranked by the probability that the node needing them is still verified
+    when the cycle verifies (the largest path probability of a node routing to it, the root's 1 first: the subtree
+    can still change with the next level), then by layer (an earlier layer's copy is on the critical path first),
+    then by expert id. Returns ((layer, expert) pairs, [L] sets of expert ids).
+    """
+    _, layers, _ = routes.shape
+    best: dict[tuple[int, int], float] = {}
+    for v in (0, *nodes):
+        p = 1.0 if v == 0 else float(path_prob[v])
+        for layer in range(layers):
+            for e in routes[v, layer].tolist():
+                if e >= 0 and best.get((layer, e), -1.0) < p:
+                    best[layer, e] = p
+    needed = [set() for _ in range(layers)]
+    for layer, e in best:
+        needed[layer].add(e)
+    return sorted(best, key=lambda le: (-best[le], le[0], le[1])), needed
+
+
+class Prefetching:
+    """After each drafted level that is not the last, prefetch the experts of the subtree the method would verify
+    now (`prefetch_order`), those not resident, within what the link can move before the next level is drafted:
+    ``(next_level_ms − backlog) / copy_ms`` copies, ``next_level_ms`` the calibrated time of one more drafted level
+    and its selection (`DraftCost.next_level_ms`), the backlog what the link still has to move, ``copy_ms`` the
+    engine's time per copy (β_miss where the link is measured, not modelled). The prefetch never evicts an expert
+    the subtree is predicted to need (`specfit.engine.offload.OffloadEngine.prefetch`). Prefetch changes only what
+    the cache holds: the output is AR's whatever it copies.
+    """
+
+    drafting: DraftCost
+    beta_miss: float
+
+    def prefetch(self, cycle: Cycle, routes: np.ndarray, path_prob, nodes) -> int:
+        engine = cycle.target.engine if cycle.target is not None else None
+        if engine is None:
+            return 0
+        copy_ms = engine.copy_ms or self.beta_miss
+        budget = int((self.drafting.next_level_ms - engine.link_backlog_ms()) // copy_ms) if copy_ms > 0 else 0
+        if budget <= 0:
+            return 0
+        resident = engine.resident()  # [L, N]
+        order, needed = prefetch_order(routes, path_prob, nodes)
+        wanted = [(layer, e) for layer, e in order if not resident[layer, e]][:budget]
+        return engine.prefetch(wanted, needed) if wanted else 0
+
+
+@register_method("specfit-prefetch")
+class SpecFitPrefetch(Prefetching, SpecFitCA):
+    """specfit-ca that prefetches, after each drafted level it drafts on from, the predicted experts of the subtree it
+    would verify now (`Prefetching`; beyond the paper, issue 21).
+
+    Its cost is specfit-ca's, read again after every level, so selection and the depth rule see what the prefetch
+    already bought: the residency is the engine's at that level, and an expert whose prefetched copy is still in
+    flight counts by what is left of it: as resident (β_hit) once at most half of its copy is left, else as a miss
+    (β_miss), the nearer of the two to its partly paid cost.
+    """
+
+    def view(self, cycle, pool):
+        self._read_resident(cycle)  # every level: the prefetch of the level before changed it
+        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1])
+
+    def _read_resident(self, cycle):
+        super()._read_resident(cycle)
+        engine, resident = cycle.target.engine if cycle.target is not None else None, self._resident[1]
+        if resident is not None and engine.copy_ms:
+            resident &= engine.in_flight_ms() <= engine.copy_ms / 2  # [L, N]: more than half a copy left: a miss
+
+    def choose(self, view, depth):
+        self._chosen = (view, chosen := super().choose(view, depth))
+        return chosen
+
+    def select(self, cycle, pool, final):
+        decision = super().select(cycle, pool, final)
+        if decision is None and not self.route_source.full_pool:  # drafting on: the link is idle until verification
+            view, chosen = self._chosen
+            self.prefetch(cycle, view.routes, view.path_prob, chosen.nodes)
+        return decision
+
+
+@register_method("eagle3-prefetch")
+class Eagle3Prefetch(Prefetching, Eagle3):
+    """EAGLE-3 that prefetches its fixed tree (the SP-MoE pattern; beyond the paper, issue 21): after each drafted
+    level but the last, the experts of the k_max most probable nodes so far, predicted by its route source
+    (`Prefetching`); the verified tree is EAGLE-3's. Coefficients give the drafting time that budgets the copies.
+    """
+
+    def __init__(self, config: MethodConfig, drafting: DraftCost, beta_miss: float, routes, num_experts: int):
+        super().__init__(config)
+        self.drafting, self.beta_miss = drafting, float(beta_miss)
+        self.route_source, self.num_experts = routes, num_experts
+        self.live = find_source(routes, LiveRoutes)
+
+    @classmethod
+    def from_inputs(cls, config, inputs, seed, num_experts):
+        if "coefficients" not in inputs:
+            raise SpecFitError(f"method {config.name} needs the `coefficients` input (the calibrated drafting time)")
+        coefficients = read_json(inputs["coefficients"])
+        _, beta_miss, _, drafting = cache_aware_cost(coefficients)
+        return cls(config, drafting, beta_miss, route_source_for(config, inputs, seed, num_experts), num_experts)
+
+    def select(self, cycle, pool, final):
+        if self.route_source.full_pool:  # an atlas build: the routes of the full pool, once, for the record
+            if final and pool.n > 0:
+                self.route_source.routes(cycle, pool)
+        elif not final and pool.n > 0:
+            chosen = select_top_prob(pool.view(), self.config.k_max).nodes
+            self.prefetch(cycle, self.route_source.routes(cycle, pool), pool.path_prob, chosen)
+        return super().select(cycle, pool, final)
