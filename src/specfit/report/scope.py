@@ -154,6 +154,11 @@ class Scope:
                 for w in self.workloads
                 for slots in slot_order({r.slots for r in self.runs if r.workload == w and r.method == method})]
 
+    def paper_runs(self, workload: str) -> dict[tuple[str, str], DecodeRun | None]:
+        """(method rule, cache mode) -> the run of the paper's three methods at the main slots and at 0."""
+        return {(rule, mode): self.run(workload, method, slots) for rule, method in self.roles.by_rule().items()
+                for mode, slots in (("cache", self.main), ("nocache", 0))}
+
     def title(self, workload: str) -> str:
         """Where a table's numbers come from: model, device, workload and its subset label."""
         label = self.spec["workloads"][workload].get("subset_label", "")
@@ -171,12 +176,6 @@ class ModelScope:
 
     def id(self, name: str, *more) -> str:
         return "/".join((name, self.model, *map(str, more)))
-
-    def paper_runs(self, device: str, workload: str) -> dict[tuple[str, str], DecodeRun | None]:
-        """(method rule, cache mode) -> the run of the paper's three methods at the main slots and at 0."""
-        s = self.on[device]
-        return {(rule, mode): s.run(workload, method, slots) for rule, method in s.roles.by_rule().items()
-                for mode, slots in (("cache", s.main), ("nocache", 0))}
 
     def workload_on(self, device: str, group: str) -> str | None:
         """The workload of ``device`` in a side-by-side group: the device's stand-in for the paper's workload

@@ -6,17 +6,16 @@ from specfit.report.page import MISSING, Section, fmt, interval_note, note, tabl
 from specfit.report.quantities import x_cell
 from specfit.report.scope import Scope, slot_order
 from specfit.report.verdict import Verdict, confronted
-from specfit.workflow import DecodeRun
 
-# key, claim, (numerator role, its cache), (denominator role, its cache); "main": the device's main slots
+# key, claim, numerator cell, denominator cell: (method rule, cache mode), as the paper's cells and this run's are keyed
 RATIOS = (
-    ("vanilla-eagle3", "Vanilla EAGLE-3 against AR, both without the cache", ("eagle3", 0), ("ar", 0)),
-    ("specfit-eagle3-cache", "SpecFit against EAGLE-3, both with the cache", ("specfit", "main"), ("eagle3", "main")),
-    ("specfit-eagle3-nocache", "SpecFit against EAGLE-3, both without the cache", ("specfit", 0), ("eagle3", 0)),
-    ("specfit-ar-nocache", "SpecFit with the cache against AR without it", ("specfit", "main"), ("ar", 0)),
-    ("specfit-ar-cache", "SpecFit against AR, both with the cache", ("specfit", "main"), ("ar", "main")),
+    ("vanilla-eagle3", "Vanilla EAGLE-3 against AR, both without the cache", ("eagle3", "nocache"), ("ar", "nocache")),
+    ("specfit-eagle3-cache", "SpecFit against EAGLE-3, both with the cache", ("specfit", "cache"), ("eagle3", "cache")),
+    ("specfit-eagle3-nocache", "SpecFit against EAGLE-3, both without the cache", ("specfit", "nocache"),
+     ("eagle3", "nocache")),
+    ("specfit-ar-nocache", "SpecFit with the cache against AR without it", ("specfit", "cache"), ("ar", "nocache")),
+    ("specfit-ar-cache", "SpecFit against AR, both with the cache", ("specfit", "cache"), ("ar", "cache")),
 )
-MODE = {"main": "cache", 0: "nocache"}  # a claim's cache side as the paper's figures are keyed
 
 
 def section(s: Scope) -> Section | None:
@@ -38,19 +37,16 @@ def section(s: Scope) -> Section | None:
     return sec if sec.tables or sec.missing else None
 
 
-def run_of(s: Scope, w: str, role: str, slots) -> DecodeRun | None:
-    return s.run(w, getattr(s.roles, role), s.main if slots == "main" else slots)
-
-
 def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
-    paper = s.paper.cells(pw)
-    rows = []
-    for key, claim, (a, x), (b, y) in RATIOS:
-        num, den = run_of(s, w, a, x), run_of(s, w, b, y)
-        if num not in s.runs or den not in s.runs or paper is None:
+    paper, runs, rows = s.paper.cells(pw), s.paper_runs(w), []
+    if paper is None:
+        return []
+    for key, claim, a, b in RATIOS:
+        num, den = runs[a], runs[b]
+        if num not in s.runs or den not in s.runs:
             continue
         sec.missing += s.i.missing([num, den]) + s.i.missing_requests([num, den])
-        p = paper[a, MODE[x]]["tps_dec"] / paper[b, MODE[y]]["tps_dec"]
+        p = paper[a]["tps_dec"] / paper[b]["tps_dec"]
         e, direction = s.i.speedup(num, den), Verdict.of(p, p)  # the paper's ratio has no interval: its direction
         rows.append((f"{key}/{w}", w, claim, f"{p:.2f}× ({direction})", x_cell(e),
                      confronted(direction, None if e is None else e.verdict)))

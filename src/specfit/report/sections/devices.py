@@ -32,7 +32,7 @@ def group_table(v: ModelScope, sec: Section, group: str, on: dict[str, str]) -> 
     emulated = any(v.on[d].link_emulated for d in on)
     rows = []  # device, workload, rule, cache mode, its run, AR's without the cache
     for d, w in on.items():
-        runs = v.paper_runs(d, w)
+        runs = v.on[d].paper_runs(w)
         for rule, mode in CELLS:
             if runs[rule, mode] in v.i.metrics:
                 sec.missing += v.i.missing_requests([runs[rule, mode], runs["ar", "nocache"]])

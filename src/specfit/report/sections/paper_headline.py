@@ -33,7 +33,7 @@ def section(v: ModelScope) -> Section:
 def tables(v: ModelScope, sec: Section, d: str, pw: str, w: str, paper: dict) -> None:
     """Table 4's cells and the headline ratios of one device's workload beside the paper's."""
     i, s = v.i, v.on[d]
-    key = v.paper_runs(d, w)
+    key = s.paper_runs(w)
     run = {k: i.metrics.get(r) or {} for k, r in key.items()}
     sec.missing += i.missing_requests(key.values())
     name, emulated = w if w == pw else f"{w} (paper: {pw})", s.link_emulated

@@ -27,12 +27,13 @@ def section(s: Scope) -> Section | None:
     sec = Section(f"The emulated {emulate['name']}: proportions and overruns")
     sec.notes.append(note("proportions", device=s.device, name=emulate["name"]))
     for pw, w in s.stand_ins.items():
-        runs = {(role, x): s.run(w, getattr(s.roles, role), x) for role in ("ar", "eagle3") for x in (s.main, 0)}
+        runs = {k: r for k, r in s.paper_runs(w).items() if k[0] != "specfit"}
         sec.missing += s.i.missing(list(runs.values()))
         m = {k: s.i.metrics.get(r) for k, r in runs.items()}
         if any(v is None for v in m.values()):
             continue
-        toy = run_proportions(m["ar", s.main], m["ar", 0], m["eagle3", s.main], m["eagle3", 0], emulate)
+        toy = run_proportions(*(m[k] for k in (("ar", "cache"), ("ar", "nocache"), ("eagle3", "cache"),
+                                               ("eagle3", "nocache"))), emulate)
         if (s.gpu, pw) not in REQUESTS:  # no table of the paper for this GPU and workload
             continue
         paper = paper_proportions(s.i.paper, pw, s.gpu)
