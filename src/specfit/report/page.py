@@ -115,10 +115,10 @@ def est(value, ci: dict | None = None) -> Estimate | None:
     return Estimate(value, ci["low"], ci["high"], Verdict.of(ci["low"], ci["high"]) if "verdict" in ci else None)
 
 
-def as_pct(e: Estimate | None) -> Estimate | None:
-    """A ratio estimate as a percent change, 100 (r − 1), verdict kept."""
-    if e is None:
-        return None
+def as_pct(e: Estimate | float | None) -> Estimate | float | None:
+    """A ratio as a percent change, 100 (r − 1): a number, or an estimate with its interval and verdict."""
+    if e is None or not isinstance(e, Estimate):
+        return None if e is None else 100.0 * (e - 1.0)
     return replace(e, **{k: None if getattr(e, k) is None else 100.0 * (getattr(e, k) - 1.0)
                          for k in ("value", "low", "high")})
 

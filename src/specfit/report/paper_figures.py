@@ -68,7 +68,7 @@ def headline(c: dict, tps_ratio=None, req_ratio=None) -> list[tuple[str, str, fl
         given = tps_ratio if key == "tps_dec" else req_ratio
         if how in ("tps", "gain"):
             r = given(a, b) if given is not None else ratio(v(a, key), v(b, key))
-            value = r if how == "tps" else as_pct(r) if given is not None else None if r is None else 100 * (r - 1)
+            value = r if how == "tps" else as_pct(r)
         else:
             compare = {"less": pct_less, "more": pct_more}.get(how)
             value = compare(v(a, key), v(b, key)) if compare else share_of_saving(c, key)

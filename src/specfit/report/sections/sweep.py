@@ -26,14 +26,14 @@ def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
     if len(slots) < 2 or min(len(x) for x in slots.values()) < 3:
         return
     common = slot_order(slots[a] & slots[b])
-    runs = [s.run(w, m, x) for m in pair for x in common]
-    present, emulated = s.present(sec, runs)
+    runs = {(k, x): s.run(w, k, x) for k in pair for x in common}
+    present, emulated = s.present(sec, list(runs.values()))
     if not present:
         return
-    sec.missing += s.i.missing_requests(runs)
-    m = {(k, x): s.i.metrics.get(s.run(w, k, x)) or {} for k in pair for x in common}
-    tps = {(k, x): s.i.tps(s.run(w, k, x)) for k in pair for x in common}
-    per = {(k, x): tokens_per_transfer(m[k, x] or None) for k in pair for x in common}
+    sec.missing += s.i.missing_requests(runs.values())
+    m = {k: s.i.metrics.get(r) or {} for k, r in runs.items()}
+    tps = {k: s.i.tps(r) for k, r in runs.items()}
+    per = {k: tokens_per_transfer(m[k] or None) for k in runs}
     paper = s.paper.sweep(s.paper_key(w), len(common))
     rank = {x: j for j, x in enumerate(common)}  # Figure 4's slot counts matched to this run's by rank
 
@@ -58,8 +58,8 @@ def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
                   ("Paper tokens per transfer over EAGLE-3 (%)", stated)] if paper else []
     sec.tables.append(table(s.id("sweep", w), tagged(f"Slot sweep, {s.title(w)} (0 = no cache)", emulated), [
         ("Slots", str), *both("Decode TPS", lambda k, x: tps_cell(tps[k, x])),
-        (tagged(f"{b} gain over {a} (%)", emulated),
-         lambda x: gain_cell(s.i.speedup(s.run(w, b, x), s.run(w, a, x)))), *paper_tps], common))
+        (tagged(f"{b} gain over {a} (%)", emulated), lambda x: gain_cell(s.i.speedup(runs[b, x], runs[a, x]))),
+        *paper_tps], common))
     sec.tables.append(table(s.id("sweep-cost", w), tagged(f"Cycle time and transfers per slot count, "
                                                           f"{s.title(w)} (0 = no cache)", emulated), [
         ("Slots", str), *both("ms/cycle", lambda k, x: fmt(m[k, x].get("ms_per_cycle"), ".1f")),
