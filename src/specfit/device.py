@@ -185,10 +185,12 @@ class Timeline:
     link_free: float = 0.0  # ms from the forward's start at which the link is free (during a forward)
     link_free_at: float = 0.0  # perf_counter seconds at which the link has moved every copy issued so far
     tokens: int = 0
+    stall_ms: float = 0.0  # the forward in progress: time its expert execution waited for copies
+    copy_stall_s: float = 0.0  # summed over decode forwards: the copy time on their critical path
 
     def begin(self) -> None:
         self.started = time.perf_counter()
-        self.now = 0.0
+        self.now = self.stall_ms = 0.0
         self.link_free = max(0.0, (self.link_free_at - self.started) * 1e3)  # copies still moving from before
 
     def layer(self, index: int, tokens: int, steps: list, landing: dict[int, float] | None = None) -> None:
@@ -198,10 +200,15 @@ class Timeline:
             self.now += self.model.fixed(tokens)
         if landing:
             landing = {e: (t - self.started) * 1e3 for e, t in landing.items()}  # ms from the forward's start
+        start = self.now
         self.now, self.link_free = self.model.layer_ms(steps, self.link_free, self.now, landing)
+        executed = sum(len(step[1]) for step in steps if step[0] == "compute")
+        self.stall_ms += self.now - start - self.model.expert_ms * executed  # execution is serial: the rest waited
 
     def end(self) -> None:
         self.link_free_at = self.started + self.link_free * 1e-3
+        if self.tokens <= PREFILL_TOKENS:
+            self.copy_stall_s += self.stall_ms * 1e-3
         (self.prefill if self.tokens > PREFILL_TOKENS else self.target).finish(self.started, self.now)
 
     def copy_ahead(self) -> tuple[float, float]:
@@ -216,8 +223,8 @@ class Timeline:
 
     def reset(self) -> None:
         self.target, self.prefill, self.drafter = Overlap(), Overlap(), Overlap()
-        self.link_free_at = 0.0
+        self.link_free_at = self.copy_stall_s = 0.0
 
     def as_dict(self) -> dict:
         return {"label": self.model.label, "target": self.target.as_dict(), "prefill": self.prefill.as_dict(),
-                "drafter": self.drafter.as_dict()}
+                "drafter": self.drafter.as_dict(), "copy_stall_s": self.copy_stall_s}

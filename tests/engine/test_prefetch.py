@@ -119,6 +119,7 @@ def test_prefetched_copies_hold_the_one_link_and_a_forward_waits_only_for_what_i
     prefetched hit still in flight."""
     clock = Clock()
     monkeypatch.setattr(device_module.time, "perf_counter", clock)
+    monkeypatch.setattr(device_module, "_wait_until", lambda deadline: None)  # the clock stands still
     timeline = Timeline(DeviceModel.from_spec(PARAMS))
     assert timeline.copy_ahead() == (100.0, pytest.approx(100.002))
     assert timeline.copy_ahead() == (pytest.approx(100.002), pytest.approx(100.004))
@@ -132,6 +133,9 @@ def test_prefetched_copies_hold_the_one_link_and_a_forward_waits_only_for_what_i
     timeline.layer(0, 1, steps)
     # fixed 10; the miss's copy from max(3, 10) to 12 while the hit runs 10..11; the miss runs 12..13
     assert (timeline.now, timeline.link_free) == (pytest.approx(13.0), pytest.approx(12.0))
+    assert timeline.stall_ms == pytest.approx(1.0)  # 11..12: execution waited for the copy
+    timeline.end()
+    assert timeline.copy_stall_s == pytest.approx(1e-3) and timeline.link_free_at == pytest.approx(100.013)
 
     clock.t = 100.0
     timeline = Timeline(DeviceModel.from_spec(dict(PARAMS, fixed_ms=0.5)))
@@ -142,6 +146,7 @@ def test_prefetched_copies_hold_the_one_link_and_a_forward_waits_only_for_what_i
     _, _, steps = cache.admit([5, 6])  # two hits
     timeline.layer(0, 1, steps, landing={6: 100.002})
     assert timeline.now == pytest.approx(3.0)  # 5 runs 0.5..1.5; 6 lands at 2 and runs 2..3
+    assert timeline.stall_ms == pytest.approx(0.5)
     assert timeline.model.layer_ms(steps, 0.0, 0.5) == (2.5, 0.0)  # both landed: no wait
 
 

@@ -1,11 +1,14 @@
-"""``python -m specfit.bench paired``: two methods of one decode cell timed in one process, request by request.
+"""``python -m specfit.bench paired``: two or more methods of one decode cell timed in one process, request by request.
 
 The workflow runs each method in its own decode job, so a difference between two runs carries whatever the
 machine did between them (seen on the toy: a few percent between DAG runs, more than the bootstrap intervals
 over requests cover). Here both methods decode every prompt of the cell in the same process on the same loaded
-model and engine, alternating which goes first (A B, then B A), each request starting from an empty expert
-cache, for ``--repeats`` rounds. The ratio of decode TPS comes with a paired bootstrap over the (round, request)
-pairs (`specfit.intervals.ratio_interval`). Both methods' outputs are compared token for token.
+model and engine, alternating which goes first (A B, then B A; with more methods the order rotates), each request
+starting from an empty expert cache, for ``--repeats`` rounds. The ratio of decode TPS of every method over every
+one named before it comes with a paired bootstrap over the (round, request) pairs (`specfit.intervals.ratio_interval`).
+Every method's outputs are compared with the first's token for token. Per method it prints where a cycle's time
+went (drafting, selection, verification; drafted levels, verified nodes, copies) and, for a method that prefetches,
+what its prefetches did (`specfit.engine.offload.OffloadEngine.prefetch`).
 
 It reads the workflow's own files (prompts, coefficients, atlas or predictor: `specfit.workflow.decode_inputs`),
 so run the DAG (or the cell's decode jobs) first. Timings over an emulated link are labelled so.
@@ -13,8 +16,9 @@ so run the DAG (or the cell's decode jobs) first. Timings over an emulated link 
     python -m specfit.bench paired --cell toy/cpu-a100link/gsm8k/12 --methods ar specfit-ca
     python -m specfit.bench paired --cell toy/cpu-a100link/gsm8k/4 --methods ar specfit-ca --configfile smoke.yaml
     python -m specfit.bench paired --cell toy/cpu-a100/summarization/3 --methods ar ar --slots 3 0
+    python -m specfit.bench paired --cell toy/cpu-a100/gsm8k/12 --methods eagle3 eagle3-prefetch specfit-prefetch
 
-With ``--slots`` the two sides run at two slot counts, each on its own copy of the target (a cache against none,
+With ``--slots`` the sides run at their own slot counts, each on its own copy of the target (a cache against none,
 in one process).
 """
 
@@ -30,6 +34,7 @@ from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits, decode_request
 from specfit.workflow import SCHEMA, DecodeRun, decode_inputs, load_config, method_config
 
+PREFETCH = ("issued", "used", "evicted_unused", "idle", "hidden_ms")  # OffloadEngine.stats()["prefetch"], summed
 ROUND = 100_000  # a request of round r counts as r * ROUND + request_id in the paired bootstrap
 
 
@@ -38,16 +43,18 @@ def main(argv=None) -> None:
     parser.add_argument("--config", default="config.yaml", help="the workflow's config (run from its root)")
     parser.add_argument("--configfile", nargs="*", default=[], help="configs merged over it, as with snakemake")
     parser.add_argument("--cell", required=True, help="model/device/workload/slots, e.g. toy/cpu-a100link/gsm8k/12")
-    parser.add_argument("--methods", nargs=2, required=True, metavar=("A", "B"), help="method names of the config")
+    parser.add_argument("--methods", nargs="+", required=True, metavar="M", help="two or more methods of the config")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the cell's prompts")
     parser.add_argument("--max-requests", type=int, default=None)
-    parser.add_argument("--slots", nargs=2, type=int, metavar=("SA", "SB"),
-                        help="A at SA slots and B at SB (each on its own engine), instead of both at the cell's")
+    parser.add_argument("--slots", nargs="+", type=int, metavar="S",
+                        help="one slot count per method (each count on its own engine), instead of the cell's")
     args = parser.parse_args(argv)
+    if len(args.methods) < 2 or (args.slots and len(args.slots) != len(args.methods)):
+        parser.error("give two or more --methods, and as many --slots when given")
     config = load_config(args.config, SCHEMA, *args.configfile)
     model_name, device_name, workload, slots = args.cell.split("/")
     device, wl = config["devices"][device_name], config["workloads"][workload]
-    sides = list(zip(args.methods, args.slots or [int(slots)] * 2))  # (method, slots) of A and B
+    sides = list(zip(args.methods, args.slots or [int(slots)] * len(args.methods)))  # (method, slots) per side
     names = [f"{m}@{x}" if args.slots else m for m, x in sides]
     inputs = [decode_inputs(config, DecodeRun(model_name, device_name, workload, m, x)) for m, x in sides]
     model_cfg = config["models"][model_name]
@@ -71,12 +78,12 @@ def main(argv=None) -> None:
     prompts = read_prompts(inputs[0]["prompts"], args.max_requests)
     limits = Limits(wl["limit_tokens"], wl["max_new_tokens"] or wl["limit_tokens"], eos_ids(setups[sides[0][1]][0]))
 
-    def decode(side: int, prompt: dict, limits: Limits, request_id: int) -> dict:
+    def decode(side: int, prompt: dict, limits: Limits, request_id: int):
         method, (model, engine, drafter) = methods[side], setups[sides[side][1]]
         engine.clear_cache()
         return decode_request(model, drafter if method.drafts else None, method, prompt["prompt_ids"],
                               request_id=request_id, question_id=prompt["question_id"], limits=limits,
-                              engine=engine).request
+                              engine=engine)
 
     with torch.inference_mode():
         warmup = Limits(limits.limit_tokens, min(8, limits.max_new_tokens), limits.eos_ids)
@@ -85,25 +92,55 @@ def main(argv=None) -> None:
             method.reset()
         for _, engine, _ in setups.values():
             engine.reset_stats()
-        requests = [[], []]
+        n = len(sides)
+        requests, cycles = [[] for _ in sides], [[] for _ in sides]
+        prefetch = [dict.fromkeys(PREFETCH, 0.0) for _ in sides]
+        stall = [0.0 for _ in sides]  # emulated device: copy time on the verify forwards' critical path (s)
         for round_ in range(args.repeats):
             for i, prompt in enumerate(prompts):
-                for side in ((0, 1) if (i + round_) % 2 == 0 else (1, 0)):
-                    request = decode(side, prompt, limits, prompt["request_id"])  # the atlas knows it by its id
-                    requests[side].append({**request, "request_id": round_ * ROUND + prompt["request_id"]})
+                for k in range(n):
+                    side = (k + i + round_) % n
+                    engine = setups[sides[side][1]][1]
+                    before = engine.stats()
+                    result = decode(side, prompt, limits, prompt["request_id"])  # the atlas knows it by its id
+                    after = engine.stats()
+                    for key in PREFETCH:
+                        prefetch[side][key] += after["prefetch"][key] - before["prefetch"][key]
+                    if "device" in after:
+                        stall[side] += after["device"]["copy_stall_s"] - before["device"]["copy_stall_s"]
+                    requests[side].append({**result.request, "request_id": round_ * ROUND + prompt["request_id"]})
+                    cycles[side] += result.cycles
 
-    a, b = names
-    same = sum(x["output_ids"] == y["output_ids"] for x, y in zip(*requests))
     label = setups[sides[0][1]][1].timing_label
-    print(f"{args.cell}: {a} vs {b}, {len(prompts)} prompts x {args.repeats} rounds in one process, alternating "
-          f"order, empty expert cache before every request; timings: {label}")
+    print(f"{args.cell}: {' vs '.join(names)}, {len(prompts)} prompts x {args.repeats} rounds in one process, "
+          f"alternating order, empty expert cache before every request; timings: {label}")
     for name, rows in zip(names, requests):
         t = tps_interval(rows, seed=config["seed"])
         print(f"  {name:16s} decode TPS {t['value']:8.2f} [{t['low']:.2f}, {t['high']:.2f}]")
-    r = ratio_interval(requests[1], requests[0], seed=config["seed"])
-    print(f"  {b} / {a}: {r['value']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] {r['verdict']} "
-          f"(paired bootstrap over {r['n']} requests)")
-    print(f"  outputs identical: {same} of {len(requests[0])}")
+    for j in range(1, n):
+        for i in range(j):
+            r = ratio_interval(requests[j], requests[i], seed=config["seed"])
+            print(f"  {names[j]} / {names[i]}: {r['value']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] {r['verdict']} "
+                  f"(paired bootstrap over {r['n']} requests)")
+    for name, rows in zip(names[1:], requests[1:]):
+        same = sum(x["output_ids"] == y["output_ids"] for x, y in zip(requests[0], rows))
+        print(f"  outputs identical{f' ({name} vs {names[0]})' if n > 2 else ''}: {same} of {len(rows)}")
+    print("  per cycle (ms: draft, select, verify and of it the copies' stall on an emulated device; levels drafted, "
+          "nodes verified, copies incl. prefetched):")
+    for name, rows, stalled in zip(names, cycles, stall):
+        c = len(rows) or 1
+        mean = {key: sum(row[key] for row in rows) / c for key in ("t_draft_s", "t_select_s", "t_verify_s",
+                                                                  "drafted_levels", "h2d_transfers")}
+        print(f"    {name:16s} {len(rows):5d} cycles  draft {mean['t_draft_s'] * 1e3:6.2f}  select "
+              f"{mean['t_select_s'] * 1e3:5.2f}  verify {mean['t_verify_s'] * 1e3:6.2f} (stall "
+              f"{stalled * 1e3 / c:5.2f})  levels "
+              f"{mean['drafted_levels']:.2f}  nodes {sum(len(row['selected']) for row in rows) / c:.2f}  copies "
+              f"{mean['h2d_transfers']:.2f}")
+    for name, p, rows in zip(names, prefetch, cycles):
+        if p["issued"]:
+            print(f"  {name} prefetch: {p['issued']:.0f} copies, used by the next forward {p['used']:.0f} "
+                  f"(precision {p['used'] / p['issued']:.3f}), evicted unused {p['evicted_unused']:.0f}, idle "
+                  f"{p['idle']:.0f}; copy time hidden {p['hidden_ms'] / max(len(rows), 1):.2f} ms per cycle")
     for x, (_, engine, _) in setups.items():
         if (device_stats := engine.stats().get("device")) is not None:
             t = device_stats["target"]
