@@ -46,8 +46,9 @@ class Outcome:
     basis: Verdict | None = None
 
     @classmethod
-    def met(cls, ok: bool, why: str = "") -> "Outcome":
-        return cls(Verdict.MET if ok else Verdict.MISSED, why)
+    def of(cls, met: bool, why: str = "") -> "Outcome":
+        """A goal judged by a number against its bound: met or not met."""
+        return cls(Verdict.MET if met else Verdict.MISSED, why)
 
     def answer(self) -> str:
         """As a goal column prints it: "yes", "no", "not judged (why)", ..."""
@@ -60,7 +61,7 @@ class Outcome:
 
 
 def at_least(value: float, bound: float, why: str = "") -> Outcome:
-    return Outcome.met(value >= bound, why)
+    return Outcome.of(value >= bound, why)
 
 
 def not_judged(runs: list, metrics: dict, what: str) -> Outcome:

@@ -38,7 +38,7 @@ def section(s: Scope) -> Section | None:
             continue
         paper = paper_proportions(s.i.paper, pw, s.gpu)
         rows = [(key, name, toy[key], paper[key], None if (met := proportion_met(key, toy[key], paper[key])) is None
-                 else Outcome.met(met)) for key, name in PROPORTIONS]
+                 else Outcome.of(met)) for key, name in PROPORTIONS]
         caption = f"Proportions, {s.title(w)}, beside the {NAMES[s.gpu]}'s {pw}"
         sec.tables.append(table(s.id("proportions", w), caption, [
             ("Quantity", lambda r: r[1]),
@@ -57,7 +57,7 @@ def section(s: Scope) -> Section | None:
         rows.append((f"overruns-{part}", f"{what} whose CPU time overran the model, all runs"
                      + ("" if part == "prefill" else f" (goal < {100 * OVERRUN_GOAL:.0f}%)"),
                      MISSING if share is None else f"{100 * share:.2f}% ({over} of {forwards})",
-                     None if share is None or part == "prefill" else Outcome.met(share < OVERRUN_GOAL)))
+                     None if share is None or part == "prefill" else Outcome.of(share < OVERRUN_GOAL)))
     sec.tables.append(table(s.id("device-checks"), f"The emulated {emulate['name']}: fit and overruns, "
                             f"{s.model} / {s.device}", [
         ("Check", lambda r: r[1]), ("This run", lambda r: r[2]), ("Goal met", lambda r: goal(r[3]))], rows,
