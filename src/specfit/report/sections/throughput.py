@@ -38,8 +38,6 @@ def workload(s: Scope, sec: Section, w: str) -> None:
 def gains(s: Scope, sec: Section, workload: str, emulated: bool) -> None:
     """SpecFit over EAGLE-3 at the same cache, in decode TPS and in request TPS (prefill included)."""
     eagle, fit = s.roles.eagle3, s.roles.specfit
-    if eagle is None or fit is None:
-        return
     claims = s.claims(workload)
     cells = []  # slots, SpecFit's run, EAGLE-3's, the paper's claims in decode and request TPS
     for slots, dec, req in ((s.main, "vs_cached_eagle3_pct", "incl_prefill_pct"),
