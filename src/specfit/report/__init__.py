@@ -14,13 +14,21 @@ from pathlib import Path
 from specfit.io import atomic_path
 from specfit.report.figures import Figures
 from specfit.report.inputs import load_inputs
-from specfit.report.page import EMULATED, Part, interval_note
+from specfit.report.page import EMULATED, Part, Section, interval_note
 from specfit.report.render import provenance, render
 from specfit.report.scope import ModelScope
 from specfit.report.sections import ACROSS_DEVICES, PER_DEVICE
 from specfit.stage import stage_main
 
 log = logging.getLogger("specfit.report")
+
+
+def shown(sections, scope) -> list[Section]:
+    """The listed sections that have something to show for ``scope``, each missing input named once."""
+    out = [sec for section in sections if (sec := section(scope)) is not None]
+    for sec in out:
+        sec.missing = list(dict.fromkeys(sec.missing))
+    return out
 
 
 def parts(v: ModelScope) -> list[Part]:
@@ -31,10 +39,8 @@ def parts(v: ModelScope) -> list[Part]:
         if s.link_emulated:
             label = next(s.i.metrics[r]["timing_label"] for r in s.runs if r in s.i.metrics)
             notes.append(f"Timings on this device (tagged “{EMULATED}”): {label}.")
-        out.append(Part(f"{v.model} on {d}: {v.spec['devices'][d].get('label') or d}", notes,
-                        [sec for section in PER_DEVICE if (sec := section(s)) is not None]))
-    out.append(Part(f"{v.model}: across devices and against the paper", [],
-                    [sec for section in ACROSS_DEVICES if (sec := section(v)) is not None]))
+        out.append(Part(f"{v.model} on {d}: {v.spec['devices'][d].get('label') or d}", notes, shown(PER_DEVICE, s)))
+    out.append(Part(f"{v.model}: across devices and against the paper", [], shown(ACROSS_DEVICES, v)))
     return out
 
 

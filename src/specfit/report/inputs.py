@@ -117,8 +117,7 @@ class Inputs:
 
     def missing_requests(self, runs) -> list[str]:
         """requests.parquet of runs that have metrics but no requests (their numbers show without an interval)."""
-        return list(dict.fromkeys(r.file("requests.parquet") for r in runs
-                                  if r is not None and r in self.metrics and r not in self.requests))
+        return [r.file("requests.parquet") for r in runs if r in self.metrics and r not in self.requests]
 
     def tps(self, run: DecodeRun | None) -> Estimate | None:
         """A run's decode TPS (metrics.json) with its bootstrap interval over requests."""

@@ -21,7 +21,6 @@ def section(v: ModelScope) -> Section | None:
     if not sec.tables:
         sec.notes.append("No workload runs on more than one device.")
     else:
-        sec.missing = list(dict.fromkeys(sec.missing))
         sec.notes.append(note("devices_stand_ins"))
         sec.notes.append(interval_note(v.i.seed))
     return sec

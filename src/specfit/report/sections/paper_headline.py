@@ -25,7 +25,6 @@ def section(v: ModelScope) -> Section:
     if standing:
         sec.notes.append("Workloads are mapped by their config key `paper`: " + "; ".join(standing) + ".")
     if sec.tables:
-        sec.missing = list(dict.fromkeys(sec.missing))
         sec.notes.append(interval_note(i.seed) + " The paper's figures carry no interval.")
     return sec
 
