@@ -23,7 +23,7 @@ from specfit.stage import stage_main
 log = logging.getLogger("specfit.report")
 
 
-def sections_to_show(sections, scope) -> list[Section]:
+def to_show(sections, scope) -> list[Section]:
     """The listed sections that have something to show for ``scope``, each missing input named once."""
     out = [sec for section in sections if (sec := section(scope)) is not None]
     for sec in out:
@@ -39,8 +39,8 @@ def parts(v: ModelScope) -> list[Part]:
         if s.link_emulated:
             label = next(s.i.metrics[r]["timing_label"] for r in s.runs if r in s.i.metrics)
             notes.append(f"Timings on this device (tagged “{EMULATED}”): {label}.")
-        out.append(Part(f"{v.model} on {d}: {v.spec['devices'][d].get('label') or d}", notes, sections_to_show(PER_DEVICE, s)))
-    out.append(Part(f"{v.model}: across devices and against the paper", [], sections_to_show(ACROSS_DEVICES, v)))
+        out.append(Part(f"{v.model} on {d}: {v.spec['devices'][d].get('label') or d}", notes, to_show(PER_DEVICE, s)))
+    out.append(Part(f"{v.model}: across devices and against the paper", [], to_show(ACROSS_DEVICES, v)))
     return out
 
 
