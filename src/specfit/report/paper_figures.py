@@ -89,8 +89,12 @@ class Beside:
         counters = self.paper["counters"].get(self.gpu, {}).get(workload)
         if tps is None:
             return None
-        return {(rule, mode): {"tps_dec": tps[rule][PAPER_CACHE[mode]], **({} if counters is None else {
-            PAPER_COUNTERS[k]: v for k, v in counters[rule][PAPER_CACHE[mode]].items()})} for rule, mode in CELLS}
+        out = {}
+        for rule, mode in CELLS:
+            out[rule, mode] = {"tps_dec": tps[rule][PAPER_CACHE[mode]]}
+            if counters is not None:
+                out[rule, mode] |= {PAPER_COUNTERS[k]: v for k, v in counters[rule][PAPER_CACHE[mode]].items()}
+        return out
 
     def claims(self, workload: str | None) -> dict[str, float | None]:
         """The headline figures by text-claim key: the one its text states where it states one, else computed from

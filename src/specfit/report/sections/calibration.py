@@ -52,8 +52,9 @@ def fit_header(mode: str, fit: dict) -> str:
     return tagged(f"{NAMES[mode]} ({fit['slots']} slots)", fit["link_emulated"])
 
 
-def cache_aware(s: Scope, sec: Section, fits: dict, b: list, emulated: bool) -> None:
-    """The cache-aware model beside the paper's, fitted on the same probes, and the drafting time of one level."""
+def cache_aware(s: Scope, sec: Section, fits: dict, b_cells: list, emulated: bool) -> None:
+    """The cache-aware model beside the paper's, fitted on the same probes, and the drafting time of one level;
+    ``b_cells``: the cell of each b_k, as the paper's model prints it."""
 
     def ca(get):  # a quantity of the cache-aware fit: a dash where there is none (the paper's presets)
         return lambda mode, f: MISSING if f["cache_aware"] is None else get(f["cache_aware"])
@@ -66,7 +67,7 @@ def cache_aware(s: Scope, sec: Section, fits: dict, b: list, emulated: bool) -> 
         d = f["drafting"]
         return MISSING if d is None else f"{d['start_ms']:.3f} / {d['level_ms']:.3f} / {d['select_ms']:.3f}"
 
-    rows = [*((f"b_{k}", f"b_{k} (ms)", ca(b_k)) for k, b_k in enumerate(b)),
+    rows = [*((f"b_{k}", f"b_{k} (ms)", ca(b_k)) for k, b_k in enumerate(b_cells)),
             ("beta_miss", "β_miss (ms per copied expert)", ca(lambda c: fmt(c["beta_miss"], ".4f"))),
             ("beta_hit", "β_hit (ms per resident expert)", ca(lambda c: fmt(c["beta_hit"], ".4f") + (
                 "" if c["beta_hit_identified"] else " (not identified: no hits)"))),
