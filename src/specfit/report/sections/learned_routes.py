@@ -4,7 +4,7 @@ goals (route accuracy ≥ 60%; decode TPS ≥ 98% of exact routes, a tie counts;
 routes are, a tie does not; the predictor ≤ 5% of a cycle); then the predictor at this model's size and at the
 paper's model's, beside the paper's estimate (section 4.6)."""
 
-from specfit.report.inputs import learned_methods, methods_with, predictor_metrics
+from specfit.report.inputs import Inputs, learned_methods, methods_with, predictor_metrics
 from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, notes, table, tagged
 from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
@@ -39,8 +39,11 @@ def ms_per_cycle(m: dict | None) -> float | None:
     return None if seconds is None or not m.get("cycles") else 1e3 * seconds / m["cycles"]
 
 
-def judge(c: Cell, metrics: dict) -> None:
-    learned, atlas, eagle = c.runs["learned"], c.runs["atlas"], c.runs["eagle3"]
+def judge(i: Inputs, c: Cell) -> None:
+    """The cell's ratios, and its verdict on goals 2-4."""
+    learned, atlas, eagle, metrics = c.runs["learned"], c.runs["atlas"], c.runs["eagle3"], i.metrics
+    c.ratios = {"atlas": i.speedup(learned, atlas), "atlas/eagle3": i.speedup(atlas, eagle),
+                "eagle3": i.speedup(learned, eagle)}
     e = c.ratios["atlas"]  # learned at least TPS_GOAL of exact routes; a tie counts as met
     if e is None or e.verdict is None:
         c.goals["tps"] = not_judged([learned, atlas], metrics, "exact-route")
@@ -96,19 +99,17 @@ def section(s: Scope) -> Section | None:
     predictor = i.predictor.get(s.model)
     sec.missing += i.missing(keys) + i.missing_requests(keys) + ([] if predictor else [predictor_metrics(s.model)])
     emulated = s.emulated(keys)
-    rows = []  # cell, run, its routes, their accuracy
     for c in cells:
-        learned, atlas, eagle = c.runs["learned"], c.runs["atlas"], c.runs["eagle3"]
-        c.ratios = {"atlas": i.speedup(learned, atlas), "atlas/eagle3": i.speedup(atlas, eagle),
-                    "eagle3": i.speedup(learned, eagle)}
-        judge(c, i.metrics)
-        noisy = [r for role, r in c.runs.items() if isinstance(role, tuple) and r is not None]
-        rows += [(c, r, routes, accuracy) for r, routes, accuracy in (
-            (atlas, "exact (atlas)", "100% (exact)"),
-            (learned, "learned", MISSING if predictor is None else f"{pct(predictor['route_accuracy'])} (held-out)"),
-            *((r, "noisy (simulated)", f"{pct(method_config(s.spec, r.method).accuracy, '.0f')} (configured)")
-              for r in noisy),
-            (eagle, "none (full draft tree)", MISSING)) if r is not None]
+        judge(i, c)
+
+    def routes(role, run):  # a run's routes and their accuracy, by its role in the cell
+        if isinstance(role, tuple):  # ("noisy", method)
+            return "noisy (simulated)", f"{pct(method_config(s.spec, run.method).accuracy, '.0f')} (configured)"
+        return {"atlas": ("exact (atlas)", "100% (exact)"), "eagle3": ("none (full draft tree)", MISSING),
+                "learned": ("learned", MISSING if predictor is None
+                            else f"{pct(predictor['route_accuracy'])} (held-out)")}[role]
+
+    rows = [(c, r, *routes(role, r)) for c in cells for role, r in c.runs.items() if r is not None]
     atlas = next((c.runs["atlas"].method for c in cells if c.runs["atlas"] is not None), None) or "exact routes"
     eagle, learned = s.roles.eagle3 or "EAGLE-3", cells[0].runs["learned"].method
 
