@@ -52,6 +52,8 @@ def test_the_workflow_folder_is_no_input(tree, caplog):
     inputs = declared(spec)  # requests and probe points count as missing only beside their metrics and fits
     assert set(missing_inputs(md)) == {*inputs["metrics"], *inputs["calibration"], *inputs["theory"]}
     assert not [i for i in tables if i.startswith(("throughput/", "counters/", "calibration/"))]
+    for section in md.split("\n### ")[1:]:  # each names a missing file once, however many of its rows need it
+        assert len(missing_inputs(section)) == len(set(missing_inputs(section))), section[:80]
 
 
 def test_declared_paths_match_however_written(tree, caplog):
