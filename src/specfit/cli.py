@@ -35,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=None, help="output tokens at most (default 128)")
     g.add_argument("--compare", choices=["ar"], help="decode with AR too: identical output? speedup?")
     g.add_argument("--json", action="store_true", help="print one JSON record instead of the text and summary")
+    g.add_argument("--threads", type=int, default=1,
+                   help="torch's CPU threads (1, as Snakemake runs each decode job: an idle wait on a busy core "
+                        "cannot stall a forward)")
     return p
 
 
@@ -49,10 +52,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def generate(args: argparse.Namespace) -> None:
+    import torch
     from transformers.utils import logging as transformers_logging  # torch: loaded once the arguments are read
 
     from specfit.decoder import MAX_NEW_TOKENS, Decoder, compare
 
+    if args.threads < 1:
+        raise SpecFitError(f"--threads must be at least 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     transformers_logging.disable_progress_bar()  # stderr holds the summary
 
     # from stdin without the newline `echo` ends it with, so that both ways give one prompt

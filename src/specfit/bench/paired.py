@@ -46,9 +46,13 @@ def main(argv=None) -> None:
     parser.add_argument("--methods", nargs="+", required=True, metavar="M", help="two or more methods of the config")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the cell's prompts")
     parser.add_argument("--max-requests", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads: 1, as Snakemake gives each decode job (OMP_NUM_THREADS = the rule's "
+                             "threads); with 2 on a 2-core machine, any other load stalls every forward")
     parser.add_argument("--slots", nargs="+", type=int, metavar="S",
                         help="one slot count per method (each count on its own engine), instead of the cell's")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     if len(args.methods) < 2 or (args.slots and len(args.slots) != len(args.methods)):
         parser.error("give two or more --methods, and as many --slots when given")
     config = load_config(args.config, SCHEMA, *args.configfile)
@@ -113,7 +117,7 @@ def main(argv=None) -> None:
 
     label = setups[sides[0][1]][1].timing_label
     print(f"{args.cell}: {' vs '.join(names)}, {len(prompts)} prompts x {args.repeats} rounds in one process, "
-          f"alternating order, empty expert cache before every request; timings: {label}")
+          f"alternating order, empty expert cache before every request, {args.threads} thread(s); timings: {label}")
     for name, rows in zip(names, requests):
         t = tps_interval(rows, seed=config["seed"])
         print(f"  {name:16s} decode TPS {t['value']:8.2f} [{t['low']:.2f}, {t['high']:.2f}]")
