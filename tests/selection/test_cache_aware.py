@@ -228,3 +228,62 @@ def test_backends_agree_past_one_mask_word():
     pool = Pool(parent, prob, rng.integers(0, 64, size=(n + 1, 3, 2)), 64, rng.random((3, 64)) < 0.5)
     fast, slow = (select_specfit_ca(pool, [3.0, 2.0, 2.0, 2.0], 0.2, 0.05, k_max=3, backend=x) for x in BACKENDS)
     assert fast == slow and fast.visited > 10_000
+
+
+@st.composite
+def in_flight_pools(draw):
+    """`resident_pools` with some resident experts still in flight: dyadic fractions of their copies left, so that
+    every sum of them is exact in float64 whatever its order."""
+    pool = draw(resident_pools())
+    if pool.resident is None:
+        return pool
+    in_flight = np.zeros(pool.resident.shape)
+    for layer, e in zip(*np.nonzero(pool.resident)):
+        if e < 8 or e == pool.num_experts - 1:
+            in_flight[layer, e] = draw(st.sampled_from([0.0, 0.0, 0.25, 0.5, 0.75, 1.0]))
+    return Pool(pool.parent, pool.path_prob, pool.routes, pool.num_experts, pool.resident, in_flight)
+
+
+def left(pool, s):
+    """P(S): the copy fractions left of the union's experts in flight, from sets."""
+    if pool.in_flight is None:
+        return 0.0
+    return sum(float(pool.in_flight[layer, e]) for layer, u in enumerate(layer_sets(pool, s)) for e in u)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(deadline=None, max_examples=200)
+@given(pool=in_flight_pools(), coef=ca_coefficients, k_max=st.integers(0, 7),
+       lam=st.sampled_from([None, 0.5, 3.0]))
+def test_an_expert_in_flight_costs_the_copy_left_in_the_brute_force_argmax(backend, pool, coef, k_max, lam):
+    """T̂_CA + (β_miss − β_hit)·P(S): an expert in flight is a hit that still pays the fraction of its copy left."""
+    b, beta_miss, beta_hit = coef
+    best, best_key = None, None
+    legal = legal_subtrees(pool, k_max)
+    for s in legal:
+        r, f, m = reward(pool, s), union(pool, s), misses(pool, s)
+        t = ca_time(b, beta_miss, beta_hit, s, f, m) + (beta_miss - beta_hit) * left(pool, s)
+        key = (r / t if lam is None else r - lam * t, r, -m, -f, -len(s))
+        if best is None or key > best_key:
+            best, best_key = s, key
+    if lam is None:
+        sel = select_specfit_ca(pool, b, beta_miss, beta_hit, k_max, backend=backend)
+    else:
+        sel = select_parametric_ca(pool, b, beta_miss, beta_hit, lam, k_max, backend=backend)
+    assert (sel.nodes, sel.visited) == (best, len(legal))
+    f, m = union(pool, best), misses(pool, best)
+    assert sel.time == pytest.approx(ca_time(b, beta_miss, beta_hit, best, f, m)
+                                     + (beta_miss - beta_hit) * left(pool, best))
+    assert pool.in_flight_left(best) == left(pool, best)
+
+
+def test_in_flight_is_a_fraction_of_a_resident_experts_copy():
+    pool = CandidatePool.root_only(0)
+    resident = np.zeros((1, 4), bool)
+    resident[0, 1] = True
+    routes = np.array([[[1, 2]]])  # [1, L=1, k=2]
+    with pytest.raises(ValueError, match="resident experts"):
+        pool.view(routes, 4, resident, np.array([[0.0, 0.0, 0.5, 0.0]]))  # 2 is not resident
+    view = pool.view(routes, 4, resident, np.array([[0.0, 0.5, 0.0, 0.0]]))
+    assert view.in_flight_left(()) == 0.5 and view.expert_misses(()) == 1
+    assert pool.view(routes, 4, resident, np.zeros((1, 4))).in_flight is None  # nothing in flight

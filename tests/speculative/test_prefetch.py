@@ -12,6 +12,7 @@ from specfit.coefficients import DraftCost
 from specfit.engine import make_engine
 from specfit.io import write_parquet
 from specfit.records import ATLAS_SCHEMA
+from specfit.selection.pool import CandidatePool
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
 from specfit.speculative.methods import Eagle3Prefetch, SpecFitPrefetch, build_method, prefetch_order
@@ -125,7 +126,12 @@ def test_an_expert_in_flight_counts_by_what_is_left_of_its_copy():
     method = prefetching(None)
     cycle = Cycle(0, 0, 1, [5], FakeTarget(FakeEngine(resident, left)))
     method._read_resident(cycle)
-    assert method.residency(cycle)[0].nonzero()[0].tolist() == [1, 3]  # more than half left: still a miss
+    assert method.residency(cycle).tolist() == resident.tolist()
+    assert method._in_flight[0, [1, 2, 3]].tolist() == [0.0, 0.75, 0.25] and method._in_flight.sum() == 1.0
+    pool = CandidatePool.root_only(5)
+    view = pool.view(np.array([[[2, 3], [0, 1]]]), 8, method.residency(cycle), method._in_flight)  # root: 2, 3 | 0, 1
+    # T̂(∅) = b_0 + β_miss·2 (0, 1 of layer 1) + β_hit·2 + (β_miss − β_hit)·(0.75 + 0.25)
+    assert method.choose(view, 0).time == pytest.approx(1.0 + 0.05 * 2 + 0.01 * 2 + 0.04 * 1.0)
 
 
 def test_built_from_coefficients(tmp_path):

@@ -51,14 +51,16 @@ class CandidatePool:
         self.level.append(self.level[parent] + 1)
         return self.n
 
-    def view(self, routes: np.ndarray | None = None, num_experts: int = 1, resident: np.ndarray | None = None) -> Pool:
+    def view(self, routes: np.ndarray | None = None, num_experts: int = 1, resident: np.ndarray | None = None,
+             in_flight: np.ndarray | None = None) -> Pool:
         """The selector's view; without ``routes`` [n+1, L, k] it carries no experts (probability rules).
 
-        ``resident`` [L, N] bool marks the experts each layer's cache holds (None: nothing resident).
+        ``resident`` [L, N] bool marks the experts each layer's cache holds (None: nothing resident), ``in_flight``
+        [L, N] the fraction of a resident expert's copy still to come (None: every resident expert has landed).
         """
         if routes is None:
             routes = np.empty((self.n + 1, 0, 1), dtype=np.int64)  # [n+1, 0 layers, 1]
-        pool = Pool(np.asarray(self.parent), np.asarray(self.path_prob), routes, num_experts, resident)
+        pool = Pool(np.asarray(self.parent), np.asarray(self.path_prob), routes, num_experts, resident, in_flight)
         pool.__dict__["level"] = np.asarray(self.level, dtype=np.int64)  # [n+1] known: no walk up the parents
         return pool
 
@@ -70,7 +72,8 @@ class Pool:
     routes[v, l] lists the experts E_l(v) of node v in MoE layer l. A repeated id counts once and a
     negative id is padding, so rows may route to fewer than top_k experts (the root may route to none).
     resident[l, e] is True when expert e sits in layer l's cache as the cycle selects (None: nothing resident);
-    only the cache-aware cost reads it.
+    in_flight[l, e] in [0, 1] is the fraction of a resident expert's copy still to come (a prefetch in flight; None:
+    none). Only the cache-aware cost reads them: it charges an expert in flight β_hit + in_flight·(β_miss − β_hit).
     """
 
     parent: np.ndarray  # [n+1] int64, parent[0] = -1 for the root s
@@ -78,6 +81,7 @@ class Pool:
     routes: np.ndarray  # [n+1, L, top_k] int expert ids per node and layer
     num_experts: int  # N experts per layer
     resident: np.ndarray | None = None  # [L, N] bool, expert e resident in layer l's cache; None = none resident
+    in_flight: np.ndarray | None = None  # [L, N] float64 in [0, 1], copy left of a resident expert; None = none
 
     def __post_init__(self):
         parent = np.asarray(self.parent, dtype=np.int64)
@@ -98,6 +102,13 @@ class Pool:
             if resident.shape != (routes.shape[1], self.num_experts):
                 raise ValueError(f"resident must be [L={routes.shape[1]}, N={self.num_experts}], got {resident.shape}")
             object.__setattr__(self, "resident", resident)
+        if self.in_flight is not None:
+            in_flight = np.asarray(self.in_flight, dtype=np.float64)
+            if self.resident is None or in_flight.shape != self.resident.shape:
+                raise ValueError("in_flight needs a residency of the same shape [L, N]")
+            if np.any((in_flight < 0) | (in_flight > 1)) or np.any((in_flight > 0) & ~self.resident):
+                raise ValueError("in_flight holds fractions in [0, 1] of resident experts' copies")
+            object.__setattr__(self, "in_flight", in_flight if np.any(in_flight > 0) else None)
 
     @property
     def n(self) -> int:
@@ -122,6 +133,15 @@ class Pool:
         return _encode_resident(self.resident, self.words_per_layer)
 
     @cached_property
+    def in_flight_words(self) -> tuple[np.ndarray, np.ndarray]:
+        """The experts in flight as a row of `words` [L * ceil(N / 64)] uint64, and the fraction of each bit
+        [L * ceil(N / 64) * 64] float64 (0 outside them); requires ``in_flight``."""
+        per_layer = self.words_per_layer
+        weights = np.zeros((self.routes.shape[1], per_layer * WORD_BITS))  # [L, W * 64]
+        weights[:, : self.num_experts] = self.in_flight
+        return _encode_resident(self.in_flight > 0, per_layer), weights.reshape(-1)
+
+    @cached_property
     def level(self) -> np.ndarray:
         """[n+1] int64 depth of each node: 0 for the root s, 1 for its children, ..."""
         level = np.zeros(self.n + 1, dtype=np.int64)
@@ -134,12 +154,14 @@ class Pool:
         if not 0 <= n <= self.n:
             raise ValueError(f"prefix of {n} nodes from a pool of {self.n}")
         end = n + 1
-        sub = Pool(self.parent[:end], self.path_prob[:end], self.routes[:end], self.num_experts, self.resident)
+        sub = Pool(self.parent[:end], self.path_prob[:end], self.routes[:end], self.num_experts, self.resident,
+                   self.in_flight)
         for name in ("words", "level"):  # computed once per cycle, not once per level
             if name in self.__dict__:
                 sub.__dict__[name] = self.__dict__[name][:end]
-        if "resident_words" in self.__dict__:
-            sub.__dict__["resident_words"] = self.__dict__["resident_words"]
+        for name in ("resident_words", "in_flight_words"):
+            if name in self.__dict__:
+                sub.__dict__[name] = self.__dict__[name]
         return sub
 
     def upto_level(self, depth: int) -> Pool:
@@ -155,6 +177,15 @@ class Pool:
     def expert_union(self, nodes) -> int:
         """F(S) of Eq. 4: sum over layers of |E_l(s) ∪ ⋃_{v in S} E_l(v)|, the root's experts included."""
         return _bit_count(self._union_words(nodes))
+
+    def in_flight_left(self, nodes) -> float:
+        """P(S): the copy fractions still to come of the experts of F(S) in flight (0 when none is)."""
+        if self.in_flight is None:
+            return 0.0
+        flight, weights = self.in_flight_words
+        bits = self._union_words(nodes) & flight  # [W]
+        return float(sum(weights[w * WORD_BITS + b] for w in np.flatnonzero(bits)
+                         for b in range(WORD_BITS) if int(bits[w]) >> b & 1))
 
     def expert_misses(self, nodes) -> int:
         """M(S): sum over layers of |U_l(S) \\ R_l|, the experts of F(S) not resident (copies of the verify forward)."""

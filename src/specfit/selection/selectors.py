@@ -36,6 +36,8 @@ def _selected(pool: Pool, k_max: int, objective: int, b, beta, lam, backend: str
     nodes, reward, union, misses, visited = search(pool, k_max, objective, b, beta, lam, backend, beta_hit)
     if objective in CACHE_AWARE:  # the kernel's float64 T̂_CA, term by term
         time = float(b[len(nodes)]) + float(beta) * misses + float(beta_hit) * (union - misses)
+        if pool.in_flight is not None:
+            time += (float(beta) - float(beta_hit)) * pool.in_flight_left(nodes)
         return Selection(nodes, reward, union, time, visited, misses)
     time = float(b[len(nodes)]) + float(beta) * union if timed else None  # the kernel's float64 T̂
     return Selection(nodes, reward, union, time, visited)
@@ -58,9 +60,11 @@ def select_specfit_ca(
         T̂_CA(S) = b_|S| + β_miss M(S) + β_hit H(S),   M(S) = Σ_l |U_l(S) \\ R_l|,   H(S) = F(S) - M(S),
 
     U_l(S) the layer-l expert union of F (root included) and R_l the experts resident in layer l's cache
-    (`Pool.resident`; nothing when None). T̂_CA is evaluated as b + β_miss·M + β_hit·(F - M) in float64, so with
-    nothing resident (M = F) and a finite β_hit it is the paper's T̂ with β = β_miss, bit for bit, and the selection
-    is `select_specfit`'s.
+    (`Pool.resident`; nothing when None). A resident expert whose copy is still in flight (`Pool.in_flight`, a
+    prefetch) is a hit that still costs the fraction of its copy left: T̂_CA adds (β_miss − β_hit)·P(S), P(S) the
+    sum of those fractions over the union (`Pool.in_flight_left`; 0 when nothing is in flight). T̂_CA is evaluated
+    as b + β_miss·M + β_hit·(F - M) in float64, so with nothing resident (M = F) and a finite β_hit it is the paper's
+    T̂ with β = β_miss, bit for bit, and the selection is `select_specfit`'s.
 
     Ties: ratio (float64 r / t), then larger R̂, then smaller M, then smaller F, then fewer nodes, then the
     lexicographically smaller sorted node ids. The selection's ``union`` is F, ``misses`` M and ``time`` T̂_CA.

@@ -300,6 +300,8 @@ class SpecFitCA(SpecFit):
     def decided(self, view, chosen, depth):
         misses = view.expert_misses(())
         root_only = float(self.b[0]) + self.beta_miss * misses + self.beta_hit * (view.expert_union(()) - misses)
+        if view.in_flight is not None:  # a prefetch's copies still in flight (specfit-prefetch)
+            root_only += (self.beta_miss - self.beta_hit) * view.in_flight_left(())
         self._last = (root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
         return Decision(chosen.nodes, depth)
 
@@ -341,14 +343,17 @@ class Prefetching:
     drafting: DraftCost
     beta_miss: float
 
-    def prefetch(self, cycle: Cycle, routes: np.ndarray, path_prob, nodes) -> int:
+    def copy_budget(self, cycle: Cycle) -> int:
+        """The copies the link can move before the next level is drafted (0 without an expert cache to land in)."""
         engine = cycle.target.engine if cycle.target is not None else None
-        if engine is None:
+        if engine is None or engine.config.slots == 0:
             return 0
         copy_ms = engine.copy_ms or self.beta_miss
-        budget = int((self.drafting.next_level_ms - engine.link_backlog_ms()) // copy_ms) if copy_ms > 0 else 0
-        if budget <= 0:
-            return 0
+        return int((self.drafting.next_level_ms - engine.link_backlog_ms()) // copy_ms) if copy_ms > 0 else 0
+
+    def prefetch(self, cycle: Cycle, budget: int, routes: np.ndarray, path_prob, nodes) -> int:
+        """Prefetch at most ``budget`` of the experts of root + ``nodes`` (``routes`` [n+1, L, k]) not resident."""
+        engine = cycle.target.engine
         resident = engine.resident()  # [L, N]
         order, needed = prefetch_order(routes, path_prob, nodes)
         wanted = [(layer, e) for layer, e in order if not resident[layer, e]][:budget]
@@ -360,21 +365,23 @@ class SpecFitPrefetch(Prefetching, SpecFitCA):
     """specfit-ca that prefetches, after each drafted level it drafts on from, the predicted experts of the subtree it
     would verify now (`Prefetching`; beyond the paper, issue 21).
 
-    Its cost is specfit-ca's, read again after every level, so selection and the depth rule see what the prefetch
-    already bought: the residency is the engine's at that level, and an expert whose prefetched copy is still in
-    flight counts by what is left of it: as resident (β_hit) once at most half of its copy is left, else as a miss
-    (β_miss), the nearer of the two to its partly paid cost.
+    Its cost is specfit-ca's, read again after every level, so selection, the depth rule and the skipping rule see
+    what the prefetch already bought: the residency is the engine's at that level, and an expert whose prefetched
+    copy is still in flight is a hit that still pays what is left of its copy, (β_miss − β_hit) times the fraction
+    left (`specfit.selection.pool.Pool.in_flight`; the search stays exact).
     """
 
     def view(self, cycle, pool):
         self._read_resident(cycle)  # every level: the prefetch of the level before changed it
-        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1])
+        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1],
+                         in_flight=self._in_flight)
 
     def _read_resident(self, cycle):
         super()._read_resident(cycle)
-        engine, resident = cycle.target.engine if cycle.target is not None else None, self._resident[1]
-        if resident is not None and engine.copy_ms:
-            resident &= engine.in_flight_ms() <= engine.copy_ms / 2  # [L, N]: more than half a copy left: a miss
+        engine = cycle.target.engine if cycle.target is not None else None
+        self._in_flight = None
+        if self._resident[1] is not None and engine.copy_ms:  # [L, N] fraction of each copy left
+            self._in_flight = np.minimum(engine.in_flight_ms() / engine.copy_ms, 1.0) * self._resident[1]
 
     def choose(self, view, depth):
         self._chosen = (view, chosen := super().choose(view, depth))
@@ -383,8 +390,9 @@ class SpecFitPrefetch(Prefetching, SpecFitCA):
     def select(self, cycle, pool, final):
         decision = super().select(cycle, pool, final)
         if decision is None and not self.route_source.full_pool:  # drafting on: the link is idle until verification
-            view, chosen = self._chosen
-            self.prefetch(cycle, view.routes, view.path_prob, chosen.nodes)
+            if (budget := self.copy_budget(cycle)) > 0:
+                view, chosen = self._chosen
+                self.prefetch(cycle, budget, view.routes, view.path_prob, chosen.nodes)
         return decision
 
 
@@ -413,7 +421,7 @@ class Eagle3Prefetch(Prefetching, Eagle3):
         if self.route_source.full_pool:  # an atlas build: the routes of the full pool, once, for the record
             if final and pool.n > 0:
                 self.route_source.routes(cycle, pool)
-        elif not final and pool.n > 0:
+        elif not final and pool.n > 0 and (budget := self.copy_budget(cycle)) > 0:
             chosen = select_top_prob(pool.view(), self.config.k_max).nodes
-            self.prefetch(cycle, self.route_source.routes(cycle, pool), pool.path_prob, chosen)
+            self.prefetch(cycle, budget, self.route_source.routes(cycle, pool), pool.path_prob, chosen)
         return super().select(cycle, pool, final)
