@@ -10,6 +10,7 @@ import re
 import sys
 
 import pytest
+import torch
 import yaml
 from compat_fakes import COEFFICIENTS, DEVICE, MODEL, NEW, QUESTIONS, ROOT
 
@@ -51,11 +52,14 @@ def generate(workflow, monkeypatch, capsys, *args, stdin: str | None = None):
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
     argv = ["generate", "--configfile", str(ROOT / "config.qwen3-30b-a3b.yaml"), "here.yaml", "--slots", "4",
             "--max-new-tokens", str(NEW), *args]
+    threads = torch.get_num_threads()
     try:
         cli.main(argv)
         status = 0
     except SystemExit as exit:
         status = exit.code
+    finally:
+        torch.set_num_threads(threads)  # the CLI sets 1 (--threads) for the whole process
     out, err = capsys.readouterr()
     return status, out, err
 
@@ -93,12 +97,14 @@ def test_the_streamed_text_is_the_records_and_the_summary_goes_to_stderr(workflo
      f"defines toy, {MODEL}"),
     (["--model", MODEL, "--device", "h100", "--method", "ar", PROMPT], None, "unknown device 'h100'"),
     (["--model", MODEL, "--device", "a100", PROMPT], None, r"no method given: pass --method \(the config's "
-     r"deployable methods are ar, eagle3, specfit-learned\)"),
+     r"deployable methods are ar, eagle3, specfit-learned, [^)]*\)$"),
     (["--model", MODEL, "--device", "a100", "--method", "specfit", PROMPT], None, "reads its expert routes from an "
      "atlas .* experiment oracle"),
     (["--model", MODEL, "--device", "rtx4090", "--method", "specfit-learned", PROMPT], None,
      f"no calibration of {MODEL} on rtx4090 at .*`snakemake --cores 1 data/calibration/{MODEL}/rtx4090/cache.json`"),
     (["--model", MODEL, "--device", "a100", "--method", "ar"], "", "no prompt: give it as an argument or on stdin"),
+    (["--model", MODEL, "--device", "a100", "--method", "ar", "--threads", "0", PROMPT], None,
+     "--threads must be at least 1, got 0"),
     (["--model", MODEL, "--device", "a100", "--method", "ar", "x" * 600], None, "the prompt is 6.. tokens, and "
      f"{MODEL} takes at most 512 tokens"),
 ])
