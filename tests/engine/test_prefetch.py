@@ -10,6 +10,8 @@ from specfit import device as device_module
 from specfit.device import Timeline
 from specfit.engine import DeviceModel, ExpertCache, LinkModel, OffloadConfig, offload_experts
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
 PARAMS = {"name": "A100", "fixed_ms": 10.0, "token_ms": 0.5, "expert_ms": 1.0, "copy_ms": 2.0, "draft_ms": 1.5}
 NUM_EXPERTS = 8
 
@@ -27,8 +29,8 @@ def test_a_prefetch_evicts_the_least_recent_unprotected_expert_and_lands_most_re
     assert free.prefetch(3, protect=set()) == (0, None)  # a free slot first
 
 
-def tiny_ids(seed=7, n=6):
-    return torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(seed))
+def tiny_ids(seed=7, n=6, device="cpu"):
+    return torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
 def routes_of(engine, model, ids):
@@ -37,16 +39,18 @@ def routes_of(engine, model, ids):
     return logits, rec.routes  # [T, L, k]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("slots", [3, 5])
-def test_prefetch_changes_only_what_the_cache_holds(make_target, slots):
+def test_prefetch_changes_only_what_the_cache_holds(make_target, slots, device):
     """The same forwards with and without a prefetch before the second: logits within the cross-state tolerance of
-    the un-offloaded model's, and the greedy tokens equal; the prefetched experts are the second forward's hits."""
-    plain = make_target()
-    ids, nxt = tiny_ids(7), tiny_ids(8, 3)
+    the un-offloaded model's, and the greedy tokens equal; the prefetched experts are the second forward's hits
+    (on CUDA the copies run on the copy streams and the forward's compute stream waits for them)."""
+    plain = make_target().to(device)
+    ids, nxt = tiny_ids(7, device=device), tiny_ids(8, 3, device=device)
     with torch.no_grad():
         want = plain(nxt).logits
     model = make_target()
-    engine = offload_experts(model, OffloadConfig(slots=slots))
+    engine = offload_experts(model, OffloadConfig(slots=slots), device=device)
     _, routes = routes_of(engine, model, nxt)  # the next forward's own routes, as a perfect predictor would give
     engine.clear_cache()
     routes_of(engine, model, ids)  # something else resident
