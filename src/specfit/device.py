@@ -180,6 +180,7 @@ class Timeline:
     target: Overlap = field(default_factory=Overlap)
     prefill: Overlap = field(default_factory=Overlap)
     drafter: Overlap = field(default_factory=Overlap)
+    drafter_prefill: Overlap = field(default_factory=Overlap)  # the drafter's catch-up on a prompt
     started: float = 0.0
     now: float = 0.0
     link_free: float = 0.0  # ms from the forward's start at which the link is free (during a forward)
@@ -222,9 +223,10 @@ class Timeline:
         return max(0.0, (self.link_free_at - time.perf_counter()) * 1e3)
 
     def reset(self) -> None:
-        self.target, self.prefill, self.drafter = Overlap(), Overlap(), Overlap()
+        self.target, self.prefill, self.drafter, self.drafter_prefill = Overlap(), Overlap(), Overlap(), Overlap()
         self.link_free_at = self.copy_stall_s = 0.0
 
     def as_dict(self) -> dict:
         return {"label": self.model.label, "target": self.target.as_dict(), "prefill": self.prefill.as_dict(),
-                "drafter": self.drafter.as_dict(), "copy_stall_s": self.copy_stall_s}
+                "drafter": self.drafter.as_dict(),
+                "drafter_prefill": self.drafter_prefill.as_dict(), "copy_stall_s": self.copy_stall_s}

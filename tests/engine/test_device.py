@@ -121,6 +121,23 @@ def test_drafter_forwards_take_draft_ms(make_target):
     engine.close()
 
 
+def test_the_drafters_catch_up_on_a_prompt_is_counted_apart(make_target):
+    """A drafter forward over more than PREFILL_TOKENS rows (the prompt, after the target's prefill) is counted
+    with the drafter's prefills, not with the drafted levels the overrun goal is about."""
+    from specfit.device import PREFILL_TOKENS
+
+    engine = make_engine(make_target(), slots=3, emulate=dict(PARAMS, draft_ms=1.0))
+    drafter = torch.nn.Embedding(8, 4)  # forward(input_ids [B, T]), as the EAGLE-3 drafter's
+    engine.emulate_drafter(drafter)
+    drafter(torch.zeros(1, PREFILL_TOKENS + 1, dtype=torch.long))
+    drafter(torch.zeros(1, 2, dtype=torch.long))
+    device = engine.stats()["device"]
+    assert device["drafter_prefill"]["forwards"] == 1 and device["drafter"]["forwards"] == 1
+    engine.reset_stats()
+    assert engine.stats()["device"]["drafter_prefill"]["forwards"] == 0
+    engine.close()
+
+
 def test_a_device_and_a_link_together_are_refused():
     from specfit.engine import LinkModel
 

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from specfit.device import DeviceModel, Timeline
+from specfit.device import PREFILL_TOKENS, DeviceModel, Timeline
 from specfit.engine.families import MoEFamily, family_of, moe_experts
 from specfit.engine.link import Link, LinkModel
 
@@ -732,17 +732,21 @@ class OffloadEngine:
             self._recorder = None
 
     def emulate_drafter(self, drafter: nn.Module) -> None:
-        """On an emulated device, make every forward of ``drafter`` take the device's ``draft_ms`` at least."""
+        """On an emulated device, make every forward of ``drafter`` take the device's ``draft_ms`` at least; its
+        forwards over a prompt (more than `PREFILL_TOKENS` rows: the catch-up after the target's prefill, outside
+        the decode time) are counted apart, as the target's prefills are."""
         timeline = self.timeline
         if timeline is None:
             return
-        started = [0.0]
+        started, rows = [0.0], [0]
 
-        def begin(*_) -> None:
+        def begin(_, args) -> None:
             started[0] = time.perf_counter()
+            rows[0] = args[0].shape[-1] if args and isinstance(args[0], torch.Tensor) else 1  # input_ids [B, T]
 
-        def end(*_) -> None:
-            timeline.drafter.finish(started[0], timeline.model.draft_ms)  # reset_stats() replaces timeline.drafter
+        def end(*_) -> None:  # reset_stats() replaces the timeline's Overlaps
+            overlap = timeline.drafter_prefill if rows[0] > PREFILL_TOKENS else timeline.drafter
+            overlap.finish(started[0], timeline.model.draft_ms)
 
         self._hooks += [drafter.register_forward_pre_hook(begin), drafter.register_forward_hook(end)]
 
