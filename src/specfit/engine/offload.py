@@ -171,7 +171,7 @@ class _ThreadCopier:
         self.link = link
         self.pool = ThreadPoolExecutor(max_inflight, thread_name_prefix="specfit-h2d")
 
-    def submit(self, jobs: list[CopyJob]) -> list[Future]:
+    def submit(self, jobs: list[CopyJob], ahead: bool = False) -> list[Future]:
         lanes = min(self.max_inflight, len(jobs))
         return [self.pool.submit(self._run_lane, jobs[i::lanes]) for i in range(lanes)]
 
@@ -193,16 +193,27 @@ class _ThreadCopier:
 
 class _SyncCopier:
     """CPU without a waited link (an emulated device, whose link is modelled, or none): copies run at memory speed in
-    the calling thread. A hand-off to a worker costs more than the copy of a small expert, and hides nothing here."""
+    the calling thread. A hand-off to a worker costs more than the copy of a small expert, and hides nothing here.
 
-    def submit(self, jobs: list[CopyJob]) -> list:
-        for pairs, _ in jobs:
-            for slot_row, host_row in pairs:
-                slot_row.copy_(host_row)
+    Copies issued ``ahead`` of a forward (a prefetch) run when the forward waits for them, inside it: on a GPU they
+    are asynchronous, so the host work between forwards (drafting, selection) must not pay for them on the CPU.
+    """
+
+    def submit(self, jobs: list[CopyJob], ahead: bool = False) -> list:
+        if ahead:
+            return [jobs]
+        self._copy(jobs)
         return []
 
     def wait(self, handles: list) -> None:
-        pass
+        for jobs in handles:
+            self._copy(jobs)
+
+    @staticmethod
+    def _copy(jobs: list[CopyJob]) -> None:
+        for pairs, _ in jobs:
+            for slot_row, host_row in pairs:
+                slot_row.copy_(host_row)
 
     def close(self) -> None:
         pass
@@ -215,7 +226,7 @@ class _StreamCopier:
         self.device = device
         self.streams = [torch.cuda.Stream(device) for _ in range(max_inflight)]
 
-    def submit(self, jobs: list[CopyJob]) -> list[torch.cuda.Event]:
+    def submit(self, jobs: list[CopyJob], ahead: bool = False) -> list[torch.cuda.Event]:
         compute = torch.cuda.current_stream(self.device)
         # Slots being overwritten were last read by compute enqueued before this point.
         slots_free = compute.record_event()
@@ -687,7 +698,7 @@ class OffloadEngine:
             loads.setdefault(index, []).append((e, placed[0]))
         for index, pairs in loads.items():
             layer = self.layers[index]
-            layer.prefetch_handles += self.copier.submit(layer.copy_jobs(pairs))
+            layer.prefetch_handles += self.copier.submit(layer.copy_jobs(pairs), ahead=True)
             self._total.transfers[index] += len(pairs)
         issued = sum(map(len, loads.values()))
         self._prefetch.issued += issued
