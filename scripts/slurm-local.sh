@@ -137,7 +137,8 @@ up() {
             --log-file="$dir/log/munged.log" --seed-file="$dir/munge/munged.seed"
         wait_for 10 munged munge --socket="$socket" -n
     fi
-    [[ -s $conf ]] || write_conf
+    # a fresh start takes this script's config (a running slurmctld keeps the one it read)
+    [[ -n $(running slurmctld) && -s $conf ]] || write_conf
     # Inside a job, the Snakemake SLURM plugins drop every SLURM_* variable before their `srun` (SLURM_CONF included;
     # snakemake-executor-plugin-slurm#164): a site's clients find /etc/slurm, ours find it through this `srun`.
     mkdir -p "$dir/bin"
