@@ -120,12 +120,18 @@ def test_bad_requests_are_refused_by_name(decoders):
 
 def test_oracle_methods_are_refused_naming_the_deployable_alternative():
     config = load_config(ROOT / "config.yaml", ROOT / SCHEMA)
-    for method in ("ar", "eagle3", "specfit-learned"):
+    for method in ("ar", "eagle3", "specfit-learned", "specfit-ca-learned", "specfit-prefetch", "eagle3-prefetch"):
         deployable(config, method)
     with pytest.raises(SpecFitError, match=r"'specfit' reads its expert routes from an atlas .* experiment oracle.*"
                                            r"use --method specfit-learned, or --routes learned"):
         deployable(config, "specfit")
     config["methods"]["specfit-ca"]["routes"] = "atlas"
+    with pytest.raises(SpecFitError, match=r"'specfit-ca' reads .* use --method specfit-ca-learned, or --routes "
+                                           r"learned to run 'specfit-ca'"):
+        deployable(config, "specfit-ca")
+    with pytest.raises(SpecFitError, match=r"'specfit-prefetch-atlas' reads .* use --method specfit-prefetch, or"):
+        deployable(config, "specfit-prefetch-atlas")
+    del config["methods"]["specfit-ca-learned"]
     with pytest.raises(SpecFitError, match=r"'specfit-ca' reads .* use --routes learned to run 'specfit-ca'"):
         deployable(config, "specfit-ca")
 
@@ -151,7 +157,7 @@ def test_missing_workflow_outputs_name_their_snakemake_target(tmp_path):
     with pytest.raises(SpecFitError, match="unknown model 'llama'"):
         Decoder.from_config("llama", "cpu-a100", "ar", configfile=tmp_path / "config.yaml")
     with pytest.raises(SpecFitError, match="unknown method 'medusa': the config's deployable methods are ar, eagle3, "
-                                           "specfit-learned$"):
+                                           "specfit-learned, specfit-ca-learned, specfit-prefetch, eagle3-prefetch$"):
         Decoder.from_config("toy", "cpu-a100", "medusa", configfile=tmp_path / "config.yaml")
     with pytest.raises(SpecFitError, match="no config at"):
         Decoder.from_config("toy", "cpu-a100", "ar", configfile=tmp_path / "nowhere.yaml")
