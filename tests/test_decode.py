@@ -44,6 +44,7 @@ def test_methods_through_the_stage_are_lossless(files, tmp_path):
                                        "missing": 0, "divergences": []}
         assert metrics["n_output_tokens"] == 24 and metrics["tps_dec"] > 0 and metrics["h2d_per_token"] > 0
         assert metrics["link_emulated"] is False and metrics["resumed"] == []
+        assert metrics["prefetch"] == {"issued": 0, "used": 0, "evicted_unused": 0, "idle": 0, "hidden_ms": 0.0}
     assert pq.read_table(build["atlas"]).num_rows == json.loads(build["metrics"].read_text())["cycles"] - 2
 
 
