@@ -2,11 +2,13 @@
 the drafter drafts; outputs stay AR's, EAGLE-3's trees stay EAGLE-3's, the cost sees what the prefetch bought."""
 
 import copy
+import functools
 import json
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from decode_helpers import decode_prompts
 
 from specfit.coefficients import DraftCost
 from specfit.engine import make_engine
@@ -16,7 +18,6 @@ from specfit.selection.pool import CandidatePool
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
 from specfit.speculative.methods import Eagle3Prefetch, SpecFitPrefetch, build_method, prefetch_order
-from specfit.speculative.request import decode_request
 from specfit.speculative.routes import AtlasRoutes, LiveRoutes
 
 B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
@@ -34,15 +35,7 @@ def offloaded(target):
     return model, make_engine(model, slots=3)
 
 
-def run(model, drafter, method, prompts, limits, engine, reference=None):
-    out = []
-    for i, prompt in enumerate(prompts):
-        if reference is not None:
-            drafter.sequence = prompt + reference[i]
-        engine.clear_cache() if engine is not None else None
-        out.append(decode_request(model, drafter, method, prompt, request_id=i, question_id=i, limits=limits,
-                                  engine=engine))
-    return out
+run = functools.partial(decode_prompts, clear_cache=True)  # every request from an empty cache
 
 
 @pytest.fixture(scope="module")

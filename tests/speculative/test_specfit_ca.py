@@ -5,6 +5,7 @@ import copy
 import numpy as np
 import pyarrow as pa
 import pytest
+from decode_helpers import decode_prompts
 
 from specfit.coefficients import DraftCost
 from specfit.engine import make_engine
@@ -13,7 +14,6 @@ from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, resident_ids, resident_m
 from specfit.selection.pool import CandidatePool
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import SpecFit, SpecFitCA, build_method
-from specfit.speculative.request import decode_request
 from specfit.speculative.routes import AtlasRoutes, LiveRoutes
 
 B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
@@ -41,14 +41,7 @@ def offloaded(target):
     return model, make_engine(model, slots=3)
 
 
-def run(model, drafter, method, prompts, limits, engine, reference=None):
-    out = []
-    for i, prompt in enumerate(prompts):
-        if reference is not None:
-            drafter.sequence = prompt + reference[i]
-        out.append(decode_request(model, drafter, method, prompt, request_id=i, question_id=i, limits=limits,
-                                  engine=engine))
-    return out
+run = decode_prompts
 
 
 @pytest.fixture(scope="module")
