@@ -686,15 +686,19 @@ class OffloadEngine:
         if self.config.slots == 0:
             return 0
         loads: dict[int, list[tuple[int, int]]] = {}  # layer -> (expert, slot), in the order given
+        keep: dict[int, set[int]] = {}  # layer -> what it must not evict: protected, or prefetched since its forward
         for index, e in wanted:
             layer = self.layers[index]
             if e in layer.cache.slot_of:
                 continue
-            placed = layer.cache.prefetch(e, set(protect[index]) | layer.prefetched.keys())
+            if index not in keep:
+                keep[index] = set(protect[index]) | layer.prefetched.keys()
+            placed = layer.cache.prefetch(e, keep[index])
             if placed is None:
                 continue
             layer.slot_table = None
             layer.prefetched[e] = self.timeline.copy_ahead() if self.timeline is not None else (0.0, 0.0)
+            keep[index].add(e)
             loads.setdefault(index, []).append((e, placed[0]))
         for index, pairs in loads.items():
             layer = self.layers[index]

@@ -183,9 +183,8 @@ class Pool:
         if self.in_flight is None:
             return 0.0
         flight, weights = self.in_flight_words
-        bits = self._union_words(nodes) & flight  # [W]
-        return float(sum(weights[w * WORD_BITS + b] for w in np.flatnonzero(bits)
-                         for b in range(WORD_BITS) if int(bits[w]) >> b & 1))
+        bits = np.unpackbits((self._union_words(nodes) & flight).astype("<u8").view(np.uint8), bitorder="little")
+        return float(weights[bits.astype(bool)].sum())
 
     def expert_misses(self, nodes) -> int:
         """M(S): sum over layers of |U_l(S) \\ R_l|, the experts of F(S) not resident (copies of the verify forward)."""
