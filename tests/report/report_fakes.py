@@ -28,6 +28,14 @@ def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE
                           "accuracy": 0.6},
         "specfit-ca": {"rule": "specfit-ca", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
         "specfit-learned": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "learned"},
+        "specfit-ca-learned": {"rule": "specfit-ca", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
+                               "routes": "learned"},
+        "specfit-prefetch": {"rule": "specfit-prefetch", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
+                             "routes": "learned"},
+        "specfit-prefetch-atlas": {"rule": "specfit-prefetch", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
+                                   "routes": "atlas"},
+        "eagle3-prefetch": {"rule": "eagle3-prefetch", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
+                            "routes": "learned"},
     }
     return {
         "workloads": {workload: {"question_ids": {"start": 401, "stop": 402, "step": 1}, "limit_tokens": 512,

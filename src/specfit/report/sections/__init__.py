@@ -11,6 +11,7 @@ from specfit.report.sections import (
                                      lossless,
                                      noisy_routes,
                                      paper_headline,
+                                     prefetch,
                                      proportions,
                                      selection_cost,
                                      specfit_ca,
@@ -19,7 +20,7 @@ from specfit.report.sections import (
                                      throughput,
 )
 
-PER_DEVICE = (claims.section, proportions.section, throughput.section, specfit_ca.section, learned_routes.section,
-              counters.section, sweep.section, theory.section, calibration.section, selection_cost.section,
-              noisy_routes.section, lossless.section)
+PER_DEVICE = (claims.section, proportions.section, throughput.section, specfit_ca.section, prefetch.section,
+              learned_routes.section, counters.section, sweep.section, theory.section, calibration.section,
+              selection_cost.section, noisy_routes.section, lossless.section)
 ACROSS_DEVICES = (devices.section, paper_headline.section)

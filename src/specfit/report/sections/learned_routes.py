@@ -4,13 +4,13 @@ goals (route accuracy ≥ 60%; decode TPS ≥ 98% of exact routes, a tie counts;
 routes are, a tie does not; the predictor ≤ 5% of a cycle); then the predictor at this model's size and at the
 paper's model's, beside the paper's estimate (section 4.6)."""
 
-from specfit.report.inputs import Inputs, learned_methods, methods_with, predictor_metrics
+from specfit.report.inputs import Inputs, methods_with, predictor_metrics
 from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, notes, table, tagged
 from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged, overall
 from specfit.speculative.routes import predictor_cost
-from specfit.workflow import DecodeRun, method_config, method_rule
+from specfit.workflow import DecodeRun, method_config
 
 TITLE = "Beyond the paper: learned routes"
 ACCURACY_GOAL = 0.60  # held-out route accuracy of the predictor
@@ -87,10 +87,10 @@ def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bo
 def section(s: Scope) -> Section | None:
     """None when no method has ``routes: learned`` or none runs on this device."""
     i, cells = s.i, []
-    for method in learned_methods(s.spec):
-        rule = (method_rule(s.spec, method),)
-        atlas = next(iter(methods_with(s.spec, rule, "atlas")), None)
-        noisy = {("noisy", m): m for m in methods_with(s.spec, rule, "noisy")}
+    rule = ("specfit",)  # the paper's SpecFit (the cache-aware and prefetching ones: sections.specfit_ca, .prefetch)
+    atlas = next(iter(methods_with(s.spec, rule, "atlas")), None)
+    noisy = {("noisy", m): m for m in methods_with(s.spec, rule, "noisy")}
+    for method in methods_with(s.spec, rule, "learned"):
         cells += s.cells(method, {"atlas": atlas, "learned": method, **noisy, "eagle3": s.roles.eagle3})
     if not cells:
         return None

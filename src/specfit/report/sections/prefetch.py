@@ -1,0 +1,140 @@
+"""Beyond the paper: prefetch while drafting (rules ``specfit-prefetch`` and ``eagle3-prefetch``, issue 21). Per cell
+(workload × slots) where a prefetching method ran: each method's decode TPS, the ratios that split a gain into
+prefetch and selection, the issue's goal, and per run where a cycle's time went and what its prefetches did
+(`specfit.engine.offload.OffloadEngine.prefetch`: issued, used by the next forward, evicted unused, copy time
+hidden before the forward)."""
+
+from specfit.report.inputs import methods_with
+from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, note, table, tagged
+from specfit.report.quantities import column, metric, tps_cell, x_cell
+from specfit.report.scope import Cell, Scope
+from specfit.report.verdict import Outcome, Verdict, judged, overall
+
+TITLE = "Beyond the paper: prefetch while drafting"
+# a cell's roles: the prefetching SpecFit (learned routes: deployable), its self without prefetch, its upper bound
+# with exact routes, the cache-aware SpecFit on exact routes, EAGLE-3 with and without prefetch, AR
+ROLES = ("prefetch", "self", "oracle", "specfit-ca", "eagle3-prefetch", "eagle3", "ar")
+RIVALS = ("ar", "eagle3", "eagle3-prefetch")  # the best of these is the bar a prefetching SpecFit must beat
+# ratio key -> (numerator role, denominator role, what it isolates)
+RATIOS = {
+    "prefetch": ("prefetch", "self", "prefetch alone"),
+    "selection": ("self", "eagle3", "selection alone"),
+    "eagle3": ("prefetch", "eagle3", "both"),
+    "specfit-ca": ("prefetch", "specfit-ca", "against exact-route specfit-ca"),
+    "oracle": ("oracle", "prefetch", "exact routes over learned"),
+    "eagle3-prefetch": ("eagle3-prefetch", "eagle3", "prefetch of EAGLE-3's tree"),
+}
+
+
+def first(spec: dict, rule: str, routes: str | None = None) -> str | None:
+    return next(iter(methods_with(spec, (rule,), routes)), None)
+
+
+def roles(s: Scope) -> dict[str, str | None]:
+    """Role -> the config's method in it (None: none configured)."""
+    spec = s.spec
+    return {"prefetch": first(spec, "specfit-prefetch", "learned"), "self": first(spec, "specfit-ca", "learned"),
+            "oracle": first(spec, "specfit-prefetch", "atlas"), "specfit-ca": s.roles.specfit_ca,
+            "eagle3-prefetch": first(spec, "eagle3-prefetch"), "eagle3": s.roles.eagle3, "ar": s.roles.ar}
+
+
+def judge(s: Scope, c: Cell) -> None:
+    """The ratios of `RATIOS`, and the goal: with the cache, the prefetching SpecFit faster (by more than the
+    interval) than the best of AR, EAGLE-3 and EAGLE-3 with prefetch, than specfit-ca and than its own self without
+    prefetch; without the cache not required (a prefetch has no slot to land in)."""
+    i = s.i
+    c.ratios = {k: i.speedup(c.runs[a], c.runs[b]) for k, (a, b, _) in RATIOS.items()}
+    rivals = [c.runs[r] for r in RIVALS if c.runs[r] in i.metrics]
+    if rivals:
+        best = max(rivals, key=lambda r: i.metrics[r]["tps_dec"] or 0.0)
+        c.best = next(r for r in RIVALS if c.runs[r] == best)
+        c.ratios["best"] = i.speedup(c.runs["prefetch"], best)
+    else:
+        c.ratios["best"] = None
+    if not c.cached:
+        c.goals["goal"] = Outcome(Verdict.NOT_REQUIRED, "no cache to prefetch into")
+        return
+    pre = c.runs["prefetch"]
+    c.goals["best"] = judged(c.ratios["best"], (Verdict.FASTER,), [pre, *(rivals or [None])], i.metrics,
+                             "AR, EAGLE-3 or EAGLE-3 with prefetch")
+    for k, what in (("specfit-ca", "specfit-ca"), ("prefetch", "non-prefetching self")):
+        c.goals[k] = judged(c.ratios[k], (Verdict.FASTER,), [pre, c.runs[RATIOS[k][1]]], i.metrics, what)
+    c.goals["goal"] = overall([c.goals[k] for k in ("best", "specfit-ca", "prefetch")])
+
+
+def per_cycle(m: dict, value) -> float | None:
+    cycles = m.get("cycles")
+    return None if value is None or not cycles else value / cycles
+
+
+def stall_ms(m: dict) -> float | None:
+    """The copy time on the verify forwards' critical path, ms per cycle (an emulated device only)."""
+    device = m.get("device")
+    return None if not device else per_cycle(m, 1e3 * device["copy_stall_s"])
+
+
+def prefetched(m: dict, key: str) -> float | None:
+    """A prefetch counter per cycle (``hidden_ms``: copy time hidden before the forward), None if not counted."""
+    counters = m.get("prefetch")
+    return None if counters is None else per_cycle(m, counters[key])
+
+
+def precision(m: dict) -> float | None:
+    """Prefetched experts the next forward used, over those issued."""
+    counters = m.get("prefetch")
+    return None if not counters or not counters["issued"] else counters["used"] / counters["issued"]
+
+
+def section(s: Scope) -> Section | None:
+    """None when no prefetching method ran on this device."""
+    names = roles(s)
+    cells = [c for rule in ("specfit-prefetch", "eagle3-prefetch") for m in methods_with(s.spec, (rule,))
+             for c in s.cells(m, names)]
+    cells = list({(c.workload, c.slots): c for c in cells}.values())
+    if not cells:
+        return None
+    i, sec = s.i, Section(TITLE)
+    keys = [r for c in cells for r in c.runs.values() if r is not None]
+    sec.missing += i.missing(keys) + i.missing_requests(keys)
+    emulated = s.emulated(keys)
+    for c in cells:
+        judge(s, c)
+    label = {role: names[role] or role for role in ROLES}
+    sec.tables.append(table(s.id("prefetch"), tagged(f"Prefetching methods against the issue's goal per cell, "
+                                                     f"{s.model} / {s.device}", emulated), [
+        ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
+        *((tagged(f"{label[role]} Decode TPS", emulated), lambda c, role=role: tps_cell(i.tps(c.runs[role])))
+          for role in ROLES),
+        *((tagged(f"{label[a]} / {label[b]} (×): {what}", emulated), lambda c, k=k: x_cell(c.ratios[k]))
+          for k, (a, b, what) in RATIOS.items()),
+        ("Best of " + ", ".join(label[r] for r in RIVALS), lambda c: MISSING if c.best is None else names[c.best]),
+        (tagged(f"{label['prefetch']} / best (×)", emulated), lambda c: x_cell(c.ratios["best"])),
+        ("Goal met", lambda c: c.goals["goal"].answer())], cells, key=lambda c: (c.workload, c.slots)))
+    rows = [(c, role, c.runs[role]) for c in cells for role in ROLES if c.runs[role] in i.metrics and role != "ar"]
+
+    def m(x):
+        return i.metrics[x[2]]
+
+    def value(header, get, spec=".2f"):
+        return header, lambda x: fmt(get(m(x)), spec)
+
+    sec.tables.append(table(s.id("prefetch-time"), tagged(f"Where a cycle's time went and what the prefetches did, "
+                                                          f"{s.model} / {s.device}", emulated), [
+        ("Workload", lambda x: x[0].workload), ("Cache", lambda x: cache_cell(x[0].slots)),
+        ("Method", lambda x: x[2].method), *(metric(i.metrics, k, emulated, run=lambda x: x[2], spec=".2f")
+                                            for k in ("ms_per_cycle", "draft_ms_per_cycle", "select_ms_per_cycle",
+                                                      "verify_ms_per_cycle")),
+        value(tagged("Copy stall ms/cycle", emulated), stall_ms),
+        value("Drafted levels per cycle", lambda x: x.get("drafted_levels_per_cycle")),
+        value("Committed per cycle", lambda x: x.get("committed_per_cycle")),
+        (column("h2d_per_token", False), lambda x: fmt(m(x).get("h2d_per_token"), ".1f")),
+        value("Prefetched per cycle", lambda x: prefetched(x, "issued")),
+        value("Precision (used / prefetched)", precision, ".3f"),
+        value("Evicted unused per cycle", lambda x: prefetched(x, "evicted_unused")),
+        value(tagged("Copy ms hidden per cycle", emulated), lambda x: prefetched(x, "hidden_ms"))],
+        rows, key=lambda x: x[2]))
+    sec.notes += [note("prefetch", pre=label["prefetch"], own=label["self"], oracle=label["oracle"],
+                       ca=label["specfit-ca"], e3p=label["eagle3-prefetch"], e3=label["eagle3"]),
+                  note("prefetch_goal", cells=[c for c in cells if c.cached], pre=label["prefetch"]),
+                  note("prefetch_time"), interval_note(i.seed), note("prefetch_theory")]
+    return sec
