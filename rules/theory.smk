@@ -19,7 +19,8 @@ rule theory:
         "--out theory={output.theory:q} > {log:q} 2>&1"
 
 
-# Beyond the paper: Table 5 on the pools specfit-ca recorded, under its cache-aware cost (specfit.specs.theory's "cost").
+# Beyond the paper: Table 5 on the pools specfit-ca or specfit-prefetch recorded, under their cache-aware cost
+# (specfit.specs.theory's "cost").
 use rule theory as theory_cache_aware with:
     output:
         theory=paths.theory("{model}", "{device}", "{workload}", "{method}"),

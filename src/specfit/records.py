@@ -67,6 +67,10 @@ CYCLE_SCHEMA = pa.schema([
     # the resident expert ids; null where the method read no cache (every method but specfit-ca, and specfit-ca's
     # cycles that evaluated no pool: root only)
     ("resident", pa.list_(pa.list_(pa.int16()))),
+    # of those, the fraction of each one's copy still to come when the cycle selected (a prefetch in flight,
+    # `specfit.selection.pool.Pool.in_flight`), per layer in the order of ``resident``; null where nothing was in
+    # flight or the method reads no in-flight copies (every method but specfit-prefetch)
+    ("in_flight", pa.list_(pa.list_(pa.float64()))),
 ])
 
 ATLAS_SCHEMA = pa.schema([
@@ -113,6 +117,26 @@ def pool_columns(pool) -> dict:
 def resident_ids(resident: np.ndarray | None) -> list[list[int]] | None:
     """The ``resident`` column of a cycle row from a residency [L, N] bool: per layer, its resident expert ids."""
     return None if resident is None else [np.flatnonzero(layer).tolist() for layer in resident]
+
+
+def in_flight_fractions(resident: np.ndarray | None, in_flight: np.ndarray | None) -> list[list[float]] | None:
+    """The ``in_flight`` column of a cycle row from a residency [L, N] bool and the copy left of each resident expert
+    [L, N] float: per layer, the fractions of the experts ``resident_ids`` lists (None when nothing is in flight)."""
+    if resident is None or in_flight is None or not np.any(in_flight > 0):
+        return None
+    return [in_flight[layer, np.flatnonzero(held)].tolist() for layer, held in enumerate(resident)]
+
+
+def in_flight_matrix(ids: list[list[int]] | None, fractions: list[list[float]] | None,
+                     num_experts: int) -> np.ndarray | None:
+    """A cycle row's ``in_flight`` column (with its ``resident`` ids) as the copy left [L, N] float64 (None stays
+    None)."""
+    if ids is None or fractions is None:
+        return None
+    left = np.zeros((len(ids), num_experts), dtype=np.float64)  # [L, N]
+    for layer, (experts, f) in enumerate(zip(ids, fractions, strict=True)):
+        left[layer, experts] = f
+    return left
 
 
 def resident_mask(ids: list[list[int]] | None, num_experts: int) -> np.ndarray | None:

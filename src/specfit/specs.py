@@ -172,7 +172,7 @@ def theory(config: dict, model: str, device: str, workload: str, method: str | N
         "max_depth": drafting.max_depth,
         # the decode run's limits: each cycle's depth cap near the length limit
         **_limits(config, workload),
-        # "paper" (b + β F) for SpecFit, "cache_aware" for specfit-ca (beyond the paper)
+        # "paper" (b + β F) for SpecFit, "cache_aware" for specfit-ca and specfit-prefetch (beyond the paper)
         "cost": theory_cost(config, run),
     }
 

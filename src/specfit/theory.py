@@ -34,7 +34,7 @@ import numpy as np
 from specfit.coefficients import DraftCost, cache_aware_cost
 from specfit.errors import SpecFitError
 from specfit.io import read_json, write_json
-from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, read_table, resident_mask
+from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, in_flight_matrix, read_table, resident_mask
 from specfit.selection.pool import CandidatePool, Pool
 from specfit.selection.selectors import (
     Selection,
@@ -277,7 +277,8 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas, limits: dic
     drafting records the residency (read off the timers), and its root's routes come from the atlas (whose build
     drafts in every cycle), so the cache-aware cost prices it exactly.
 
-    A drafted cycle's pool carries the residency the cycle recorded (the ``resident`` column; none when null).
+    A drafted cycle's pool carries the residency the cycle recorded (the ``resident`` column; none when null) and
+    the copies then still in flight (the ``in_flight`` column: specfit-prefetch's; none when null).
 
     ``limits`` ({"limit_tokens", "max_new_tokens"}: the decode run's) give each cycle's depth cap (`depth_cap`);
     without them no cycle is taken as capped. A prompt length that changes within a request (``prefix_len`` minus
@@ -307,15 +308,16 @@ def recorded_cycles(cycles: list[dict], requests: list[dict], atlas, limits: dic
         candidates = CandidatePool(c["pool_token"], c["pool_parent"], c["pool_prob"], c["pool_level"])
         cycle = Cycle(key[0], key[1], c["prefix_len"], output[: start + 1])
         resident = resident_mask(c.get("resident"), num_experts)  # [L, N] or None
+        in_flight = in_flight_matrix(c.get("resident"), c.get("in_flight"), num_experts)  # [L, N] or None
         if candidates.n == 0:  # nothing drafted: the root alone
             routes = root_routes if resident is None else atlas.routes(cycle, candidates)  # [1, L, k]
-            pool = candidates.view(routes, num_experts, resident)
+            pool = candidates.view(routes, num_experts, resident, in_flight)
             recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], (), c["drafted_levels"], cap))
             continue
         path = accepted_path_in_pool(c["pool_parent"], c["pool_token"], output[start + 1 :])
         if len(path) < len(c["accepted_path"]):
             path = tuple(c["accepted_path"])
-        pool = candidates.view(atlas.routes(cycle, candidates), num_experts, resident)
+        pool = candidates.view(atlas.routes(cycle, candidates), num_experts, resident, in_flight)
         recorded.append(RecordedCycle(pool, tuple(c["selected"]), c["accepted"], path, c["drafted_levels"], cap))
     return recorded
 

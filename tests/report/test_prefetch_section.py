@@ -72,7 +72,7 @@ def test_cells_ratios_and_the_goal(pre):
     assert rows(t)["gsm8k", 0][-1] == "not required (no cache to prefetch into)"
     text = md.split(f"### {TITLE}")[1].split("\n### ")[0]
     assert "Met in 1 of 1 cells with the cache." in text
-    assert "Table 5 is not recomputed under the prefetching cost" in text
+    assert "Table 5 under the prefetching cost is in the theory section, on the pools of specfit-prefetch-atlas" in text
 
 
 def test_a_tie_with_its_self_misses_the_goal(tree):

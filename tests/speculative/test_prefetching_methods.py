@@ -13,7 +13,7 @@ from decode_helpers import decode_prompts
 from specfit.coefficients import DraftCost
 from specfit.engine import make_engine
 from specfit.io import write_parquet
-from specfit.records import ATLAS_SCHEMA
+from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, in_flight_fractions, in_flight_matrix, resident_ids
 from specfit.selection.pool import CandidatePool
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
@@ -137,3 +137,17 @@ def test_built_from_coefficients(tmp_path):
     assert isinstance(fit, SpecFitPrefetch) and (fit.beta_miss, fit.drafting) == (0.3, DraftCost(0.9, 0.6, 0.1))
     eagle = build_method({"name": "eagle3-prefetch", "routes": "live"}, {"coefficients": tmp_path / "c.json"}, 0, 8)
     assert isinstance(eagle, Eagle3Prefetch) and (eagle.beta_miss, eagle.drafting.next_level_ms) == (0.3, 0.7)
+
+
+def test_the_in_flight_column_round_trips_with_the_residency():
+    resident = np.array([[True, False, True, False], [False, True, False, False]])  # [L=2, N=4]
+    left = np.array([[0.25, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])  # copy left of resident experts
+    ids = resident_ids(resident)
+    fractions = in_flight_fractions(resident, left)
+    assert ids == [[0, 2], [1]] and fractions == [[0.25, 0.0], [1.0]]
+    assert np.array_equal(in_flight_matrix(ids, fractions, 4), left)
+    rows = pa.Table.from_pylist([{"resident": ids, "in_flight": fractions}], schema=pa.schema(
+        [CYCLE_SCHEMA.field("resident"), CYCLE_SCHEMA.field("in_flight")])).to_pylist()
+    assert np.array_equal(in_flight_matrix(rows[0]["resident"], rows[0]["in_flight"], 4), left)
+    assert in_flight_fractions(resident, np.zeros((2, 4))) is None and in_flight_fractions(None, left) is None
+    assert in_flight_matrix(ids, None, 4) is None

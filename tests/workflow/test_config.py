@@ -84,7 +84,11 @@ def test_snakemake_stops_before_any_job(root, config, tmp_path):
 def test_decode_matrix(config, schema):
     validate_config(config, schema)
     runs = decode_runs(config)
-    assert len(runs) == len(set(runs)) == 33
+    assert len(runs) == len(set(runs)) == 41
+    # the prefetching methods (issue 21) beside specfit-prefetch's self without prefetch, on the A100 at the main slots
+    prefetching = ("specfit-ca-learned", "specfit-prefetch", "specfit-prefetch-atlas", "eagle3-prefetch")
+    assert {(r.device, r.workload, r.method, r.slots) for r in runs if r.method in prefetching} == {
+        ("cpu-a100", w, m, 12) for w in ("summarization", "gsm8k") for m in prefetching}
     assert DecodeRun("toy", "cpu-a100", "summarization", "specfit", 3) in runs
     # AR and EAGLE-3 beside SpecFit in every cell with and without the cache; specfit-ca beside them on the A100
     cells = {(r.device, r.workload, r.slots) for r in runs if r.method == "specfit" and r.slots in (0, 8, 12)}
@@ -105,20 +109,23 @@ def test_decode_matrix(config, schema):
         ("cpu-a100link", "gsm8k", 12)}
 
 
-def test_theory_runs_hold_specfit_and_specfit_ca(config, schema):
-    """Table 5 on SpecFit's pools (the paper's cost, the workload's file) and on specfit-ca's (its cache-aware cost, a
-    file of its own), each with the cache at the main slot count and exact routes."""
+def test_theory_runs_hold_specfit_specfit_ca_and_specfit_prefetch(config, schema):
+    """Table 5 on SpecFit's pools (the paper's cost, the workload's file), on specfit-ca's and on the exact-route
+    specfit-prefetch's (the cache-aware cost, a file of their own), each with the cache at the main slot count and
+    exact routes (specfit-prefetch with learned routes has no Table 5)."""
     validate_config(config, schema)
     cells = {("cpu-a100", "summarization", 12), ("cpu-a100", "gsm8k", 12)}
     runs = theory_runs(config)
     assert sorted((r.device, r.workload, r.slots, r.method) for r in runs) == sorted(
-        [(*cell, method) for cell in cells for method in ("specfit", "specfit-ca")]
+        [(*cell, method) for cell in cells for method in ("specfit", "specfit-ca", "specfit-prefetch-atlas")]
         + [("cpu-4090", "gsm8k", 8, "specfit"), ("cpu-a100link", "gsm8k", 12, "specfit")])
     files = {(r.method, theory_cost(config, r), theory_file(config, r)) for r in runs if r.device == "cpu-a100"
              and r.workload == "gsm8k"}
     assert files == {("specfit", "paper", "data/theory/toy/cpu-a100/gsm8k.json"),
-                     ("specfit-ca", "cache_aware", "data/theory/toy/cpu-a100/gsm8k.specfit-ca.json")}
-    # one run per cost and cell: a second SpecFit entry with exact routes does not add a file
+                     ("specfit-ca", "cache_aware", "data/theory/toy/cpu-a100/gsm8k.specfit-ca.json"),
+                     ("specfit-prefetch-atlas", "cache_aware",
+                      "data/theory/toy/cpu-a100/gsm8k.specfit-prefetch-atlas.json")}
+    # one run per rule and cell: a second SpecFit entry with exact routes does not add a file
     config["methods"]["specfit-k5"] = dict(config["methods"]["specfit"], k_max=5)
     config["runs"][0]["methods"].append("specfit-k5")
     assert theory_runs(config) == runs
@@ -169,7 +176,8 @@ def test_k_max_beyond_the_fitted_intercepts_is_named(config, schema):
     with pytest.raises(SpecFitError, match=r"'methods\.specfit\.k_max' is 7.*b_0\.\.b_5.*calibration\.sizes"):
         validate_config(config, schema)
     config["calibration"] = {"sizes": 8}
-    for method in ("specfit", "specfit-noisy", "specfit-ca", "specfit-learned"):
+    for method in ("specfit", "specfit-noisy", "specfit-ca", "specfit-learned", "specfit-ca-learned",
+                   "specfit-prefetch", "specfit-prefetch-atlas", "eagle3-prefetch"):
         config["methods"][method]["k_max"] = 6
     config["calibration"]["sizes"] = 7
     validate_config(config, schema)

@@ -69,6 +69,11 @@ class Method:
         cost; None for a method that reads no cache, or a cycle in which it read none. Reading it queries nothing."""
         return None
 
+    def in_flight(self, cycle: Cycle) -> np.ndarray | None:
+        """[L, N] float: of `residency`, the fraction of each expert's copy still to come as ``cycle`` selected (a
+        prefetch in flight); None where the method reads none."""
+        return None
+
 
 METHODS: dict[str, type[Method]] = {}
 
@@ -382,6 +387,9 @@ class SpecFitPrefetch(Prefetching, SpecFitCA):
         self._in_flight = None
         if self._resident[1] is not None and engine.copy_ms:  # [L, N] fraction of each copy left
             self._in_flight = np.minimum(engine.in_flight_ms() / engine.copy_ms, 1.0) * self._resident[1]
+
+    def in_flight(self, cycle):
+        return self._in_flight if self._resident[0] is cycle else None
 
     def choose(self, view, depth):
         self._chosen = (view, chosen := super().choose(view, depth))

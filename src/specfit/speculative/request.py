@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from specfit.models.eagle3 import Eagle3Drafter
-from specfit.records import pool_columns, resident_ids
+from specfit.records import in_flight_fractions, pool_columns, resident_ids
 from specfit.selection.pool import CandidatePool
 from specfit.speculative.cycle import Cycle, Stopwatch
 from specfit.speculative.draft import DraftState, draft_level, new_draft_state, sync
@@ -144,7 +144,8 @@ class Session:
 
         ``resident`` is the residency the method read in this cycle (`Method.residency`: no engine query of its own),
         null when it read none: methods without a cache-aware cost, and specfit-ca's cycles with no room left to
-        draft (specfit-ca reads it also when it skips drafting, off the timers).
+        draft (specfit-ca reads it also when it skips drafting, off the timers); ``in_flight`` of those, the copy left
+        of each (specfit-prefetch's prefetches still in flight), null when none.
         """
         engine = self.target.engine
         h2d = h2d_transfers(engine)
@@ -159,6 +160,7 @@ class Session:
             "accepted": len(verdict.accepted), "accepted_path": verdict.accepted, "committed": committed,
             **{f"t_{k}_s": v for k, v in times.items()}, "h2d_transfers": h2d_transfers(engine) - h2d,
             "resident": resident_ids(method.residency(cycle)),
+            "in_flight": in_flight_fractions(method.residency(cycle), method.in_flight(cycle)),
         }
 
 

@@ -136,5 +136,5 @@ def section(s: Scope) -> Section | None:
     sec.notes += [note("prefetch", pre=label["prefetch"], own=label["self"], oracle=label["oracle"],
                        ca=label["specfit-ca"], e3p=label["eagle3-prefetch"], e3=label["eagle3"]),
                   note("prefetch_goal", cells=[c for c in cells if c.cached], pre=label["prefetch"]),
-                  note("prefetch_time"), interval_note(i.seed), note("prefetch_theory")]
+                  note("prefetch_time"), interval_note(i.seed), note("prefetch_theory", oracle=label["oracle"])]
     return sec
