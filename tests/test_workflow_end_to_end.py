@@ -91,6 +91,8 @@ def test_report_tables_match_the_metrics(workflow):
                 assert cell == expected, (workload, row[0], slots, key)
                 checked += 1
     assert checked > 0
+    # the prefetching methods' section (issue 21) on the emulated A100, whose runs the smoke config holds
+    assert "\n### Beyond the paper: prefetch while drafting\n" in (out / "report.md").read_text()
 
 
 def test_theory_and_calibration_outputs(workflow):
@@ -100,9 +102,11 @@ def test_theory_and_calibration_outputs(workflow):
         assert table["recorded_selection_differs_pct"] == 0.0  # the selector reproduces every recorded choice
         assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
     # beyond the paper: specfit-ca's pools under its cache-aware cost, with the residency each cycle recorded
-    table = json.loads((workdir / "data/theory/toy/cpu-a100link/gsm8k.specfit-ca.json").read_text())
-    assert table["cost"] == "cache_aware" and table["recorded_selection_differs_pct"] == 0.0
-    assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
+    # and the exact-route specfit-prefetch's under the same cost, with the copies in flight each cycle recorded
+    for path in ("cpu-a100link/gsm8k.specfit-ca", "cpu-a100/gsm8k.specfit-prefetch-atlas"):
+        table = json.loads((workdir / f"data/theory/toy/{path}.json").read_text())
+        assert table["cost"] == "cache_aware" and table["recorded_selection_differs_pct"] == 0.0, path
+        assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
     for mode in ("cache", "nocache"):
         fit = json.loads((workdir / f"data/calibration/toy/cpu-a100link/{mode}.json").read_text())
         assert len(fit["b"]) == 8 and fit["beta"] >= 0 and fit["r2"] is not None
