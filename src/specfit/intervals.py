@@ -12,9 +12,10 @@ same ids for both runs (a paired bootstrap), so that a prompt that is slow for b
 throughputs together instead of widening the interval.
 
 Two runs timed in different processes also differ by what the machine did meanwhile, which resampling requests
-cannot see: the same decode job run twice (two full DAG runs of the toy's 33 decode jobs, 2 cores) gave
-throughputs whose log ratio had a standard deviation of 0.022 (`PROCESS_SPREAD`). A ratio between processes widens
-its interval by that spread, in quadrature on the log scale (``spread``); a ratio timed in one process
+cannot see: the toy's 41 decode jobs run twice on the same calibration (``snakemake --forcerun decode``, 2 cores,
+otherwise quiet) gave throughputs whose log ratio had a standard deviation of 0.036 (`PROCESS_SPREAD`; an earlier
+pair of full DAG runs gave 0.022; ``python -m specfit.bench spread`` measures a machine's). A ratio between processes
+widens its interval by that spread, in quadrature on the log scale (``spread``); a ratio timed in one process
 (`specfit.bench.paired`) does not.
 
 Everything is deterministic for a given ``seed`` (one `numpy.random.Generator`).
@@ -29,7 +30,7 @@ import numpy as np
 
 N_BOOT = 2000
 LEVEL = 0.95
-PROCESS_SPREAD = 0.022  # sd of log(TPS run 2 / TPS run 1) of one decode job in two processes (see the docstring)
+PROCESS_SPREAD = 0.036  # sd of log(TPS run 2 / TPS run 1) of one decode job in two processes (see the docstring)
 CHUNK = 4_000_000  # resampled indices drawn at a time (bounds memory on streams of many requests)
 
 

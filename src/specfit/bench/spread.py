@@ -1,0 +1,53 @@
+"""``python -m specfit.bench spread A B``: how far the same decode jobs, run twice in their own processes, moved.
+
+``A`` and ``B`` are two copies of the workflow's ``data/decode`` folder from two runs of the same decode jobs (e.g.
+``snakemake --cores 1 reports/all --forcerun decode`` after copying ``data/decode`` aside). For every job both
+hold, the log ratio of its decode TPS (metrics.json's ``tps_dec``) in B over A; it prints each job's, their mean,
+standard deviation and largest. The standard deviation is what `specfit.intervals.PROCESS_SPREAD` stands for: the
+spread a ratio of two runs timed in different processes carries on top of the bootstrap over requests.
+
+    python -m specfit.bench spread /tmp/run1/data/decode data/decode
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from specfit.intervals import PROCESS_SPREAD
+
+
+def log_ratios(a: Path, b: Path) -> dict[str, float]:
+    """Job (its folder under ``a``) -> log(TPS in b / TPS in a), for the jobs whose metrics.json both hold and differ
+    (a byte-identical one was not run again: a job the second run did not schedule)."""
+    out = {}
+    for path in sorted(a.rglob("metrics.json")):
+        other = b / path.relative_to(a)
+        if other.is_file() and other.read_bytes() != path.read_bytes():
+            ta, tb = (json.loads(p.read_text())["tps_dec"] for p in (path, other))
+            if ta and tb:
+                out[str(path.parent.relative_to(a))] = float(np.log(tb / ta))
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("a", type=Path, help="data/decode of the first run")
+    parser.add_argument("b", type=Path, help="data/decode of the second run")
+    parser.add_argument("--show", type=int, default=10, help="the jobs that moved most, how many to list")
+    args = parser.parse_args(argv)
+    ratios = log_ratios(args.a, args.b)
+    if len(ratios) < 2:
+        parser.error(f"{args.a} and {args.b} hold {len(ratios)} decode jobs run in both: two runs of the same jobs "
+                     "needed")
+    x = np.array(list(ratios.values()))
+    print(f"{len(x)} decode jobs run in both: log(TPS {args.b} / TPS {args.a}) mean {x.mean():+.4f}, standard "
+          f"deviation {x.std(ddof=1):.4f} (PROCESS_SPREAD: {PROCESS_SPREAD}), largest |log ratio| "
+          f"{np.abs(x).max():.4f}")
+    for job, r in sorted(ratios.items(), key=lambda kv: -abs(kv[1]))[: args.show]:
+        print(f"  {job:60s} {r:+.4f}")
+
+
+if __name__ == "__main__":
+    main()
