@@ -48,16 +48,17 @@ def run_ca(files, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run_prefetch(files, tmp_path_factory):
-    """specfit-prefetch on an emulated device whose copies (5 ms each) outlast a drafted level (0.2 ms modelled, a
-    few of CPU), with a drafting fit that budgets two copies per level (10.05 ms) and a verify cost so large (b ~ 1 s)
-    that the tiny random drafter's levels still pay: prefetched experts are in flight when the next level selects."""
+    """specfit-prefetch on an emulated device whose copies (50 ms each) outlast a drafted level by far (0.2 ms
+    modelled, a few of CPU; tens on a machine loaded with other work), with a drafting fit that budgets two copies
+    per level (100.05 ms) and a verify cost so large (b ~ 10 s) that the tiny random drafter's levels still pay:
+    prefetched experts are in flight when the next level selects."""
     out = tmp_path_factory.mktemp("theory_prefetch")
     coefficients = out / "coefficients.json"
-    fit = {"b": [1000.0 + 0.1 * k for k in range(8)], "beta_miss": 0.8, "beta_hit": 0.01}
-    drafting = {"start_ms": 0.3, "level_ms": 10.0, "select_ms": 0.05}
+    fit = {"b": [10000.0 + 0.1 * k for k in range(8)], "beta_miss": 0.8, "beta_hit": 0.01}
+    drafting = {"start_ms": 0.3, "level_ms": 100.0, "select_ms": 0.05}
     coefficients.write_text(json.dumps({**json.loads(files["coefficients"].read_text()), "drafting": drafting,
                                         "cache_aware": {**fit, "without_drafting": fit}}))
-    emulate = {"name": "test GPU", "fixed_ms": 0.2, "token_ms": 0.01, "expert_ms": 0.01, "copy_ms": 5.0,
+    emulate = {"name": "test GPU", "fixed_ms": 0.2, "token_ms": 0.01, "expert_ms": 0.01, "copy_ms": 50.0,
                "draft_ms": 0.2}
     return theory_of(dict(files, coefficients=coefficients), out, "specfit-prefetch", "cache_aware", emulate)
 

@@ -190,6 +190,18 @@ class Pool:
         """M(S): sum over layers of |U_l(S) \\ R_l|, the experts of F(S) not resident (copies of the verify forward)."""
         return _bit_count(self._union_words(nodes) & ~self.resident_words)
 
+    def cache_aware_time(self, nodes, b_k: float, beta_miss: float, beta_hit: float, union: int | None = None,
+                         misses: int | None = None) -> float:
+        """T̂_CA(S) = b_|S| + β_miss M(S) + β_hit H(S) + (β_miss − β_hit) P(S), in float64 term by term as the
+        search kernels compute it; ``b_k`` is the intercept for |S| (with any drafting cost in it), ``union`` and
+        ``misses`` F(S) and M(S) when the caller has them."""
+        union = self.expert_union(nodes) if union is None else union
+        misses = self.expert_misses(nodes) if misses is None else misses
+        time = float(b_k) + float(beta_miss) * misses + float(beta_hit) * (union - misses)
+        if self.in_flight is not None:
+            time += (float(beta_miss) - float(beta_hit)) * self.in_flight_left(nodes)
+        return time
+
 
 def _bit_count(words: np.ndarray) -> int:
     return int.from_bytes(words.tobytes(), "little").bit_count()

@@ -35,9 +35,7 @@ def _selected(pool: Pool, k_max: int, objective: int, b, beta, lam, backend: str
     b = _intercepts(b, min(k_max, pool.n))
     nodes, reward, union, misses, visited = search(pool, k_max, objective, b, beta, lam, backend, beta_hit)
     if objective in CACHE_AWARE:  # the kernel's float64 T̂_CA, term by term
-        time = float(b[len(nodes)]) + float(beta) * misses + float(beta_hit) * (union - misses)
-        if pool.in_flight is not None:
-            time += (float(beta) - float(beta_hit)) * pool.in_flight_left(nodes)
+        time = pool.cache_aware_time(nodes, b[len(nodes)], beta, beta_hit, union, misses)
         return Selection(nodes, reward, union, time, visited, misses)
     time = float(b[len(nodes)]) + float(beta) * union if timed else None  # the kernel's float64 T̂
     return Selection(nodes, reward, union, time, visited)

@@ -303,10 +303,7 @@ class SpecFitCA(SpecFit):
         return gain > chosen.reward / chosen.time * (self.drafting.next_level_ms - self.delta_b)
 
     def decided(self, view, chosen, depth):
-        misses = view.expert_misses(())
-        root_only = float(self.b[0]) + self.beta_miss * misses + self.beta_hit * (view.expert_union(()) - misses)
-        if view.in_flight is not None:  # a prefetch's copies still in flight (specfit-prefetch)
-            root_only += (self.beta_miss - self.beta_hit) * view.in_flight_left(())
+        root_only = view.cache_aware_time((), self.b[0], self.beta_miss, self.beta_hit)  # T̂_CA of the root alone
         self._last = (root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
         return Decision(chosen.nodes, depth)
 
