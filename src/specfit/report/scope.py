@@ -146,6 +146,14 @@ class Scope:
         present = [r for r in runs if r in self.i.metrics]
         return present, self.emulated(present)
 
+    def section_on(self, title: str, cells: list[Cell]) -> tuple[Section, bool]:
+        """A section on ``cells`` (`cells`): the metrics.json and requests.parquet their runs lack go to its missing
+        inputs. Returns it and whether any of those runs was timed over an emulated link or device."""
+        runs = [r for c in cells for r in c.runs.values() if r is not None]
+        sec = Section(title)
+        sec.missing += self.i.missing(runs) + self.i.missing_requests(runs)
+        return sec, self.emulated(runs)
+
     def cells(self, method: str, roles: dict) -> list[Cell]:
         """A `Cell` per workload × slots where ``method`` ran on this device; ``roles``: role -> method name."""
         matrix = set(self.runs)

@@ -93,10 +93,7 @@ def section(s: Scope) -> Section | None:
     cells = list({(c.workload, c.slots): c for c in cells}.values())
     if not cells:
         return None
-    i, sec = s.i, Section(TITLE)
-    keys = [r for c in cells for r in c.runs.values() if r is not None]
-    sec.missing += i.missing(keys) + i.missing_requests(keys)
-    emulated = s.emulated(keys)
+    i, (sec, emulated) = s.i, s.section_on(TITLE, cells)
     for c in cells:
         judge(s, c)
     label = {role: names[role] or role for role in ROLES}

@@ -45,10 +45,7 @@ def section(s: Scope) -> Section | None:
     names = {"ar": s.roles.ar, "eagle3": s.roles.eagle3, "specfit": s.roles.specfit, "specfit-ca": ca}
     if not (cells := s.cells(ca, names)):
         return None
-    i, sec = s.i, Section(TITLE)
-    keys = [r for c in cells for r in c.runs.values() if r is not None]
-    sec.missing += i.missing(keys) + i.missing_requests(keys)
-    emulated = s.emulated(keys)
+    i, (sec, emulated) = s.i, s.section_on(TITLE, cells)
     for c in cells:
         judge(s, c)
     label = {role: names[role] or LABELS[role] for role in ROLES}
