@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 from report_fakes import declared, fake_root, tiny_spec
+from report_md import RATIO_CELL
 
 from specfit.report.page import EMULATED
 from specfit.report.render import config_hash, git_commit
+from specfit.workflow import DecodeRun
 
 
 def test_html_links_are_relative_and_exist(built):
@@ -65,3 +67,25 @@ def test_provenance_marks_a_dirty_tree(tmp_path, monkeypatch):
     assert git_commit(tmp_path) == f"{head} (dirty tree)"
     monkeypatch.chdir(tmp_path)  # the provenance's commit: the working directory's, the workflow root
     assert git_commit() == f"{head} (dirty tree)"
+
+
+def test_tables_json_holds_every_table_by_id_and_row_key(built):
+    """tables.json gives back every table of the page: its id, header, each row's key (a run as its fields) and cells
+    as the Markdown prints them."""
+    _spec, written, out, tables = built
+    data = {t["id"]: t for t in json.loads((out / "tables.json").read_text())["tables"]}
+    assert list(data) == list(tables)
+    for tid, t in tables.items():
+        assert data[tid]["header"] == t.header and data[tid]["caption"] == t.caption
+        assert [r["cells"] for r in data[tid]["rows"]] == t.rows
+        keys = [r["key"] for r in data[tid]["rows"]]
+        assert len(set(keys)) == len(keys), tid
+        if not t.keys:
+            assert keys == [f"#{n}" for n in range(len(t.rows))]
+    run = next(k for k in written if isinstance(k, DecodeRun))
+    counters = data[f"counters/toy/{run.device}/{run.workload}"]
+    key = f"{run.model}/{run.device}/{run.workload}/{run.method}/{run.slots}"
+    assert key in [r["key"] for r in counters["rows"]]
+    md = (out / "report.md").read_text()
+    ratio_cells = [c for t in data.values() for r in t["rows"] for c in r["cells"] if RATIO_CELL.search(c)]
+    assert ratio_cells and sum(len(RATIO_CELL.findall(c)) for c in ratio_cells) == len(RATIO_CELL.findall(md))

@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("device", "engine", "link", "paired", "predictor", "proportions", "select", "spread")
+BENCHMARKS = ("device", "engine", "link", "paired", "predictor", "proportions", "select", "spread", "verdicts")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,10 +1,13 @@
-"""The page on disk: the provenance block, and the HTML page and its Markdown twin rendered from the Jinja2 templates
-(templates/report.html.j2, templates/report.md.j2).
+"""The page on disk: the provenance block, the HTML page and its Markdown twin rendered from the Jinja2 templates
+(templates/report.html.j2, templates/report.md.j2), and every table once more as data (tables.json: each by its id,
+each row by its key, the cells as printed), which `specfit.bench.verdicts` compares between two runs.
 """
 
+import dataclasses
 import datetime
 import hashlib
 import importlib.metadata
+import json
 import subprocess
 from pathlib import Path
 
@@ -57,6 +60,24 @@ def md_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def key_text(key) -> str:
+    """A row's key as text: a run's (or any dataclass's) fields, a tuple's items, joined by "/"."""
+    if dataclasses.is_dataclass(key):
+        return "/".join(key_text(getattr(key, f.name)) for f in dataclasses.fields(key))
+    if isinstance(key, tuple):
+        return "/".join(key_text(k) for k in key)
+    return str(key)
+
+
+def tables_data(parts) -> list[dict]:
+    """Every table of the page (`specfit.report.page.Part`), in order: its id, where it stands, its header, and each
+    row's key with its cells as printed (a table without keys: the row's number, "#0", "#1", ...)."""
+    return [{"id": t.id, "part": part.title, "section": section.title, "caption": t.caption, "header": t.header,
+             "rows": [{"key": key_text(k), "cells": row}
+                      for k, row in zip(t.keys or [f"#{n}" for n in range(len(t.rows))], t.rows, strict=True)]}
+            for part in parts for section in part.sections for t in section.tables]
+
+
 def render(context: dict, folder: Path) -> None:
     env = jinja2.Environment(loader=jinja2.PackageLoader("specfit", "templates"),
                              autoescape=lambda name: bool(name and name.endswith(".html.j2")),
@@ -64,3 +85,4 @@ def render(context: dict, folder: Path) -> None:
     env.filters["md"] = md_cell
     for name, template in TEMPLATES.items():
         (folder / name).write_text(env.get_template(template).render(**context))
+    (folder / "tables.json").write_text(json.dumps({"tables": tables_data(context["parts"])}, indent=1) + "\n")
