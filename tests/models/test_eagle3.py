@@ -192,3 +192,32 @@ def test_headers_name_every_tensor_without_reading_it(moe_target, tmp_path, make
     shapes = tensor_shapes([tmp_path / "model.safetensors"])
     assert shapes == {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
     Eagle3Drafter.check_weights(drafter.config, shapes, tmp_path)  # what the config needs, and nothing else
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("model_type", "layers", "options"), VARIANTS, ids=VARIANT_IDS)
+def test_drafting_path_is_bit_equal_to_the_modules(moe_target, make_drafter, model_type, layers, options, dtype):
+    """Without gradients the first layer runs in functional ops (`first_layer`); with them, through its transformers
+    modules. Both give the same bits: one query (transformers' grouped-query path), a tree of two, a chunk of seven,
+    over a cache and without, with tree masks, in fp32 and bf16, and the caches they append to are equal."""
+    drafter = make_drafter(moe_target, model_type=model_type, layers=layers, **options).to(dtype)
+    ids, hidden, pos = _inputs(drafter, B=1, T=16)
+    hidden = hidden.to(dtype)
+    caches = {}
+    for grad in (True, False):
+        cache, outs = DynamicCache(), []
+        with torch.set_grad_enabled(grad):
+            outs.append(drafter(ids[:, :7], hidden[:, :7], pos[:, :7], cache))  # a chunk, no cache yet
+            outs.append(drafter(ids[:, 7:8], hidden[:, 7:8], pos[:, 7:8], cache))  # one query
+            mask = tree_mask([-1, -1], 8, dtype)  # two siblings over the cache
+            outs.append(drafter(ids[:, 8:10], hidden[:, 8:10], tree_positions([0, 0], 8), cache, attention_mask=mask))
+            outs.append(drafter(ids[:, 10:11], hidden[:, 10:11], pos[:, 10:11], cache, attention_mask=tree_mask(
+                [-1], 10, dtype)))  # one query with a tree mask
+        caches[grad] = [(layer.keys, layer.values) for layer in cache.layers]
+        outs = [(logits.detach(), h.detach()) for logits, h in outs]
+        if grad:
+            reference = outs
+    for (a_logits, a_h), (b_logits, b_h) in zip(reference, outs, strict=True):
+        assert a_logits.dtype == dtype and torch.equal(a_logits, b_logits) and torch.equal(a_h, b_h)
+    for (ka, va), (kb, vb) in zip(caches[True], caches[False], strict=True):
+        assert torch.equal(ka.detach(), kb) and torch.equal(va.detach(), vb)
