@@ -53,6 +53,7 @@ from specfit.io import write_json, write_parquet
 from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import POINTS_SCHEMA, read_prompts
 from specfit.selection.pool import CandidatePool
+from specfit.selection.search import compile_kernels
 from specfit.selection.selectors import select_min_union, select_top_prob
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import Decision, Method, SpecFitCA, build_method
@@ -328,6 +329,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     engine.emulate_drafter(drafter)
     prompts = read_prompts(inputs["prompts"])
     limits = Limits(protocol["limit_tokens"], protocol["limit_tokens"], eos_ids(model))
+    compile_kernels()  # the probes time selections: no compilation inside them
     with torch.inference_mode():
         states = collect_states(model, drafter, engine, prompts, protocol["cycle_boundaries"], limits)
         if not states:

@@ -82,3 +82,12 @@ def test_a_report_without_tables_json_is_refused(tmp_path):
     (tmp_path / "old").mkdir()
     with pytest.raises(SystemExit, match="tables.json"):
         main([str(tmp_path / "old"), str(tmp_path / "old")])
+
+
+def test_kinds_of_difference():
+    from specfit.bench.verdicts import kind
+
+    assert kind(("tie",), ("refuted",)) == kind(("faster", "tie"), ("faster", "slower")) == "tie against a direction"
+    assert kind(("met",), ("not met",)) == kind(("no",), ("yes",)) == "goal answer"
+    assert kind(("confirmed",), ("refuted",)) == kind(("tie", "faster"), ("tie", "slower")) == "reversal"
+    assert kind(("not required",), ("no",)) == kind(("tie",), ("tie", "tie")) == "other"

@@ -30,6 +30,7 @@ from specfit.engine import make_engine
 from specfit.intervals import ratio_interval, tps_interval
 from specfit.models import eos_ids, load_drafter, load_target
 from specfit.records import read_prompts
+from specfit.selection.search import compile_kernels
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits, decode_request
 from specfit.workflow import SCHEMA, DecodeRun, decode_inputs, load_config, method_config
@@ -89,6 +90,7 @@ def main(argv=None) -> None:
                               request_id=request_id, question_id=prompt["question_id"], limits=limits,
                               engine=engine)
 
+    compile_kernels()
     with torch.inference_mode():
         warmup = Limits(limits.limit_tokens, min(8, limits.max_new_tokens), limits.eos_ids)
         for side, method in enumerate(methods):

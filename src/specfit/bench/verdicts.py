@@ -53,18 +53,23 @@ def verdicts(tables: list[dict]) -> dict[tuple[str, str, str], tuple[str, ...]]:
     return out
 
 
+DIRECTIONS = {"faster", "slower", "confirmed", "refuted"}
+GOAL_ANSWERS = ({"yes", "no"}, {"met", "not met"})
+
+
 def kind(a: tuple[str, ...], b: tuple[str, ...]) -> str:
-    """How two verdicts of one cell differ: "reversal" if any pair is opposite, "goal answer" for yes / no, else
-    "tie against a direction" (or "other": a cell judged in one run and not in the other)."""
+    """How two verdicts of one cell differ: "reversal" if any pair is opposite (faster / slower, confirmed /
+    refuted), "tie against a direction" if each differing pair is a tie and a direction, "goal answer" for yes / no
+    or met / not met (a goal judged on such a ratio, or a number against its bound), else "other"."""
     pairs = [{x, y} for x, y in zip(a, b) if x != y]
     if len(a) != len(b) or not pairs:
         return "other"
     if any(p in REVERSALS for p in pairs):
         return "reversal"
-    if all(p <= {"yes", "no"} for p in pairs):
-        return "goal answer"
-    if all("tie" in p for p in pairs):
+    if all("tie" in p and p & DIRECTIONS for p in pairs):
         return "tie against a direction"
+    if all(p in GOAL_ANSWERS for p in pairs):
+        return "goal answer"
     return "other"
 
 

@@ -173,7 +173,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def first_layer(drafter: "Eagle3Drafter", input_ids, hidden, position_ids, cache, mask, position_embeddings=None):
+def first_layer(drafter: Eagle3Drafter, input_ids, hidden, position_ids, cache, mask, position_embeddings=None):
     """EAGLE-3's first decoder layer in functional ops, as its transformers modules compute it (Llama or Qwen3
     attention with grouped KV heads, the SDPA kernel, the gated MLP): [B, T, H] output.
 

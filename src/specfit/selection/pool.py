@@ -123,7 +123,9 @@ class Pool:
     @cached_property
     def words(self) -> np.ndarray:
         """Expert bitmaps B_v of Algorithm 1: [n+1, L * ceil(N / 64)] uint64, layer l in its own words."""
-        return _encode_routes(self.routes.astype(np.int64, copy=False), self.num_experts)
+        # one layout for the kernel (C-contiguous, writable: an atlas's routes come read-only from Arrow), so that it
+        # runs the one specialization `specfit.selection.search.compile_kernels` compiled before any timing
+        return _encode_routes(np.require(self.routes, np.int64, ("C", "W")), self.num_experts)
 
     @cached_property
     def resident_words(self) -> np.ndarray:

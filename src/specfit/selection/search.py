@@ -272,6 +272,22 @@ def _search_int(parent, prob, words, resident, flight, weights, k_max, objective
     return work[6][1 : m + 1], r, f, q, visited
 
 
+def compile_kernels() -> None:
+    """Compile the selector's numba kernels in every specialization the selectors run (or load them from numba's
+    cache, beside the sources): nothing resident, resident experts, and resident experts with copies in flight. A
+    stream calls it before its untimed warm-up request, so that no compilation (seconds, on a fresh checkout) or
+    cache load lands in a timed cycle; the warm-up request alone need not reach every specialization (an atlas
+    that lacks its prompt, a cache that has nothing in flight yet)."""
+    from specfit.selection.pool import Pool
+
+    parent, prob = np.array([-1, 0, 0]), np.array([1.0, 0.6, 0.3])
+    routes = np.array([[[0, 1]], [[1, 2]], [[2, 3]]])  # [3 nodes, 1 layer, top-2] of 4 experts
+    resident = np.array([[True, True, False, False]])
+    for pool in (Pool(parent, prob, routes, 4), Pool(parent, prob, routes, 4, resident),
+                 Pool(parent, prob, routes, 4, resident, np.array([[0.0, 0.5, 0.0, 0.0]]))):
+        search(pool, 2, RATIO_CA, np.array([1.0, 2.0, 3.0]), 0.5, beta_hit=0.1)
+
+
 def search(pool, k_max, objective, b, beta, lam=0.0, backend="numba", beta_hit=0.0):
     """Best legal subtree of `pool` with at most k_max nodes (exactly k_max for MIN_UNION).
 

@@ -43,6 +43,7 @@ from specfit.io import read_json, write_json, write_parquet
 from specfit.metrics import stream_metrics
 from specfit.models import Eagle3Drafter, check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, read_prompts
+from specfit.selection.search import compile_kernels
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.learned import LearnedRoutes
 from specfit.speculative.methods import Method, build_method
@@ -153,7 +154,9 @@ class Loaded:
         )
 
     def warm_up(self, prompt: dict, limits: Limits) -> None:
-        """Decode ``prompt`` untimed, then start over: an empty expert cache and fresh counters."""
+        """Compile the selector's kernels and decode ``prompt`` untimed, then start over: an empty expert cache and
+        fresh counters."""
+        compile_kernels()
         self.decode(prompt, limits)
         self.reset()
 
