@@ -233,3 +233,17 @@ def test_stream_split_and_the_decode_metrics():
     drafted = table.set_column(table.schema.get_field_index("pool_token"), "pool_token",
                                pa.array([[0, 7]] + [[0]] * (len(cycles) - 1), pa.list_(pa.int64())))
     assert stream_metrics(requests, drafted)["cycles_without_draft"] == len(cycles) - 1
+
+
+def test_the_spread_follows_who_timed_the_runs():
+    """An emulated device's run (device model in metrics.json) or a GPU's carries PROCESS_SPREAD; a run the CPU
+    timed itself (a link-only emulation, or plain CPU copies) the wider CPU_SPREAD, and so does any ratio with one."""
+    from specfit.intervals import CPU_SPREAD, cpu_timed, process_spread
+
+    device = {"device": {"label": "emulated A100"}, "timing_label": "emulated A100 (expert execution + link)"}
+    link = {"device": None, "timing_label": "emulated link (0.175 GB/s, 50 us latency, waited)"}
+    gpu = {"timing_label": "cuda H2D (pinned host, copy streams)"}
+    cpu = {"timing_label": "cpu memory copies (no link)"}
+    assert [cpu_timed(m) for m in (device, link, gpu, cpu)] == [False, True, False, True]
+    assert process_spread(device, gpu) == PROCESS_SPREAD < CPU_SPREAD == process_spread(device, link)
+    assert process_spread(cpu, cpu) == CPU_SPREAD

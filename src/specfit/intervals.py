@@ -14,9 +14,12 @@ throughputs together instead of widening the interval.
 Two runs timed in different processes also differ by what the machine did meanwhile, which resampling requests
 cannot see: the toy's 41 decode jobs run twice on the same calibration (``snakemake --forcerun decode``, 2 cores,
 otherwise quiet) gave throughputs whose log ratio had a standard deviation of 0.036 (`PROCESS_SPREAD`; an earlier
-pair of full DAG runs gave 0.022; ``python -m specfit.bench spread`` measures a machine's). A ratio between processes
-widens its interval by that spread, in quadrature on the log scale (``spread``); a ratio timed in one process
-(`specfit.bench.paired`) does not.
+pair of full DAG runs gave 0.022; ``python -m specfit.bench spread`` measures a machine's). That is the spread of
+jobs whose time an emulated device models (76 job pairs of two such pairs of runs: 0.034). Jobs the CPU times
+itself (a link-only emulation, or a CPU without a link) move three times as much: 0.10 over the 6 such job pairs
+(`CPU_SPREAD`). A ratio between processes widens its interval by the spread of its runs (`process_spread`), in
+quadrature on the log scale (``spread``); a ratio timed in one process (`specfit.bench.paired`) does not. On a GPU
+the spread is not measured here; `PROCESS_SPREAD` stands for it.
 
 Everything is deterministic for a given ``seed`` (one `numpy.random.Generator`).
 """
@@ -31,6 +34,19 @@ import numpy as np
 N_BOOT = 2000
 LEVEL = 0.95
 PROCESS_SPREAD = 0.036  # sd of log(TPS run 2 / TPS run 1) of one decode job in two processes (see the docstring)
+CPU_SPREAD = 0.10  # the same for a job whose timings the CPU takes itself (no device model)
+
+
+def cpu_timed(metrics: Mapping) -> bool:
+    """Whether a run's metrics.json comes from timings the CPU takes itself: no emulated device modelled them
+    (``device``) and no GPU took them (a ``cuda`` timing label)."""
+    return metrics.get("device") is None and not str(metrics.get("timing_label", "")).startswith("cuda")
+
+
+def process_spread(*metrics: Mapping) -> float:
+    """The spread between processes of a ratio of runs with these metrics.json: `CPU_SPREAD` when any is CPU-timed,
+    else `PROCESS_SPREAD`."""
+    return CPU_SPREAD if any(cpu_timed(m) for m in metrics) else PROCESS_SPREAD
 CHUNK = 4_000_000  # resampled indices drawn at a time (bounds memory on streams of many requests)
 
 

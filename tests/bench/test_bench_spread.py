@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 
 from specfit.bench.spread import log_ratios, main
+from specfit.intervals import CPU_SPREAD, PROCESS_SPREAD
 
 
 def write(root, job, tps, extra=0):
     path = root / job / "metrics.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"tps_dec": tps, "cycles": extra}))
+    device = {"label": "emulated A100"} if "/cpu-a100/" in f"/{job}/" else None  # an emulated device's run
+    path.write_text(json.dumps({"tps_dec": tps, "cycles": extra, "device": device}))
 
 
 def test_log_ratios_of_the_jobs_run_in_both(tmp_path, capsys):
@@ -32,7 +34,25 @@ def test_log_ratios_of_the_jobs_run_in_both(tmp_path, capsys):
     x = np.log([1.1, 0.95, np.exp(0.05)])
     assert f"3 decode jobs run in both: log(TPS {b} / TPS {a}) mean {x.mean():+.4f}, standard deviation " \
            f"{x.std(ddof=1):.4f}" in out
-    assert out.splitlines()[1].split() == ["toy/cpu/gsm8k/ar/slots0", f"{np.log(1.1):+.4f}"]
+    lines = out.splitlines()
+    assert lines[1] == f"  emulated device or GPU: 0 jobs, too few for a standard deviation (assumed: {PROCESS_SPREAD})"
+    sd = x.std(ddof=1)
+    assert lines[2] == f"  timed by the CPU itself: 3 jobs, standard deviation {sd:.4f} (assumed: {CPU_SPREAD})"
+    assert lines[3].split() == ["toy/cpu/gsm8k/ar/slots0", f"{np.log(1.1):+.4f}"]
+
+
+def test_the_spread_of_each_timing_regime(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    moves = {"toy/cpu-a100/gsm8k/ar/slots0": 0.01, "toy/cpu-a100/gsm8k/eagle3/slots0": -0.03,
+             "toy/cpu-a100link/gsm8k/ar/slots0": 0.1, "toy/cpu-a100link/gsm8k/eagle3/slots0": -0.2}
+    for job, move in moves.items():
+        write(a, job, 10.0)
+        write(b, job, 10.0 * np.exp(move), extra=1)
+    main([str(a), str(b)])
+    lines = capsys.readouterr().out.splitlines()
+    device, cpu = np.std([0.01, -0.03], ddof=1), np.std([0.1, -0.2], ddof=1)
+    assert lines[1].startswith(f"  emulated device or GPU: 2 jobs, standard deviation {device:.4f}")
+    assert lines[2].startswith(f"  timed by the CPU itself: 2 jobs, standard deviation {cpu:.4f}")
 
 
 def test_two_runs_of_the_same_jobs_are_needed(tmp_path):

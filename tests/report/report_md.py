@@ -69,7 +69,7 @@ def tps_text(written, run) -> str:
 
 def ratio_of(written, num, den) -> dict:
     return intervals.ratio_interval(written["requests", num], written["requests", den], seed=0,
-                                   spread=intervals.PROCESS_SPREAD)  # as the report times runs apart
+                                   spread=intervals.process_spread(written[num], written[den]))  # runs apart
 
 
 def x_text(ci) -> str:

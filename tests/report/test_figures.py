@@ -28,7 +28,7 @@ def whole(rows):
 
 def request_ratio(written, num, den):
     ci = intervals.ratio_interval(whole(written["requests", num]), whole(written["requests", den]), seed=0,
-                                 spread=intervals.PROCESS_SPREAD)
+                                 spread=intervals.process_spread(written[num], written[den]))
     tps = [sum(r["n_output"] for r in written["requests", run])
            / sum(r["t_request_s"] for r in written["requests", run]) for run in (num, den)]
     assert ci["value"] == pytest.approx(tps[0] / tps[1])  # the same request ids in both runs

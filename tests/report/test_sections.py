@@ -51,7 +51,7 @@ def test_throughput_and_speedup(built):
         ci = ratio_of(written, run, ar)
         assert ci["value"] == pytest.approx(m["tps_dec"] / written[ar]["tps_dec"])  # all requests in common
         assert row[4] == x_text(ci)
-    assert rows(t)[ar][4] == "1.00× [0.93, 1.07] tie"
+    assert rows(t)[ar][4] == "1.00× [0.82, 1.22] tie"
     md = (out / "report.md").read_text()
     # throughput, gains at the same cache (decode and request TPS, with and without cache), paper speedups,
     # headline TPS ratios (four of decode TPS, one of request TPS)
@@ -85,7 +85,8 @@ def test_a_ratio_whose_interval_holds_one_is_a_tie(tree):
     assert tie["low"] < 1 < tie["high"] and tie["verdict"] == "tie"
     assert cells["vs_cached_eagle3_pct"] == pct_text(tie)
     assert cells["vs_cached_eagle3_pct"].endswith(" tie")
-    assert cells["vs_vanilla_eagle3_no_cache_pct"] == "50.0 [39.8, 61.0] faster"  # 1.5 * exp(±1.96 * 0.036)
+    # 1.5 * exp(±1.96 * CPU_SPREAD): the fake runs are timed by the CPU
+    assert cells["vs_vanilla_eagle3_no_cache_pct"] == "50.0 [23.3, 82.5] faster"
     ar = runs["ar", 0]
     assert cells["vs_ar_x"] == x_text(ratio_of(written, runs["specfit", 4], ar))
     assert cells["vanilla_eagle3_vs_ar_x"] == x_text(ratio_of(written, runs["eagle3", 0], ar))

@@ -3,7 +3,8 @@
 ``A`` and ``B`` are two copies of the workflow's ``data/decode`` folder from two runs of the same decode jobs (e.g.
 ``snakemake --cores 1 reports/all --forcerun decode`` after copying ``data/decode`` aside). For every job both
 hold, the log ratio of its decode TPS (metrics.json's ``tps_dec``) in B over A; it prints each job's, their mean,
-standard deviation and largest. The standard deviation is what `specfit.intervals.PROCESS_SPREAD` stands for: the
+standard deviation and largest, then the standard deviation of the jobs an emulated device (or a GPU) timed and of
+those the CPU timed itself. These are what `specfit.intervals.PROCESS_SPREAD` and `CPU_SPREAD` stand for: the
 spread a ratio of two runs timed in different processes carries on top of the bootstrap over requests.
 
     python -m specfit.bench spread /tmp/run1/data/decode data/decode
@@ -15,7 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from specfit.intervals import PROCESS_SPREAD
+from specfit.intervals import CPU_SPREAD, PROCESS_SPREAD, cpu_timed
+
+
+def cpu_timed_jobs(a: Path, jobs) -> set[str]:
+    """The jobs (folders under ``a``) whose timings the CPU took itself (`specfit.intervals.cpu_timed`)."""
+    return {job for job in jobs if cpu_timed(json.loads((a / job / "metrics.json").read_text()))}
 
 
 def log_ratios(a: Path, b: Path) -> dict[str, float]:
@@ -45,6 +51,12 @@ def main(argv=None) -> None:
     print(f"{len(x)} decode jobs run in both: log(TPS {args.b} / TPS {args.a}) mean {x.mean():+.4f}, standard "
           f"deviation {x.std(ddof=1):.4f} (PROCESS_SPREAD: {PROCESS_SPREAD}), largest |log ratio| "
           f"{np.abs(x).max():.4f}")
+    cpu = cpu_timed_jobs(args.a, ratios)
+    for name, jobs, assumed in (("emulated device or GPU", set(ratios) - cpu, PROCESS_SPREAD),
+                                ("timed by the CPU itself", cpu, CPU_SPREAD)):
+        y = np.array([ratios[j] for j in sorted(jobs)])
+        sd = f"standard deviation {y.std(ddof=1):.4f}" if len(y) > 1 else "too few for a standard deviation"
+        print(f"  {name}: {len(y)} jobs, {sd} (assumed: {assumed})")
     for job, r in sorted(ratios.items(), key=lambda kv: -abs(kv[1]))[: args.show]:
         print(f"  {job:60s} {r:+.4f}")
 

@@ -153,7 +153,7 @@ class Inputs:
             self._check_agrees(run, key, float(tokens.sum() / seconds.sum()))
         ci = self._interval((key, num, den), f"{num.path} over {den.path}",
                             lambda: intervals.ratio_interval(rows[num], rows[den], seed=self.seed,
-                                                             spread=intervals.PROCESS_SPREAD))
+                                                             spread=intervals.process_spread(a, b)))
         return est(ci["value"], ci)
 
     def _interval(self, key: tuple, where: str, compute) -> dict:
