@@ -430,16 +430,18 @@ class Eagle3Drafter(nn.Module):
         ``attention_mask``: None is causal over cache + new; else float additive [B, 1, T, P+T] (tree drafting).
         ``past_key_values`` (a DynamicCache) is appended in place.
 
-        With gradients on (training) the first layer runs through its transformers modules; without (drafting), the
-        same computation in functional ops (`first_layer`), bit-equal to the modules' (tests/models/test_eagle3.py)
-        and about 40% less CPU per drafted level at batch 1, where a step of this size is all per-call overhead.
+        With gradients on (training) it runs through its transformers modules, as it always did; without (drafting),
+        the first layer, the final norm and the head run the same computation in functional ops (`first_layer`),
+        bit-equal to the modules' (tests/models/test_eagle3.py): at batch 1 a step of this size is mostly per-call
+        overhead, and a drafted level took 15-20% less CPU in a decode run.
         """
         layer = self.layers[0]
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if attention_mask is None:
             attention_mask = causal_mask(input_ids.shape[1], past, hidden.dtype, hidden.device)
         attention_mask = attention_mask.to(hidden.dtype)
-        if torch.is_grad_enabled():
+        modules = torch.is_grad_enabled()  # training: autograd through the transformers modules
+        if modules:
             h, position_embeddings = self._first_layer_modules(layer, input_ids, hidden, position_ids,
                                                                past_key_values, attention_mask)
         else:
@@ -450,8 +452,9 @@ class Eagle3Drafter(nn.Module):
             if position_embeddings is None:
                 position_embeddings = self.rotary_emb(h, position_ids)
             h = extra(h, attention_mask=attention_mask, cache=past_key_values, position_embeddings=position_embeddings)
-        out = rms_norm(self.norm, h)  # [B, T, H]
-        return F.linear(out, self.lm_head.weight), (out if self.norm_output else h)
+        out = self.norm(h) if modules else rms_norm(self.norm, h)  # [B, T, H]
+        logits = self.lm_head(out) if modules else linear(self.lm_head, out)  # [B, T, Vd]
+        return logits, (out if self.norm_output else h)
 
     def _first_layer_modules(self, layer, input_ids, hidden, position_ids, past_key_values, attention_mask):
         """The first layer through its transformers modules: [B, T, H] output, and the rotary (cos, sin)."""
