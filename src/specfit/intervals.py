@@ -35,6 +35,7 @@ N_BOOT = 2000
 LEVEL = 0.95
 PROCESS_SPREAD = 0.036  # sd of log(TPS run 2 / TPS run 1) of one decode job in two processes (see the docstring)
 CPU_SPREAD = 0.10  # the same for a job whose timings the CPU takes itself (no device model)
+CHUNK = 4_000_000  # resampled indices drawn at a time (bounds memory on streams of many requests)
 
 
 def cpu_timed(metrics: Mapping) -> bool:
@@ -47,7 +48,6 @@ def process_spread(*metrics: Mapping) -> float:
     """The spread between processes of a ratio of runs with these metrics.json: `CPU_SPREAD` when any is CPU-timed,
     else `PROCESS_SPREAD`."""
     return CPU_SPREAD if any(cpu_timed(m) for m in metrics) else PROCESS_SPREAD
-CHUNK = 4_000_000  # resampled indices drawn at a time (bounds memory on streams of many requests)
 
 
 def decode_sums(requests: Iterable[Mapping]) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ reproducible; a tie against a direction is a ratio near the edge of its interval
 import argparse
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 RATIO = re.compile(r"\] (faster|slower|tie)\b")  # "1.03× [0.97, 1.09] tie": a ratio after its interval
@@ -76,9 +77,7 @@ def kind(a: tuple[str, ...], b: tuple[str, ...]) -> str:
 def compare(a: dict, b: dict) -> dict:
     common = sorted(a.keys() & b.keys())
     differ = [(k, a[k], b[k]) for k in common if a[k] != b[k]]
-    kinds: dict[str, int] = {}
-    for _, x, y in differ:
-        kinds[kind(x, y)] = kinds.get(kind(x, y), 0) + 1
+    kinds = Counter(kind(x, y) for _, x, y in differ)
     return {"common": len(common), "agree": len(common) - len(differ), "differ": differ, "kinds": kinds,
             "only_a": len(a.keys() - b.keys()), "only_b": len(b.keys() - a.keys())}
 

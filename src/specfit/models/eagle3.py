@@ -37,7 +37,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from specfit.errors import SpecFitError
@@ -157,35 +162,23 @@ def causal_mask(q_len: int, past_len: int, dtype: torch.dtype, device=None) -> t
     )[None, None]
 
 
-def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A transformers Llama / Qwen3 RMSNorm module's output in one functional op: normalized in fp32, weighted in
-    the input's dtype, as the module computes it."""
-    normed = F.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon)
-    return norm.weight * normed.to(x.dtype)
-
-
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def first_layer(drafter: Eagle3Drafter, input_ids, hidden, position_embeddings, cache, mask) -> torch.Tensor:
+    """EAGLE-3's first decoder layer as its transformers modules compute it, with the projections, the attention
+    kernel and the gated MLP called directly (Llama or Qwen3 attention over grouped KV heads): [B, T, H] output.
 
-
-def first_layer(drafter: Eagle3Drafter, input_ids, hidden, position_ids, cache, mask, position_embeddings=None):
-    """EAGLE-3's first decoder layer in functional ops, as its transformers modules compute it (Llama or Qwen3
-    attention with grouped KV heads, the SDPA kernel, the gated MLP): [B, T, H] output.
-
-    ``input_ids`` [B, T], ``hidden`` [B, T, H], ``position_ids`` [B, T], ``mask`` [B, 1, T, P+T] additive;
-    ``position_embeddings``: (cos, sin) [B, T, D] of a non-default RoPE, None to compute the default one here.
+    ``input_ids`` [B, T], ``hidden`` [B, T, H], ``position_embeddings`` the rotary (cos, sin) [B, T, D], ``mask``
+    [B, 1, T, P+T] additive; the norms and the rotary embedding are the layer's own modules.
     """
     layer = drafter.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
     B, T = input_ids.shape
-    embeds = rms_norm(layer.input_layernorm, F.embedding(input_ids, drafter.embed_tokens.weight))  # [B, T, H]
+    embeds = layer.input_layernorm(F.embedding(input_ids, drafter.embed_tokens.weight))  # [B, T, H]
     residual = hidden
-    hidden = rms_norm(layer.hidden_norm, hidden)  # [B, T, H]
+    hidden = layer.hidden_norm(hidden)  # [B, T, H]
     if drafter.norm_before_residual:
         residual = hidden
     x = torch.cat([embeds, hidden], dim=-1)  # [B, T, 2H]
@@ -193,16 +186,9 @@ def first_layer(drafter: Eagle3Drafter, input_ids, hidden, position_ids, cache, 
     D = attn.head_dim
     q, k, v = (linear(proj, x).view(B, T, -1, D) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's dims
-        q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
-    if position_embeddings is None:
-        freqs = position_ids[..., None].float() * drafter.rotary_emb.inv_freq.to(x.device, torch.float)  # [B, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)  # [B, T, D]
-    else:
-        cos, sin = position_embeddings
-    cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
-    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), *position_embeddings)  # [B, heads, T, D]
+    v = v.transpose(1, 2)
     if cache is not None:
         k, v = cache.update(k, v, 0)  # [B, kv heads, P+T, D]
     groups = attn.num_key_value_groups
@@ -212,7 +198,7 @@ def first_layer(drafter: Eagle3Drafter, input_ids, hidden, position_ids, cache, 
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=groups > 1)
     h = residual + linear(attn.o_proj, out.transpose(1, 2).reshape(B, T, -1))  # [B, T, H]
-    m = rms_norm(layer.post_attention_layernorm, h)
+    m = layer.post_attention_layernorm(h)
     return h + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, m)) * linear(mlp.up_proj, m))
 
 
@@ -430,49 +416,37 @@ class Eagle3Drafter(nn.Module):
         ``attention_mask``: None is causal over cache + new; else float additive [B, 1, T, P+T] (tree drafting).
         ``past_key_values`` (a DynamicCache) is appended in place.
 
-        With gradients on (training) it runs through its transformers modules, as it always did; without (drafting),
-        the first layer, the final norm and the head run the same computation in functional ops (`first_layer`),
-        bit-equal to the modules' (tests/models/test_eagle3.py): at batch 1 a step of this size is mostly per-call
-        overhead, and a drafted level took 15-20% less CPU in a decode run.
+        With gradients on (training) it runs through its transformers modules; without (drafting), the first layer
+        calls its projections, attention kernel and MLP directly (`first_layer`), bit-equal to the modules
+        (tests/models/test_eagle3.py): at batch 1 a step of this size is mostly per-call overhead.
         """
-        layer = self.layers[0]
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if attention_mask is None:
             attention_mask = causal_mask(input_ids.shape[1], past, hidden.dtype, hidden.device)
         attention_mask = attention_mask.to(hidden.dtype)
-        modules = torch.is_grad_enabled()  # training: autograd through the transformers modules
-        if modules:
-            h, position_embeddings = self._first_layer_modules(layer, input_ids, hidden, position_ids,
-                                                               past_key_values, attention_mask)
+        position_embeddings = self.rotary_emb(hidden, position_ids)  # (cos, sin) [B, T, D]
+        if torch.is_grad_enabled():  # training: autograd through the transformers modules
+            h = self._first_layer_modules(input_ids, hidden, position_embeddings, past_key_values, attention_mask)
         else:
-            position_embeddings = self.rotary_emb(hidden, position_ids) if self.rope_type != "default" else None
-            h = first_layer(self, input_ids, hidden, position_ids, past_key_values, attention_mask,
-                            position_embeddings)
+            h = first_layer(self, input_ids, hidden, position_embeddings, past_key_values, attention_mask)
         for extra in self.layers[1:]:
-            if position_embeddings is None:
-                position_embeddings = self.rotary_emb(h, position_ids)
             h = extra(h, attention_mask=attention_mask, cache=past_key_values, position_embeddings=position_embeddings)
-        out = self.norm(h) if modules else rms_norm(self.norm, h)  # [B, T, H]
-        logits = self.lm_head(out) if modules else linear(self.lm_head, out)  # [B, T, Vd]
-        return logits, (out if self.norm_output else h)
+        out = self.norm(h)  # [B, T, H]
+        return self.lm_head(out), (out if self.norm_output else h)
 
-    def _first_layer_modules(self, layer, input_ids, hidden, position_ids, past_key_values, attention_mask):
-        """The first layer through its transformers modules: [B, T, H] output, and the rotary (cos, sin)."""
+    def _first_layer_modules(self, input_ids, hidden, position_embeddings, past_key_values, attention_mask):
+        """The first layer through its transformers modules: [B, T, H]."""
+        layer = self.layers[0]
         embeds = layer.input_layernorm(self.embed_tokens(input_ids))  # [B, T, H]
         residual = hidden
         hidden = layer.hidden_norm(hidden)  # [B, T, H]
         if self.norm_before_residual:
             residual = hidden
         x = torch.cat([embeds, hidden], dim=-1)  # [B, T, 2H]
-        position_embeddings = self.rotary_emb(x, position_ids)
         attn, _ = layer.self_attn(hidden_states=x, position_embeddings=position_embeddings,
                                   attention_mask=attention_mask, cache=past_key_values)
         h = residual + attn  # [B, T, H]
-        return h + layer.mlp(layer.post_attention_layernorm(h)), position_embeddings
-
-    @property
-    def rope_type(self) -> str:
-        return self.rotary_emb.rope_type
+        return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
