@@ -197,9 +197,10 @@ def test_headers_name_every_tensor_without_reading_it(moe_target, tmp_path, make
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("model_type", "layers", "options"), VARIANTS, ids=VARIANT_IDS)
 def test_drafting_path_is_bit_equal_to_the_modules(moe_target, make_drafter, model_type, layers, options, dtype):
-    """Without gradients the first layer runs in functional ops (`first_layer`); with them, through its transformers
-    modules. Both give the same bits: one query (transformers' grouped-query path), a tree of two, a chunk of seven,
-    over a cache and without, with tree masks, in fp32 and bf16, and the caches they append to are equal."""
+    """Without gradients the first layer calls its projections, attention kernel and MLP directly (`first_layer`);
+    with them, it runs through its transformers modules. Both give the same bits: one query (transformers'
+    grouped-query path), a tree of two, a chunk of seven, over a cache and without, with tree masks, in fp32 and
+    bf16, and the caches they append to are equal."""
     drafter = make_drafter(moe_target, model_type=model_type, layers=layers, **options).to(dtype)
     ids, hidden, pos = _inputs(drafter, B=1, T=16)
     hidden = hidden.to(dtype)

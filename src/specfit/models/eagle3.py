@@ -166,6 +166,15 @@ def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias)
 
 
+def layer_input(drafter: Eagle3Drafter, input_ids, hidden) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first layer's attention input [B, T, 2H] (normed token embeddings beside the normed features) and its
+    residual [B, T, H] (the features, normed with ``norm_before_residual``); both paths of `Eagle3Drafter.forward`."""
+    layer = drafter.layers[0]
+    embeds = layer.input_layernorm(F.embedding(input_ids, drafter.embed_tokens.weight))  # [B, T, H]
+    normed = layer.hidden_norm(hidden)  # [B, T, H]
+    return torch.cat([embeds, normed], dim=-1), (normed if drafter.norm_before_residual else hidden)
+
+
 def first_layer(drafter: Eagle3Drafter, input_ids, hidden, position_embeddings, cache, mask) -> torch.Tensor:
     """EAGLE-3's first decoder layer as its transformers modules compute it, with the projections, the attention
     kernel and the gated MLP called directly (Llama or Qwen3 attention over grouped KV heads): [B, T, H] output.
@@ -176,13 +185,7 @@ def first_layer(drafter: Eagle3Drafter, input_ids, hidden, position_embeddings, 
     layer = drafter.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
     B, T = input_ids.shape
-    embeds = layer.input_layernorm(F.embedding(input_ids, drafter.embed_tokens.weight))  # [B, T, H]
-    residual = hidden
-    hidden = layer.hidden_norm(hidden)  # [B, T, H]
-    if drafter.norm_before_residual:
-        residual = hidden
-    x = torch.cat([embeds, hidden], dim=-1)  # [B, T, 2H]
-
+    x, residual = layer_input(drafter, input_ids, hidden)
     D = attn.head_dim
     q, k, v = (linear(proj, x).view(B, T, -1, D) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's dims
@@ -437,12 +440,7 @@ class Eagle3Drafter(nn.Module):
     def _first_layer_modules(self, input_ids, hidden, position_embeddings, past_key_values, attention_mask):
         """The first layer through its transformers modules: [B, T, H]."""
         layer = self.layers[0]
-        embeds = layer.input_layernorm(self.embed_tokens(input_ids))  # [B, T, H]
-        residual = hidden
-        hidden = layer.hidden_norm(hidden)  # [B, T, H]
-        if self.norm_before_residual:
-            residual = hidden
-        x = torch.cat([embeds, hidden], dim=-1)  # [B, T, 2H]
+        x, residual = layer_input(self, input_ids, hidden)
         attn, _ = layer.self_attn(hidden_states=x, position_embeddings=position_embeddings,
                                   attention_mask=attention_mask, cache=past_key_values)
         h = residual + attn  # [B, T, H]
