@@ -9,6 +9,8 @@ from specfit.workflow import (
     code_hash,
     decode_inputs as workflow_decode_inputs,
     decode_runs,
+    paired_cells,
+    paired_inputs as workflow_paired_inputs,
     reference_run,
     spec_json,
     theory_file,
@@ -92,6 +94,10 @@ def decode_inputs(w):
     return inputs
 
 
+def paired_inputs(w):
+    return workflow_paired_inputs(config, w.model, w.device, w.workload)
+
+
 def atlas_inputs(w):
     return {
         "prompts": paths.prompts(w.model, w.workload),
@@ -128,6 +134,9 @@ def report_inputs(w):
             for c in paths.CACHE_MODES
         ],
         "theory": sorted({theory_file(config, r) for r in theory_runs(config)}),
+        "paired": [
+            paths.paired(*cell, "requests.parquet") for cell in paired_cells(config)
+        ],
         # the learned route predictors that decode runs read (their metrics.json)
         "predictor": sorted(
             {

@@ -35,6 +35,7 @@ N_BOOT = 2000
 LEVEL = 0.95
 PROCESS_SPREAD = 0.036  # sd of log(TPS run 2 / TPS run 1) of one decode job in two processes (see the docstring)
 CPU_SPREAD = 0.10  # the same for a job whose timings the CPU takes itself (no device model)
+ROUND = 100_000  # a request repeated in round r counts as r * ROUND + its request id (`round_id`)
 CHUNK = 4_000_000  # resampled indices drawn at a time (bounds memory on streams of many requests)
 
 
@@ -48,6 +49,12 @@ def process_spread(*metrics: Mapping) -> float:
     """The spread between processes of a ratio of runs with these metrics.json: `CPU_SPREAD` when any is CPU-timed,
     else `PROCESS_SPREAD`."""
     return CPU_SPREAD if any(cpu_timed(m) for m in metrics) else PROCESS_SPREAD
+
+
+def round_id(row: Mapping) -> dict:
+    """A request of a repeated round (``row["round"]``) as the paired bootstrap pairs it: its request id made
+    unique per round, so that each (round, request) is paired with the same (round, request) of another run."""
+    return {**row, "request_id": row["round"] * ROUND + row["request_id"]}
 
 
 def decode_sums(requests: Iterable[Mapping]) -> tuple[np.ndarray, np.ndarray]:

@@ -17,6 +17,7 @@ from specfit.workflow import (
     decode_runs,
     evaluated_question_ids,
     method_config,
+    paired_runs,
     predictor_question_ids,
     theory_cost,
     theory_file,
@@ -118,6 +119,13 @@ def generate(config: dict, model: str, device: str, method: str, slots: int, lim
     return _stream(config, model, device, limits, method, int(slots), dev["link"], dev["emulate"])
 
 
+def paired(config: dict, model: str, device: str, workload: str) -> dict:
+    """Rule paired: each side's decode spec (`decode`; `specfit.workflow.paired_runs`) and the rounds."""
+    return {"sides": [decode(config, r.model, r.device, r.workload, r.method, r.slots)
+                      for r in paired_runs(config, model, device, workload)],
+            "repeats": config["paired"]["repeats"]}
+
+
 def atlas(config: dict, model: str, device: str, workload: str, method: str, cache: str | None = None) -> dict:
     """Rule atlas: the method's stream with the slots of the device's with-cache runs (the most its memory is
     known to hold; routes do not depend on what the cache holds) and without the emulated link or device: the build
@@ -179,4 +187,4 @@ def theory(config: dict, model: str, device: str, workload: str, method: str | N
 
 def report(config: dict) -> dict:
     """Rule report: what the report names and groups runs by."""
-    return {k: config[k] for k in ("workloads", "models", "devices", "methods", "runs", "seed")}
+    return {k: config[k] for k in ("workloads", "models", "devices", "methods", "runs", "paired", "seed")}

@@ -100,6 +100,17 @@ def _check_references(config: dict) -> None:
                         f"config key 'runs.{i}.{field}' names {name!r}, which is not defined under "
                         f"'{field}' (defined: {', '.join(config[field])})"
                     )
+    for i, cell in enumerate(config["paired"]["cells"]):
+        for field in ("models", "devices", "workloads"):
+            problems += [f"config key 'paired.cells.{i}.{field}' names {name!r}, which is not defined under '{field}'"
+                         for name in cell[field] if name not in config[field]]
+        for model, device in itertools.product(cell["models"], cell["devices"]):
+            if device not in config["models"].get(model, {}).get("main_slots", {device: 0}):
+                problems.append(f"config key 'models.{model}.main_slots' has no entry for device {device!r} "
+                                "(the with-cache side of the paired cells)")
+    if config["paired"]["cells"] and (lacking := [r for r, m in paper_methods(config).items() if m is None]):
+        problems.append(f"config key 'paired.cells' times the paper's AR, EAGLE-3 and SpecFit (exact routes), but "
+                        f"'methods' has no method of rule {', '.join(lacking)}")
     for name, model in config["models"].items():
         if model.get("toy"):
             for part in ("target", "drafter"):
@@ -250,6 +261,47 @@ def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:
            and method_rule(config, r.method) == "ar"]
     reference = min(ars, key=lambda r: r.slots, default=None)
     return None if reference == run else reference
+
+
+PAPER_RULES = ("ar", "eagle3", "specfit")  # the paper's methods, in its order
+PAIRED_SHARED = ("prompts", "target", "drafter")  # the paired stage's inputs every side reads; the rest: <j>.<name>
+
+
+def paper_methods(config: dict) -> dict[str, str | None]:
+    """The config's method in each of the paper's roles (`PAPER_RULES`): the first of that rule, SpecFit's with exact
+    (atlas) routes; None where the config has none."""
+    return {rule: next((m for m in config["methods"] if method_rule(config, m) == rule
+                        and (rule != "specfit" or method_config(config, m).route_source.name == "atlas")), None)
+            for rule in PAPER_RULES}
+
+
+def paired_cells(config: dict) -> list[tuple[str, str, str]]:
+    """(model, device, workload) of every cell whose paper's methods the paired stage times in one process."""
+    return sorted({combo for cell in config["paired"]["cells"]
+                   for combo in itertools.product(cell["models"], cell["devices"], cell["workloads"])})
+
+
+def paired_runs(config: dict, model: str, device: str, workload: str) -> list[DecodeRun]:
+    """A paired cell's sides, as the decode runs they stand for: the paper's methods (`paper_methods`) at the main
+    slot count, then without the cache."""
+    main = config["models"][model]["main_slots"][device]
+    return [DecodeRun(model, device, workload, method, slots) for slots in (main, 0)
+            for method in paper_methods(config).values()]
+
+
+def paired_side(method: str, slots: int) -> str:
+    """How a side of a paired cell is named in its rows and metrics (`specfit.paired`): ``method@slots``."""
+    return f"{method}@{slots}"
+
+
+def paired_inputs(config: dict, model: str, device: str, workload: str) -> dict[str, str]:
+    """The paired stage's inputs (`specfit.paired`): prompts, target and drafter, and each side's own as
+    ``<j>.<name>``."""
+    out = {}
+    for j, run in enumerate(paired_runs(config, model, device, workload)):
+        for name, path in decode_inputs(config, run).items():
+            out[name if name in PAIRED_SHARED else f"{j}.{name}"] = path
+    return out
 
 
 # The cost model each theory run's Table 5 is computed under (`specfit.theory`), by the rule of its method: the

@@ -11,7 +11,15 @@ import pyarrow.parquet as pq
 
 from specfit import paths
 from specfit.report.inputs import learned_methods
-from specfit.workflow import DecodeRun, decode_runs, method_rule, theory_cost, theory_file, theory_runs
+from specfit.workflow import (
+    DecodeRun,
+    decode_runs,
+    method_rule,
+    paired_cells,
+    theory_cost,
+    theory_file,
+    theory_runs,
+)
 
 DEVICE = "cpu-a100link"
 N_REQUESTS = 6  # per fake run; the same request ids and output lengths in every run (lossless methods)
@@ -66,6 +74,7 @@ def declared(spec: dict) -> dict[str, list[str]]:
         "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
         "theory": sorted({theory_file(spec, r) for r in theory_runs(spec)}),
         "predictor": sorted({paths.predictor(r.model) for r in runs if r.method in learned_methods(spec)}),
+        "paired": [paths.paired(*c, "requests.parquet") for c in paired_cells(spec)] if "paired" in spec else [],
     }
 
 

@@ -3,9 +3,14 @@
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from report_fakes import declared, fake_root, tiny_spec
 from report_md import build, ratio_of, rows, x_text
 
+from specfit import intervals, paths, report
+from specfit.intervals import round_id
+from specfit.paired import SCHEMA
 from specfit.paper import paper_results
 from specfit.paper_device import paper_proportions
 from specfit.report.verdict import Verdict, confronted
@@ -79,3 +84,40 @@ def test_no_proportions_on_a_link_only_device(tree):
     fake_root(tree, spec)
     _, tables = build(spec, declared(spec), tree / "reports" / "all")
     assert not [t for t in tables if t.startswith("proportions/")] and "claims/toy/cpu-a100link" in tables
+
+
+def test_claims_of_a_paired_cell_come_from_one_process(tree):
+    """On a cell the config pairs, the TPS claims read the paired stage's rows (a paired bootstrap over (round,
+    request), no between-process spread) and say so; the sweep and Table 5 claims keep their own sources; a paired
+    cell whose file is missing falls back to the decode runs and names the file."""
+    spec, written = emulated_tree(tree)
+    spec["paired"] = {"repeats": 2, "cells": [{"models": ["toy"], "devices": [DEVICE], "workloads": ["gsm8k"]}]}
+    out = tree / "reports" / "all"
+    _, tables = build(spec, declared(spec), out)  # the paired file is declared but not written yet
+    claims = rows(tables[f"claims/toy/{DEVICE}"])
+    assert claims["vanilla-eagle3/gsm8k"][5] == "separate decode jobs"
+    section = next(s for p in report.write(spec, declared(spec), out) for s in p.sections
+                   if s.title == "The paper's claims, confronted")
+    assert paths.paired("toy", DEVICE, "gsm8k", "requests.parquet") in section.missing
+
+    # the paired rows: each side's seconds from its decode run's, scaled per side and round (made-up timings)
+    runs = {(r.method, r.slots): r for r in written if hasattr(r, "file")}
+    scale = {("ar", 0): 1.0, ("eagle3", 0): 0.7, ("specfit", 0): 0.72, ("ar", 4): 0.8, ("eagle3", 4): 0.55,
+             ("specfit", 4): 0.5}
+    rows_ = [{"side": f"{m}@{x}", "method": m, "slots": x, "round": rnd, **r,
+              "t_request_s": r["t_request_s"] * scale[m, x] * (1.0 + 0.01 * rnd)}
+             for (m, x), run in runs.items() if (m, x) in scale for rnd in (0, 1)
+             for r in written["requests", run]]
+    path = tree / paths.paired("toy", DEVICE, "gsm8k", "requests.parquet")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows_, schema=SCHEMA), path)
+    _, tables = build(spec, declared(spec), out)
+    claims = rows(tables[f"claims/toy/{DEVICE}"])
+    side = {}
+    for r in rows_:
+        side.setdefault(r["side"], []).append(round_id(r))
+    for key, num, den in (("vanilla-eagle3", "eagle3@0", "ar@0"), ("specfit-eagle3-cache", "specfit@4", "eagle3@4"),
+                          ("specfit-ar-nocache", "specfit@4", "ar@0"), ("specfit-ar-cache", "specfit@4", "ar@4")):
+        ci = intervals.ratio_interval(side[num], side[den], seed=0)  # spread 0: one process
+        assert claims[f"{key}/gsm8k"][3] == x_text(ci) and claims[f"{key}/gsm8k"][5] == "one process (paired)"
+    assert claims["table5/gsm8k"][5] == "recorded pools"

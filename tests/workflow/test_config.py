@@ -62,6 +62,19 @@ def test_run_naming_an_undefined_method(config, schema):
         validate_config(config, schema)
 
 
+def test_a_paired_cell_is_checked_at_load(config, schema):
+    """A paired cell names defined models, devices and workloads, and needs the paper's three methods."""
+    bad = copy.deepcopy(config)
+    bad["paired"]["cells"] = [{"models": ["toy"], "devices": ["h100"], "workloads": ["gsm8k"]}]
+    with pytest.raises(SpecFitError, match=r"'paired\.cells\.0\.devices' names 'h100'"):
+        validate_config(bad, schema)
+    del config["methods"]["ar"]
+    config["runs"] = [dict(r, methods=[m for m in r["methods"] if m != "ar"]) for r in config["runs"]
+                      if r["methods"] != ["ar"]]
+    with pytest.raises(SpecFitError, match=r"'paired\.cells' times the paper's .* no method of rule ar"):
+        validate_config(config, schema)
+
+
 def test_missing_main_slots_for_a_device(config, schema):
     del config["models"]["toy"]["main_slots"]["cpu-4090"]
     with pytest.raises(SpecFitError, match=r"main_slots' has no entry for device 'cpu-4090'"):

@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from specfit import paths, specs
-from specfit.workflow import SCHEMA, DecodeRun, code_closure, load_config
+from specfit.workflow import SCHEMA, DecodeRun, code_closure, load_config, paired_cells, paired_inputs, paired_runs
 
 STAGES = ("specfit.extract", "specfit.toy.tokenizer", "specfit.toy.target", "specfit.toy.drafter",
-          "specfit.calibrate", "specfit.atlas", "specfit.predictor", "specfit.decode", "specfit.theory",
-          "specfit.report")
+          "specfit.calibrate", "specfit.atlas", "specfit.predictor", "specfit.decode", "specfit.paired",
+          "specfit.theory", "specfit.report")
 EVALUATED = [*range(242, 321, 2), *range(401, 481)]  # summarization's and gsm8k's ids (calibration's are gsm8k's)
 A100_LINK = {"bandwidth_gbps": 0.175, "latency_us": 50}
 RTX4090 = {"name": "RTX 4090", "fixed_ms": 13.03, "token_ms": 0.2962, "expert_ms": 1.145, "copy_ms": 1.308,
@@ -144,9 +144,29 @@ def test_theory(config, smoke):
         "cost": "cache_aware"}
 
 
+def test_paired(config, smoke):
+    """A paired cell's sides are the decode runs of the paper's AR, EAGLE-3 and SpecFit at the main slots and at 0,
+    each with the decode rule's spec and its own inputs (`<j>.<name>`) beside the shared ones."""
+    assert paired_cells(config) == [("toy", "cpu-a100", "gsm8k"), ("toy", "cpu-a100", "summarization")]
+    runs = paired_runs(config, "toy", "cpu-a100", "gsm8k")
+    assert [(r.method, r.slots) for r in runs] == [("ar", 12), ("eagle3", 12), ("specfit", 12), ("ar", 0),
+                                                   ("eagle3", 0), ("specfit", 0)]
+    spec = specs.paired(config, "toy", "cpu-a100", "gsm8k")
+    assert spec == {"repeats": 2, "sides": [specs.decode(config, *r.__dict__.values()) for r in runs]}
+    assert paired_inputs(config, "toy", "cpu-a100", "gsm8k") == {
+        "prompts": "data/prompts/toy/gsm8k.parquet", "target": "data/models/toy/target",
+        "drafter": "data/models/toy/drafter",
+        "2.coefficients": "data/calibration/toy/cpu-a100/cache.json",
+        "2.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-cache/atlas.parquet",
+        "5.coefficients": "data/calibration/toy/cpu-a100/nocache.json",
+        "5.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-nocache/atlas.parquet"}
+    assert specs.paired(smoke, "toy", "cpu-a100", "gsm8k")["repeats"] == 1
+    assert paired_cells(smoke) == [("toy", "cpu-a100", "gsm8k")]
+
+
 def test_report(config):
     report = specs.report(config)
-    assert sorted(report) == ["devices", "methods", "models", "runs", "seed", "workloads"]
+    assert sorted(report) == ["devices", "methods", "models", "paired", "runs", "seed", "workloads"]
     assert report["runs"] == config["runs"] and report["devices"]["cpu-a100link"]["link"] == A100_LINK
 
 
@@ -176,6 +196,7 @@ JOBS = {
     "specfit.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
     "specfit.predictor": (specs.predictor, [paths.predictor("{model}")]),
     "specfit.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
+    "specfit.paired": (specs.paired, [paths.paired(*W, "requests.parquet")]),
 }
 
 
@@ -201,8 +222,9 @@ def test_every_job_gets_its_builders_spec(root, overlays):
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = [shlex.split(line.partition(": ")[2]) for line in proc.stdout.splitlines()
                 if line.startswith("Shell command: python -m specfit.")]
-    # config.yaml: 67 jobs, and issue 21's 8 prefetching decodes, 2 atlases and 2 theory jobs; smoke: 49, and 4 + 1 + 1
-    assert len(commands) == (79 if not overlays else 55)
+    # config.yaml: 67 jobs, and issue 21's 8 prefetching decodes, 2 atlases and 2 theory jobs, and 2 paired cells;
+    # smoke: 49, and 4 + 1 + 1, and 1 paired cell
+    assert len(commands) == (81 if not overlays else 56)
     for argv in commands:
         module, argv = argv[2], argv[3:argv.index(">")]
         spec = json.loads(argv[argv.index("--spec") + 1])

@@ -8,7 +8,8 @@ starting from an empty expert cache, for ``--repeats`` rounds. The ratio of deco
 one named before it comes with a paired bootstrap over the (round, request) pairs (`specfit.intervals.ratio_interval`).
 Every method's outputs are compared with the first's token for token. Per method it prints where a cycle's time
 went (drafting, selection, verification; drafted levels, verified nodes, copies) and, for a method that prefetches,
-what its prefetches did (`specfit.engine.offload.OffloadEngine.prefetch`).
+what its prefetches did (`specfit.engine.offload.OffloadEngine.prefetch`). The loop is the paired stage's
+(`specfit.paired`), which the workflow runs on the cells of the config's ``paired`` for the paper's claims.
 
 It reads the workflow's own files (prompts, coefficients, atlas or predictor: `specfit.workflow.decode_inputs`),
 so run the DAG (or the cell's decode jobs) first. Timings over an emulated link are labelled so.
@@ -26,17 +27,14 @@ import argparse
 
 import torch
 
-from specfit.engine import make_engine
-from specfit.intervals import ratio_interval, tps_interval
-from specfit.models import eos_ids, load_drafter, load_target
+from specfit import specs
+from specfit.intervals import ratio_interval, round_id, tps_interval
+from specfit.models import eos_ids
+from specfit.paired import load_sides, time_sides
 from specfit.records import read_prompts
-from specfit.selection.search import compile_kernels
-from specfit.speculative.methods import build_method
-from specfit.speculative.request import Limits, decode_request
-from specfit.workflow import SCHEMA, DecodeRun, decode_inputs, load_config, method_config
-
-PREFETCH = ("issued", "used", "evicted_unused", "idle", "hidden_ms")  # OffloadEngine.stats()["prefetch"], summed
-ROUND = 100_000  # a request of round r counts as r * ROUND + request_id in the paired bootstrap
+from specfit.speculative.request import Limits
+from specfit.speculative.stream import StreamSpec
+from specfit.workflow import SCHEMA, DecodeRun, decode_inputs, load_config
 
 
 def main(argv=None) -> None:
@@ -58,66 +56,23 @@ def main(argv=None) -> None:
         parser.error("give two or more --methods, and as many --slots when given")
     config = load_config(args.config, SCHEMA, *args.configfile)
     model_name, device_name, workload, slots = args.cell.split("/")
-    device, wl = config["devices"][device_name], config["workloads"][workload]
-    sides = list(zip(args.methods, args.slots or [int(slots)] * len(args.methods)))  # (method, slots) per side
-    names = [f"{m}@{x}" if args.slots else m for m, x in sides]
-    inputs = [decode_inputs(config, DecodeRun(model_name, device_name, workload, m, x)) for m, x in sides]
-    model_cfg = config["models"][model_name]
-
-    def offloaded(slots: int):
-        """The target on its own engine at ``slots``, with the drafter when a side drafts."""
-        model, _ = load_target(inputs[0]["target"], model_cfg["dtype"], "cpu", key=f"models.{model_name}.target",
-                               logits_dtype=model_cfg["logits_dtype"])
-        engine = make_engine(model, slots, device["max_inflight"], device["link"], device["torch_device"],
-                             device["emulate"])
-        path = next((i["drafter"] for i in inputs if "drafter" in i), None)
-        drafter = None if path is None else load_drafter(path, model, device=device["torch_device"],
-                                                         key=f"models.{model_name}.drafter")
-        if drafter is not None:
-            engine.emulate_drafter(drafter)
-        return model, engine, drafter
-
-    setups = {x: offloaded(x) for x in dict.fromkeys(x for _, x in sides)}
-    methods = [build_method(method_config(config, m), i, config["seed"], setups[x][1].num_experts)
-               for (m, x), i in zip(sides, inputs)]
+    runs = [DecodeRun(model_name, device_name, workload, m, x)
+            for m, x in zip(args.methods, args.slots or [int(slots)] * len(args.methods))]
+    names = [f"{r.method}@{r.slots}" if args.slots else r.method for r in runs]
+    inputs = [decode_inputs(config, r) for r in runs]
+    sides = load_sides([StreamSpec.from_dict(specs.decode(config, r.model, r.device, r.workload, r.method, r.slots))
+                        for r in runs], inputs)
     prompts = read_prompts(inputs[0]["prompts"], args.max_requests)
-    limits = Limits(wl["limit_tokens"], wl["max_new_tokens"] or wl["limit_tokens"], eos_ids(setups[sides[0][1]][0]))
+    wl = config["workloads"][workload]
+    limits = Limits(wl["limit_tokens"], wl["max_new_tokens"] or wl["limit_tokens"], eos_ids(sides[0].target.model))
+    time_sides(sides, prompts, limits, args.repeats)
+    n = len(sides)
+    requests = [[round_id(r) for r in side.requests] for side in sides]
+    cycles = [side.cycles for side in sides]
+    prefetch = [side.prefetch for side in sides]
+    stall = [side.stall_s for side in sides]
 
-    def decode(side: int, prompt: dict, limits: Limits, request_id: int):
-        method, (model, engine, drafter) = methods[side], setups[sides[side][1]]
-        engine.clear_cache()
-        return decode_request(model, drafter if method.drafts else None, method, prompt["prompt_ids"],
-                              request_id=request_id, question_id=prompt["question_id"], limits=limits,
-                              engine=engine)
-
-    compile_kernels()
-    with torch.inference_mode():
-        warmup = Limits(limits.limit_tokens, min(8, limits.max_new_tokens), limits.eos_ids)
-        for side, method in enumerate(methods):
-            decode(side, prompts[0], warmup, prompts[0]["request_id"])
-            method.reset()
-        for _, engine, _ in setups.values():
-            engine.reset_stats()
-        n = len(sides)
-        requests, cycles = [[] for _ in sides], [[] for _ in sides]
-        prefetch = [dict.fromkeys(PREFETCH, 0.0) for _ in sides]
-        stall = [0.0 for _ in sides]  # emulated device: copy time on the verify forwards' critical path (s)
-        for round_ in range(args.repeats):
-            for i, prompt in enumerate(prompts):
-                for k in range(n):
-                    side = (k + i + round_) % n
-                    engine = setups[sides[side][1]][1]
-                    before = engine.stats()
-                    result = decode(side, prompt, limits, prompt["request_id"])  # the atlas knows it by its id
-                    after = engine.stats()
-                    for key in PREFETCH:
-                        prefetch[side][key] += after["prefetch"][key] - before["prefetch"][key]
-                    if "device" in after:
-                        stall[side] += after["device"]["copy_stall_s"] - before["device"]["copy_stall_s"]
-                    requests[side].append({**result.request, "request_id": round_ * ROUND + prompt["request_id"]})
-                    cycles[side] += result.cycles
-
-    label = setups[sides[0][1]][1].timing_label
+    label = sides[0].target.engine.timing_label
     print(f"{args.cell}: {' vs '.join(names)}, {len(prompts)} prompts x {args.repeats} rounds in one process, "
           f"alternating order, empty expert cache before every request, {args.threads} thread(s); timings: {label}")
     for name, rows in zip(names, requests):
@@ -147,7 +102,7 @@ def main(argv=None) -> None:
             print(f"  {name} prefetch: {p['issued']:.0f} copies, used by the next forward {p['used']:.0f} "
                   f"(precision {p['used'] / p['issued']:.3f}), evicted unused {p['evicted_unused']:.0f}, idle "
                   f"{p['idle']:.0f}; copy time hidden {p['hidden_ms'] / max(len(rows), 1):.2f} ms per cycle")
-    for x, (_, engine, _) in setups.items():
+    for x, engine in {s.slots: s.target.engine for s in sides}.items():
         if (device_stats := engine.stats().get("device")) is not None:
             t = device_stats["target"]
             print(f"  {x} slots: {t['overruns']} of {t['forwards']} target forwards overran the device's model, "

@@ -19,7 +19,17 @@ from specfit.report.page import Estimate, est, ratio
 from specfit.report.quantities import METRICS_REQUIRED, THEORY_CACHE_AWARE_REQUIRED, THEORY_REQUIRED
 from specfit.speculative.config import ROUTED_RULES
 from specfit.stage import paths_of
-from specfit.workflow import DecodeRun, decode_runs, method_config, method_rule, theory_cost, theory_file, theory_runs
+from specfit.workflow import (
+    DecodeRun,
+    decode_runs,
+    method_config,
+    method_rule,
+    paired_cells,
+    paired_side,
+    theory_cost,
+    theory_file,
+    theory_runs,
+)
 
 log = logging.getLogger("specfit.report")
 
@@ -43,7 +53,9 @@ PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "tr
                       "pool_nodes_timed", "torch_device", "training")
 
 
-INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor")  # the rule's list inputs
+INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "paired")  # list inputs
+# the paired stage's requests.parquet (specfit.paired.SCHEMA): the columns the paired ratios read
+PAIRED_COLUMNS = ("side", "round", *REQUEST_COLUMNS)
 
 
 def _key(path: str) -> str:
@@ -106,6 +118,7 @@ class Inputs:
     paper: dict
     requests: dict[DecodeRun, list[dict]] = field(default_factory=dict)  # present runs only
     predictor: dict[str, dict] = field(default_factory=dict)  # model -> its learned route predictor's metrics.json
+    paired: dict[tuple[str, str, str], dict[str, list[dict]]] = field(default_factory=dict)  # cell -> side -> rows
     _intervals: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -138,6 +151,18 @@ class Inputs:
     def request_speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> Estimate | None:
         """TPS_req(num) / TPS_req(den), prefill included (Eq. 10), with the same paired bootstrap as `speedup`."""
         return self._ratio(num, den, "tps_req", whole_requests)
+
+    def paired_speedup(self, num: DecodeRun, den: DecodeRun) -> Estimate | None:
+        """TPS(num) / TPS(den) timed in one process (`specfit.paired`): a paired bootstrap over (round, request) and
+        no between-process spread; None when the cell has no paired timing of both."""
+        sides = self.paired.get((num.model, num.device, num.workload), {})
+        a, b = (sides.get(paired_side(r.method, r.slots)) for r in (num, den))
+        if a is None or b is None or (num.model, num.device, num.workload) != (den.model, den.device, den.workload):
+            return None
+        ci = self._interval(("paired", num, den), paths.paired(num.model, num.device, num.workload,
+                                                               "requests.parquet"),
+                            lambda: intervals.ratio_interval(a, b, seed=self.seed))
+        return est(ci["value"], ci)
 
     def _ratio(self, num, den, key: str, rows_of) -> Estimate | None:
         """metrics.json's ``key`` of num over den; the interval resamples ``rows_of(requests)``, whose decode TPS
@@ -226,6 +251,12 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
         folder = files.path("predictor", paths.predictor(model))
         if (data := _load_json(folder and f"{folder}/{PREDICTOR_METRICS}", PREDICTOR_REQUIRED)) is not None:
             predictor[model] = data
+    paired = {}
+    for cell in paired_cells(spec) if "paired" in spec else []:
+        if (table := _load_columns(files.path("paired", paths.paired(*cell, "requests.parquet")),
+                                   PAIRED_COLUMNS)) is not None:
+            for row in table.to_pylist():  # request ids unique per round, as the bootstrap pairs them
+                paired.setdefault(cell, {}).setdefault(row["side"], []).append(intervals.round_id(row))
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
-    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor)
+    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, paired)

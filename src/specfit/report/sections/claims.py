@@ -2,11 +2,14 @@
 and one verdict (`verdict.confronted`): confirmed, refuted or a tie. Whatever the direction, it is the run's finding;
 on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md)."""
 
+from specfit import paths
 from specfit.report.page import MISSING, Section, fmt, interval_note, note, table, tagged
 from specfit.report.quantities import x_cell
 from specfit.report.scope import Scope, slot_order
 from specfit.report.verdict import Verdict, confronted
+from specfit.workflow import paired_cells
 
+ONE_PROCESS, SEPARATE = "one process (paired)", "separate decode jobs"  # how a claim's ratio was timed
 # key, claim, numerator cell, denominator cell: (method rule, cache mode), as the paper's cells and this run's are keyed
 RATIOS = (
     ("vanilla-eagle3", "Vanilla EAGLE-3 against AR, both without the cache", ("eagle3", "nocache"), ("ar", "nocache")),
@@ -31,25 +34,36 @@ def section(s: Scope) -> Section | None:
         sec.tables.append(table(s.id("claims"), tagged(f"The paper's claims on {s.model} / {s.device}",
                                                        s.link_emulated), [
             ("Workload", lambda r: r[1]), ("Claim", lambda r: r[2]), ("Paper", lambda r: r[3]),
-            (tagged("This run", s.link_emulated), lambda r: r[4]), ("Verdict", lambda r: str(r[5]))],
+            (tagged("This run", s.link_emulated), lambda r: r[4]), ("Verdict", lambda r: str(r[5])),
+            ("Timed", lambda r: r[6])],
             rows, key=lambda r: r[0]))
         sec.notes.append(interval_note(s.i.seed))
     return sec if sec.tables or sec.missing else None
 
 
 def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
+    """The paper's TPS ratios: from the cell's paired timing (one process) where the config pairs it, else from
+    the two decode runs."""
     paper, runs, rows = s.paper.cells(pw), s.paper_runs(w), []
     if paper is None:
         return []
+    cell = (s.model, s.device, w)
+    paired = "paired" in s.spec and cell in paired_cells(s.spec)
+    if paired and cell not in s.i.paired:
+        sec.missing.append(paths.paired(*cell, "requests.parquet"))
     for key, claim, a, b in RATIOS:
         num, den = runs[a], runs[b]
-        if num not in s.runs or den not in s.runs:
-            continue
-        sec.missing += s.i.missing([num, den]) + s.i.missing_requests([num, den])
+        e = s.i.paired_speedup(num, den) if paired and None not in (num, den) else None
+        if e is None:
+            if num not in s.runs or den not in s.runs:
+                continue
+            sec.missing += s.i.missing([num, den]) + s.i.missing_requests([num, den])
+            e = s.i.speedup(num, den)
         p = paper[a]["tps_dec"] / paper[b]["tps_dec"]
-        e, direction = s.i.speedup(num, den), Verdict.of(p, p)  # the paper's ratio has no interval: its direction
+        direction = Verdict.of(p, p)  # the paper's ratio has no interval: its direction
         rows.append((f"{key}/{w}", w, claim, f"{p:.2f}× ({direction})", x_cell(e),
-                     confronted(direction, None if e is None else e.verdict)))
+                     confronted(direction, None if e is None else e.verdict),
+                     ONE_PROCESS if paired and cell in s.i.paired else SEPARATE))
     return rows
 
 
@@ -64,7 +78,8 @@ def noisy_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
     e = s.i.speedup(run, exact)
     p = routes["simulated_60pct_speedup"] / routes["exact_routes_speedup"]
     return [(f"noisy-routes/{w}", w, f"SpecFit with 60%-accurate routes ({noisy[0]}) against exact routes",
-             f"{p:.3f}× ({Verdict.TIE})", x_cell(e), confronted(Verdict.TIE, None if e is None else e.verdict))]
+             f"{p:.3f}× ({Verdict.TIE})", x_cell(e), confronted(Verdict.TIE, None if e is None else e.verdict),
+             SEPARATE)]
 
 
 def sweep_claim(s: Scope, pw: str, w: str) -> list[tuple]:
@@ -90,7 +105,7 @@ def sweep_claim(s: Scope, pw: str, w: str) -> list[tuple]:
         shown = ", ".join(f"{x}: {x_cell(g)}" for x, g in zip(slots, gains))
     paper = ", ".join(f"{x}: {1 + g / 100:.2f}×" for x, g in zip(sweep["slots"], sweep["specfit_gain_pct"]))
     return [(f"gain-grows/{w}", w, "SpecFit's gain over EAGLE-3 grows as the cache shrinks (slots: gain)", paper,
-             shown, verdict)]
+             shown, verdict, SEPARATE)]
 
 
 def theory_claim(s: Scope, pw: str, w: str) -> list[tuple]:
@@ -104,4 +119,4 @@ def theory_claim(s: Scope, pw: str, w: str) -> list[tuple]:
     return [(f"table5/{w}", w, "Ratio selection within 1% of λ* and within the bound of Eq. 7 (Table 5)",
              f"{paper['gap_pct_of_lambda']:.2f}% ≤ {paper['bound_pct_of_lambda']:.2f}%",
              f"{fmt(t['gap_pct'], '.2f')}% ≤ {fmt(t['bound_pct'], '.2f')}%",
-             Verdict.CONFIRMED if holds else Verdict.REFUTED)]
+             Verdict.CONFIRMED if holds else Verdict.REFUTED, "recorded pools")]
