@@ -100,24 +100,17 @@ def _check_references(config: dict) -> None:
                         f"config key 'runs.{i}.{field}' names {name!r}, which is not defined under "
                         f"'{field}' (defined: {', '.join(config[field])})"
                     )
-    for i, cell in enumerate(config["paired"]["cells"]):
-        for field in ("models", "devices", "workloads"):
+    for i, block in enumerate(config["paired"]["cells"]):
+        for field in ("models", "devices", "workloads", "methods"):
             problems += [f"config key 'paired.cells.{i}.{field}' names {name!r}, which is not defined under '{field}'"
-                         for name in cell[field] if name not in config[field]]
-        for model, device in itertools.product(cell["models"], cell["devices"]):
-            if device not in config["models"].get(model, {}).get("main_slots", {device: 0}):
-                problems.append(f"config key 'models.{model}.main_slots' has no entry for device {device!r} "
-                                "(the with-cache side of the paired cells)")
-    if config["paired"]["cells"] and (lacking := [r for r, m in paper_methods(config).items() if m is None]):
-        problems.append(f"config key 'paired.cells' times the paper's AR, EAGLE-3 and SpecFit (exact routes), but "
-                        f"'methods' has no method of rule {', '.join(lacking)}")
+                         for name in block[field] if name not in config[field]]
     for name, model in config["models"].items():
         if model.get("toy"):
             for part in ("target", "drafter"):
                 want = f"data/models/{name}/{part}"
                 if model[part].rstrip("/") != want:
                     problems.append(f"config key 'models.{name}.{part}': a toy model is built at {want!r}")
-    for run in config["runs"]:
+    for run in (*config["runs"], *config["paired"]["cells"]):
         for model, device in itertools.product(run["models"], run["devices"]):
             if device not in config["models"].get(model, {}).get("main_slots", {device: 0}):
                 problems.append(
@@ -263,30 +256,24 @@ def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:
     return None if reference == run else reference
 
 
-PAPER_RULES = ("ar", "eagle3", "specfit")  # the paper's methods, in its order
 PAIRED_SHARED = ("prompts", "target", "drafter")  # the paired stage's inputs every side reads; the rest: <j>.<name>
 
 
-def paper_methods(config: dict) -> dict[str, str | None]:
-    """The config's method in each of the paper's roles (`PAPER_RULES`): the first of that rule, SpecFit's with exact
-    (atlas) routes; None where the config has none."""
-    return {rule: next((m for m in config["methods"] if method_rule(config, m) == rule
-                        and (rule != "specfit" or method_config(config, m).route_source.name == "atlas")), None)
-            for rule in PAPER_RULES}
-
-
 def paired_cells(config: dict) -> list[tuple[str, str, str]]:
-    """(model, device, workload) of every cell whose paper's methods the paired stage times in one process."""
-    return sorted({combo for cell in config["paired"]["cells"]
-                   for combo in itertools.product(cell["models"], cell["devices"], cell["workloads"])})
+    """(model, device, workload) of every cell whose sides the paired stage times in one process."""
+    return sorted({combo for block in config["paired"]["cells"]
+                   for combo in itertools.product(block["models"], block["devices"], block["workloads"])})
 
 
 def paired_runs(config: dict, model: str, device: str, workload: str) -> list[DecodeRun]:
-    """A paired cell's sides, as the decode runs they stand for: the paper's methods (`paper_methods`) at the main
-    slot count, then without the cache."""
-    main = config["models"][model]["main_slots"][device]
-    return [DecodeRun(model, device, workload, method, slots) for slots in (main, 0)
-            for method in paper_methods(config).values()]
+    """A paired cell's sides, as the decode runs they stand for: each block's methods × slots that names the cell,
+    in the config's order."""
+    runs = {}
+    for block in config["paired"]["cells"]:
+        if model in block["models"] and device in block["devices"] and workload in block["workloads"]:
+            for method, slots in itertools.product(block["methods"], block["slots"]):
+                runs.setdefault(DecodeRun(model, device, workload, method, slots), None)
+    return list(runs)
 
 
 def paired_side(method: str, slots: int) -> str:

@@ -145,21 +145,26 @@ def test_theory(config, smoke):
 
 
 def test_paired(config, smoke):
-    """A paired cell's sides are the decode runs of the paper's AR, EAGLE-3 and SpecFit at the main slots and at 0,
-    each with the decode rule's spec and its own inputs (`<j>.<name>`) beside the shared ones."""
+    """A paired cell's sides are the union of the blocks naming it (the paper's three methods with and without the
+    cache, the sweep's slot counts, noisy routes), each with the decode rule's spec and its own inputs
+    (``<j>.<name>``) beside the shared ones."""
     assert paired_cells(config) == [("toy", "cpu-a100", "gsm8k"), ("toy", "cpu-a100", "summarization")]
     runs = paired_runs(config, "toy", "cpu-a100", "gsm8k")
-    assert [(r.method, r.slots) for r in runs] == [("ar", 12), ("eagle3", 12), ("specfit", 12), ("ar", 0),
-                                                   ("eagle3", 0), ("specfit", 0)]
+    assert [(r.method, r.slots) for r in runs] == [("ar", 12), ("ar", 0), ("eagle3", 12), ("eagle3", 0),
+                                                   ("specfit", 12), ("specfit", 0), ("specfit-noisy", 12)]
+    assert [(r.method, r.slots) for r in paired_runs(config, "toy", "cpu-a100", "summarization")][6:] == [
+        ("eagle3", 6), ("eagle3", 3), ("specfit", 6), ("specfit", 3)]
     spec = specs.paired(config, "toy", "cpu-a100", "gsm8k")
     assert spec == {"repeats": 2, "sides": [specs.decode(config, *r.__dict__.values()) for r in runs]}
     assert paired_inputs(config, "toy", "cpu-a100", "gsm8k") == {
         "prompts": "data/prompts/toy/gsm8k.parquet", "target": "data/models/toy/target",
         "drafter": "data/models/toy/drafter",
-        "2.coefficients": "data/calibration/toy/cpu-a100/cache.json",
-        "2.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-cache/atlas.parquet",
+        "4.coefficients": "data/calibration/toy/cpu-a100/cache.json",
+        "4.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-cache/atlas.parquet",
         "5.coefficients": "data/calibration/toy/cpu-a100/nocache.json",
-        "5.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-nocache/atlas.parquet"}
+        "5.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-nocache/atlas.parquet",
+        "6.coefficients": "data/calibration/toy/cpu-a100/cache.json",
+        "6.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-noisy-cache/atlas.parquet"}
     assert specs.paired(smoke, "toy", "cpu-a100", "gsm8k")["repeats"] == 1
     assert paired_cells(smoke) == [("toy", "cpu-a100", "gsm8k")]
 

@@ -119,6 +119,7 @@ class Inputs:
     requests: dict[DecodeRun, list[dict]] = field(default_factory=dict)  # present runs only
     predictor: dict[str, dict] = field(default_factory=dict)  # model -> its learned route predictor's metrics.json
     paired: dict[tuple[str, str, str], dict[str, list[dict]]] = field(default_factory=dict)  # cell -> side -> rows
+    paired_cells: list[tuple[str, str, str]] = field(default_factory=list)  # the config's paired cells
     _intervals: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -151,6 +152,12 @@ class Inputs:
     def request_speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> Estimate | None:
         """TPS_req(num) / TPS_req(den), prefill included (Eq. 10), with the same paired bootstrap as `speedup`."""
         return self._ratio(num, den, "tps_req", whole_requests)
+
+    def missing_paired(self, model: str, device: str, workload: str) -> list[str]:
+        """The paired timing of a cell the config pairs, when the report lacks it."""
+        cell = (model, device, workload)
+        lacking = cell in self.paired_cells and cell not in self.paired
+        return [paths.paired(*cell, "requests.parquet")] if lacking else []
 
     def paired_speedup(self, num: DecodeRun, den: DecodeRun) -> Estimate | None:
         """TPS(num) / TPS(den) timed in one process (`specfit.paired`): a paired bootstrap over (round, request) and
@@ -251,12 +258,12 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
         folder = files.path("predictor", paths.predictor(model))
         if (data := _load_json(folder and f"{folder}/{PREDICTOR_METRICS}", PREDICTOR_REQUIRED)) is not None:
             predictor[model] = data
-    paired = {}
-    for cell in paired_cells(spec) if "paired" in spec else []:
+    paired, cells = {}, paired_cells(spec) if "paired" in spec else []
+    for cell in cells:
         if (table := _load_columns(files.path("paired", paths.paired(*cell, "requests.parquet")),
                                    PAIRED_COLUMNS)) is not None:
             for row in table.to_pylist():  # request ids unique per round, as the bootstrap pairs them
                 paired.setdefault(cell, {}).setdefault(row["side"], []).append(intervals.round_id(row))
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
-    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, paired)
+    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, paired, cells)
