@@ -16,7 +16,8 @@ def test_sides_take_turns_in_one_process_and_stay_lossless(files, tmp_path):
     greedy outputs all equal the first side's, and the rows pair across sides by (round, request)."""
     sides = [spec("ar"), spec("eagle3"), dict(spec("ar"), slots=0)]
     out = {"requests": tmp_path / "requests.parquet", "metrics": tmp_path / "metrics.json"}
-    paired.run({"sides": sides, "repeats": 2}, {k: files[k] for k in ("prompts", "target", "drafter")}, out)
+    paired.run({"names": ["ar@4", "eagle3@4", "ar@0"], "sides": sides, "repeats": 2},
+               {k: files[k] for k in ("prompts", "target", "drafter")}, out)
     rows = pq.read_table(out["requests"]).to_pylist()
     assert pq.read_schema(out["requests"]).equals(paired.SCHEMA)
     assert sorted((r["side"], r["round"], r["request_id"]) for r in rows) == sorted(
@@ -39,7 +40,10 @@ def test_a_side_of_another_workload_or_a_single_side_is_refused(files, tmp_path)
     out = {"requests": tmp_path / "r.parquet", "metrics": tmp_path / "m.json"}
     inputs = {k: files[k] for k in ("prompts", "target", "drafter")}
     with pytest.raises(SpecFitError, match="two or more sides"):
-        paired.run({"sides": [spec("ar")], "repeats": 1}, inputs, out)
+        paired.run({"names": ["ar@4"], "sides": [spec("ar")], "repeats": 1}, inputs, out)
     with pytest.raises(SpecFitError, match="must share the model, device, precision and workload limits"):
-        paired.run({"sides": [spec("ar"), dict(spec("eagle3"), max_new_tokens=6)], "repeats": 1}, inputs, out)
+        paired.run({"names": ["ar@4", "eagle3@4"], "sides": [spec("ar"), dict(spec("eagle3"), max_new_tokens=6)],
+                    "repeats": 1}, inputs, out)
+    with pytest.raises(SpecFitError, match="one distinct name each"):
+        paired.run({"names": ["ar@4", "ar@4"], "sides": [spec("ar"), spec("ar")], "repeats": 1}, inputs, out)
     assert not out["requests"].exists()

@@ -9,7 +9,8 @@ takes the paper's claims from these rows where a cell has them (`specfit.report.
 bootstrap over (round, request) and no between-process spread. ``python -m specfit.bench paired`` runs the same
 loop on any cell from the command line.
 
-spec: sides: one decode spec per side (`specfit.speculative.stream.StreamSpec`: the decode rule's spec of that run),
+spec: names: each side's name, ``method@slots`` with the config's method name (`specfit.workflow.paired_side`);
+      sides: one decode spec per side (`specfit.speculative.stream.StreamSpec`: the decode rule's spec of that run),
       all of one model, device and workload; repeats: rounds over the prompts
 inputs: prompts, target, drafter (when a side drafts), and each side's own as ``<j>.<name>`` (j: the side's index;
         coefficients, atlas, predictor: `specfit.workflow.decode_inputs`)
@@ -36,12 +37,11 @@ from specfit.speculative.methods import Method, build_method
 from specfit.speculative.request import Limits, decode_request
 from specfit.speculative.stream import StreamSpec
 from specfit.stage import stage_main
-from specfit.workflow import PAIRED_SHARED, paired_side
+from specfit.workflow import PAIRED_SHARED
 
 log = logging.getLogger(__name__)
 
-SCHEMA = pa.schema([("side", pa.string()), ("method", pa.string()), ("slots", pa.int64()), ("round", pa.int64()),
-                    *REQUEST_SCHEMA])
+SCHEMA = pa.schema([("side", pa.string()), ("slots", pa.int64()), ("round", pa.int64()), *REQUEST_SCHEMA])
 PREFETCH = ("issued", "used", "evicted_unused", "idle", "hidden_ms")  # OffloadEngine.stats()["prefetch"], summed
 
 
@@ -66,7 +66,7 @@ class Side:
     stall_s: float = 0.0  # emulated device: copy time on its verify forwards' critical path
 
 
-def load_sides(specs: list[StreamSpec], inputs: list[dict]) -> list[Side]:
+def load_sides(names: list[str], specs: list[StreamSpec], inputs: list[dict]) -> list[Side]:
     """Each side's method on the target at its slot count (one target, engine and drafter per count); ``inputs``:
     each side's decode inputs."""
     first = specs[0]
@@ -86,9 +86,10 @@ def load_sides(specs: list[StreamSpec], inputs: list[dict]) -> list[Side]:
             if drafter is not None:
                 engine.emulate_drafter(drafter)
             targets[s.slots] = Target(model, engine, drafter)
-    return [Side(paired_side(s.method.name, s.slots), s.slots,
-                 build_method(s.method, i, s.seed, targets[s.slots].engine.num_experts), targets[s.slots])
-            for s, i in zip(specs, inputs)]
+    if len(set(names)) != len(names) or len(names) != len(specs):
+        raise SpecFitError(f"paired sides need one distinct name each: {names}")
+    return [Side(name, s.slots, build_method(s.method, i, s.seed, targets[s.slots].engine.num_experts),
+                 targets[s.slots]) for name, s, i in zip(names, specs, inputs)]
 
 
 def decode(side: Side, prompt: dict, limits: Limits):
@@ -124,8 +125,8 @@ def time_sides(sides: list[Side], prompts: list[dict], limits: Limits, repeats: 
                         side.prefetch[key] += after["prefetch"][key] - before["prefetch"][key]
                     if "device" in after:
                         side.stall_s += after["device"]["copy_stall_s"] - before["device"]["copy_stall_s"]
-                    side.requests.append({"side": side.name, "method": side.method.name, "slots": side.slots,
-                                          "round": round_, **result.request})
+                    side.requests.append({"side": side.name, "slots": side.slots, "round": round_,
+                                          **result.request})
                     side.cycles += result.cycles
 
 
@@ -141,13 +142,19 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     if len(specs) < 2 or spec["repeats"] < 1:
         raise SpecFitError("paired: give two or more sides and at least one round (paired.repeats)")
     torch.manual_seed(specs[0].seed)
-    sides = load_sides(specs, side_inputs(inputs, len(specs)))
+    sides = load_sides(spec["names"], specs, side_inputs(inputs, len(specs)))
     prompts = read_prompts(inputs["prompts"], specs[0].max_requests)
     limits = Limits(specs[0].limit_tokens, specs[0].max_new_tokens, eos_ids(sides[0].target.model))
     time_sides(sides, prompts, limits, spec["repeats"], specs[0].warmup_tokens)
     rows = [r for side in sides for r in side.requests]
     write_parquet(pa.Table.from_pylist(rows, schema=SCHEMA), outputs["requests"])
-    write_json(summary(sides, prompts, spec["repeats"], specs[0].seed), outputs["metrics"])
+    metrics = summary(sides, prompts, spec["repeats"], specs[0].seed)
+    for name, side in metrics["sides"].items():
+        if side["identical_to_first"] < len(side_rows := [r for r in rows if r["side"] == name]):
+            log.warning("%s: %d of %d outputs differ from %s's (greedy decoding should be lossless; the decode "
+                        "runs' lossless check gives each divergence's logit margin)", name,
+                        len(side_rows) - side["identical_to_first"], len(side_rows), sides[0].name)
+    write_json(metrics, outputs["metrics"])
 
 
 def summary(sides: list[Side], prompts: list[dict], repeats: int, seed: int) -> dict:
@@ -159,7 +166,7 @@ def summary(sides: list[Side], prompts: list[dict], repeats: int, seed: int) -> 
     for side in sides:
         device = side.target.engine.stats().get("device")
         out["sides"][side.name] = {
-            "method": side.method.name, "slots": side.slots,
+            "slots": side.slots,
             "tps_dec": tps_interval([round_id(r) for r in side.requests], seed=seed),
             "identical_to_first": sum(r["output_ids"] == o for r, o in zip(side.requests, reference)),
             "cycles": len(side.cycles), "copy_stall_s": side.stall_s, "prefetch": side.prefetch,

@@ -18,6 +18,7 @@ from specfit.workflow import (
     evaluated_question_ids,
     method_config,
     paired_runs,
+    paired_side,
     predictor_question_ids,
     theory_cost,
     theory_file,
@@ -120,9 +121,10 @@ def generate(config: dict, model: str, device: str, method: str, slots: int, lim
 
 
 def paired(config: dict, model: str, device: str, workload: str) -> dict:
-    """Rule paired: each side's decode spec (`decode`; `specfit.workflow.paired_runs`) and the rounds."""
-    return {"sides": [decode(config, r.model, r.device, r.workload, r.method, r.slots)
-                      for r in paired_runs(config, model, device, workload)],
+    """Rule paired: each side's name and decode spec (`decode`; `specfit.workflow.paired_runs`), and the rounds."""
+    runs = paired_runs(config, model, device, workload)
+    return {"names": [paired_side(r.method, r.slots) for r in runs],
+            "sides": [decode(config, r.model, r.device, r.workload, r.method, r.slots) for r in runs],
             "repeats": config["paired"]["repeats"]}
 
 

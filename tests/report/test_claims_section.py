@@ -104,7 +104,7 @@ def test_claims_of_a_paired_cell_come_from_one_process(tree):
     runs = {(r.method, r.slots): r for r in written if hasattr(r, "file")}
     scale = {("ar", 0): 1.0, ("eagle3", 0): 0.7, ("specfit", 0): 0.72, ("ar", 4): 0.8, ("eagle3", 4): 0.55,
              ("specfit", 4): 0.5}
-    rows_ = [{"side": f"{m}@{x}", "method": m, "slots": x, "round": rnd, **r,
+    rows_ = [{"side": f"{m}@{x}", "slots": x, "round": rnd, **r,
               "t_request_s": r["t_request_s"] * scale[m, x] * (1.0 + 0.01 * rnd)}
              for (m, x), run in runs.items() if (m, x) in scale for rnd in (0, 1)
              for r in written["requests", run]]

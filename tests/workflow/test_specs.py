@@ -155,7 +155,8 @@ def test_paired(config, smoke):
     assert [(r.method, r.slots) for r in paired_runs(config, "toy", "cpu-a100", "summarization")][6:] == [
         ("eagle3", 6), ("eagle3", 3), ("specfit", 6), ("specfit", 3)]
     spec = specs.paired(config, "toy", "cpu-a100", "gsm8k")
-    assert spec == {"repeats": 2, "sides": [specs.decode(config, *r.__dict__.values()) for r in runs]}
+    assert spec == {"repeats": 2, "sides": [specs.decode(config, *r.__dict__.values()) for r in runs],
+                    "names": ["ar@12", "ar@0", "eagle3@12", "eagle3@0", "specfit@12", "specfit@0", "specfit-noisy@12"]}
     assert paired_inputs(config, "toy", "cpu-a100", "gsm8k") == {
         "prompts": "data/prompts/toy/gsm8k.parquet", "target": "data/models/toy/target",
         "drafter": "data/models/toy/drafter",

@@ -34,7 +34,7 @@ from specfit.paired import load_sides, time_sides
 from specfit.records import read_prompts
 from specfit.speculative.request import Limits
 from specfit.speculative.stream import StreamSpec
-from specfit.workflow import SCHEMA, DecodeRun, decode_inputs, load_config
+from specfit.workflow import SCHEMA, DecodeRun, decode_inputs, load_config, paired_side
 
 
 def main(argv=None) -> None:
@@ -60,7 +60,8 @@ def main(argv=None) -> None:
             for m, x in zip(args.methods, args.slots or [int(slots)] * len(args.methods))]
     names = [f"{r.method}@{r.slots}" if args.slots else r.method for r in runs]
     inputs = [decode_inputs(config, r) for r in runs]
-    sides = load_sides([StreamSpec.from_dict(specs.decode(config, r.model, r.device, r.workload, r.method, r.slots))
+    sides = load_sides([paired_side(r.method, r.slots) for r in runs],
+                       [StreamSpec.from_dict(specs.decode(config, r.model, r.device, r.workload, r.method, r.slots))
                         for r in runs], inputs)
     prompts = read_prompts(inputs[0]["prompts"], args.max_requests)
     wl = config["workloads"][workload]
