@@ -117,11 +117,12 @@ def test_incremental_reruns(workflow, tmp_path):
     workdir, _ = workflow
     assert scheduled(workdir) == {}  # after a full run, nothing to do
     (workdir / "k6.yaml").write_text("methods: {specfit: {k_max: 6}}\n")
-    # one method's parameter: its atlases and runs, the theory over them and the report; nothing else
+    # one method's parameter: its atlases and runs, the paired cell it is a side of, the theory over them and the
+    # report; nothing else
     jobs = scheduled(workdir, "k6.yaml")
-    assert set(jobs) == {"atlas", "decode", "theory", "report"}, jobs
+    assert set(jobs) == {"atlas", "decode", "paired", "theory", "report"}, jobs
     # specfit at slots 0/2/4 x workloads on the link, 0/4 on gsm8k on the emulated A100; not specfit-noisy
-    assert jobs["decode"] == 7 and jobs["atlas"] == 6
+    assert jobs["decode"] == 7 and jobs["atlas"] == 6 and jobs["paired"] == 1
     runs = yaml.safe_load((workdir / "smoke.yaml").read_text())["runs"]
     runs.append({"models": ["toy"], "devices": ["cpu-a100link"], "workloads": ["summarization"],
                  "methods": ["eagle3"], "slots": [1]})
