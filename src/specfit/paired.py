@@ -30,7 +30,7 @@ from specfit.engine import OffloadEngine, make_engine
 from specfit.errors import SpecFitError
 from specfit.intervals import round_id, tps_interval
 from specfit.io import write_json, write_parquet
-from specfit.models import eos_ids, load_drafter, load_target
+from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.records import REQUEST_SCHEMA, read_prompts
 from specfit.selection.search import compile_kernels
 from specfit.speculative.methods import Method, build_method
@@ -74,8 +74,11 @@ def load_sides(names: list[str], specs: list[StreamSpec], inputs: list[dict]) ->
            != (first.model, first.torch_device, first.dtype, first.link, first.emulate, first.limit_tokens,
                first.max_new_tokens) for s in specs):
         raise SpecFitError("paired sides must share the model, device, precision and workload limits")
+    if len(set(names)) != len(names) or len(names) != len(specs):
+        raise SpecFitError(f"paired sides need one distinct name each: {names}")
     targets: dict[int, Target] = {}
     drafter_path = next((i["drafter"] for i in inputs if "drafter" in i), None)
+    check_checkpoints(inputs[0]["target"], drafter_path, first.model)  # configs and headers, before any weight
     for s in specs:
         if s.slots not in targets:
             model, _ = load_target(inputs[0]["target"], s.dtype, "cpu", key=f"models.{s.model}.target",
@@ -86,8 +89,6 @@ def load_sides(names: list[str], specs: list[StreamSpec], inputs: list[dict]) ->
             if drafter is not None:
                 engine.emulate_drafter(drafter)
             targets[s.slots] = Target(model, engine, drafter)
-    if len(set(names)) != len(names) or len(names) != len(specs):
-        raise SpecFitError(f"paired sides need one distinct name each: {names}")
     return [Side(name, s.slots, build_method(s.method, i, s.seed, targets[s.slots].engine.num_experts),
                  targets[s.slots]) for name, s, i in zip(names, specs, inputs)]
 
