@@ -26,6 +26,8 @@ Everything is deterministic for a given ``seed`` (one `numpy.random.Generator`).
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Iterable, Mapping
 from statistics import NormalDist
 
@@ -150,25 +152,49 @@ def ratio_interval(num_requests: Iterable[Mapping], den_requests: Iterable[Mappi
     Returns {"value", "low", "high", "n", "verdict"}: verdict "faster" when low > 1, "slower" when
     high < 1, else "tie". With one common request the interval is the value, widened by ``spread``.
     """
+    return products_ratio_interval({"numerator": num_requests}, {"denominator": den_requests}, seed, n_boot, level,
+                                   spread)
+
+
+def ratio_of_ratios_interval(num_a: Iterable[Mapping], den_a: Iterable[Mapping], num_b: Iterable[Mapping],
+                             den_b: Iterable[Mapping], seed: int = 0, n_boot: int = N_BOOT, level: float = LEVEL,
+                             spread: float = 0.0) -> dict:
+    """(TPS_dec(num_a) / TPS_dec(den_a)) / (TPS_dec(num_b) / TPS_dec(den_b)): how much one ratio exceeds another
+    (a gain at one cache size over the gain at another), on the request ids all four runs hold, with the paired
+    bootstrap of `ratio_interval` drawing the same ids for all four. ``spread``: the standard deviation of its log
+    between the runs' processes (0 when all four were timed in one process). Returns what `ratio_interval` does."""
+    return products_ratio_interval({"first numerator": num_a, "second denominator": den_b},
+                                   {"first denominator": den_a, "second numerator": num_b}, seed, n_boot, level,
+                                   spread)
+
+
+def products_ratio_interval(num: Mapping[str, Iterable[Mapping]], den: Mapping[str, Iterable[Mapping]], seed: int = 0,
+                            n_boot: int = N_BOOT, level: float = LEVEL, spread: float = 0.0) -> dict:
+    """Π TPS_dec(num runs) / Π TPS_dec(den runs) (runs by name) on the request ids every run holds: the paired
+    bootstrap and ``spread`` of `ratio_interval`, which is the case of one run on each side."""
     _check(n_boot, level)
-    num, den = _by_id(num_requests, "numerator"), _by_id(den_requests, "denominator")
-    ids = sorted(set(num) & set(den))
+    runs = {name: _by_id(rows, name) for name, rows in (*num.items(), *den.items())}
+    ids = sorted(set.intersection(*(set(r) for r in runs.values())))
     if not ids:
-        raise ValueError(f"ratio_interval needs requests present in both runs ({len(num)} and {len(den)} "
-                         "requests, no request_id in common)")
-    tok_a, sec_a = decode_sums(num[i] for i in ids)
-    tok_b, sec_b = decode_sums(den[i] for i in ids)
-    tps_a, tps_b = _tps(tok_a.sum(), sec_a.sum()), _tps(tok_b.sum(), sec_b.sum())
-    if not np.isfinite(tps_a) or not np.isfinite(tps_b) or tps_b == 0:
-        raise ValueError(f"no ratio: decode TPS {float(tps_a)} over {float(tps_b)} on {len(ids)} common requests")
-    value = float(tps_a / tps_b)
+        sizes = " and ".join(str(len(r)) for r in runs.values())
+        raise ValueError(f"ratio_interval needs requests present in {'both' if len(runs) == 2 else 'all'} runs "
+                         f"({sizes} requests, no request_id in common)")
+    sums = {name: decode_sums(r[i] for i in ids) for name, r in runs.items()}  # name -> ([ids] tokens, [ids] seconds)
+    tps = {name: _tps(tokens.sum(), seconds.sum()) for name, (tokens, seconds) in sums.items()}
+    top, bottom = (functools.reduce(operator.mul, (tps[name] for name in side)) for side in (num, den))
+    if not all(np.isfinite(x) for x in tps.values()) or bottom == 0:
+        shown = " over ".join(" * ".join(str(float(tps[name])) for name in side) for side in (num, den))
+        raise ValueError(f"no ratio: decode TPS {shown} on {len(ids)} common requests")
+    value = float(top / bottom)
     n = len(ids)
     if n == 1:
         low = high = value
     else:
-        sa, ta, sb, tb = _resampled_sums([tok_a, sec_a, tok_b, sec_b], seed, n_boot)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            low, high = _quantiles(_tps(sa, ta) / _tps(sb, tb), level)
+        resampled = _resampled_sums([col for name in runs for col in sums[name]], seed, n_boot)
+        boot = {name: _tps(resampled[2 * j], resampled[2 * j + 1]) for j, name in enumerate(runs)}  # [n_boot] each
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            low, high = _quantiles(functools.reduce(operator.mul, (boot[name] for name in num))
+                                   / functools.reduce(operator.mul, (boot[name] for name in den)), level)
     if spread > 0 and low > 0:
         z = float(NormalDist().inv_cdf((1.0 + level) / 2.0))
         down, up = np.log(value / low), np.log(high / value)  # the bootstrap's log half-widths

@@ -29,10 +29,10 @@ def test_confronted():
     assert confronted(Verdict.SLOWER, None) == Verdict.NOT_JUDGED
 
 
-def emulated_tree(tree):
-    spec = tiny_spec(devices=(DEVICE,))
+def emulated_tree(tree, spec=None, speeds=None):
+    spec = spec or tiny_spec(devices=(DEVICE,))
     spec["devices"][DEVICE].update(link=None, emulate=EMULATE, label="CPU emulating the A100")
-    written = fake_root(tree, spec)
+    written = fake_root(tree, spec, speeds=speeds)
     for run in [r for r in written if not isinstance(r, tuple) and hasattr(r, "file")]:
         path = tree / run.file("metrics.json")
         m = json.loads(path.read_text())
@@ -121,3 +121,51 @@ def test_claims_of_a_paired_cell_come_from_one_process(tree):
         ci = intervals.ratio_interval(side[num], side[den], seed=0)  # spread 0: one process
         assert claims[f"{key}/gsm8k"][3] == x_text(ci) and claims[f"{key}/gsm8k"][5] == "one process (paired)"
     assert claims["table5/gsm8k"][5] == "recorded pools"
+
+
+def sweep_tree(tree, speeds):
+    """Summarization on the emulated A100 at 4, 2 and 0 slots (the sweep claim's ends: 4, the main slots, and 0)."""
+    spec, written = emulated_tree(tree, tiny_spec(slots=(0, 2, 4), devices=(DEVICE,), workload="summarization"),
+                                  speeds)
+    return spec, written, {(r.method, r.slots): r for r in written if hasattr(r, "file")}
+
+
+def test_the_sweep_claim_is_judged_on_the_gain_at_its_ends(tree):
+    """The gain without a cache over the gain at the main slots decides, with its own paired interval (four decode
+    jobs: the spread of two ratios), whatever the gains do in between; the paper's is 1.316 / 1.216 (faster)."""
+    speeds = {("specfit", 4): 6.0, ("eagle3", 4): 5.0, ("specfit", 2): 9.0, ("eagle3", 2): 4.0,
+              ("specfit", 0): 4.2, ("eagle3", 0): 3.0}  # 1.2x, 2.25x (not monotone), 1.4x
+    spec, written, runs = sweep_tree(tree, speeds)
+    _, tables = build(spec, declared(spec), tree / "reports" / "all")
+    row = rows(tables[f"claims/toy/{DEVICE}"])["gain-grows/summarization"]
+    ends = [written["requests", runs[k]] for k in (("specfit", 0), ("eagle3", 0), ("specfit", 4), ("eagle3", 4))]
+    ci = intervals.ratio_of_ratios_interval(*ends, seed=0, spread=2 ** 0.5 * intervals.PROCESS_SPREAD)
+    assert row[2].endswith("; 0 over 48: 1.08×")
+    assert row[3].endswith(f"; 0 over 4: {x_text(ci)}")
+    assert row[3].startswith(f"4: {x_text(ratio_of(written, runs['specfit', 4], runs['eagle3', 4]))}, 2: ")
+    assert ci["low"] > 1.0 and row[4] == "confirmed" and row[5] == "separate decode jobs"
+
+
+def test_the_sweep_claim_from_one_process(tree):
+    """With the four ends in a paired cell, the growth of the gain is timed there: no between-process spread."""
+    speeds = {("specfit", 4): 6.0, ("eagle3", 4): 5.0, ("specfit", 2): 5.5, ("eagle3", 2): 5.0,
+              ("specfit", 0): 3.3, ("eagle3", 0): 3.0}
+    spec, written, runs = sweep_tree(tree, speeds)
+    spec["paired"] = {"repeats": 1, "cells": [{"models": ["toy"], "devices": [DEVICE], "workloads": ["summarization"]}]}
+    ends = (("specfit", 0), ("eagle3", 0), ("specfit", 4), ("eagle3", 4))
+    # the paired rows: the decode runs' requests, SpecFit 20% faster without the cache than its decode run
+    rows_ = [{"side": f"{m}@{x}", "slots": x, "round": 0, **r,
+              "t_request_s": r["t_request_s"] / (1.2 if (m, x) == ("specfit", 0) else 1.0)}
+             for (m, x) in ends for r in written["requests", runs[m, x]]]
+    path = tree / paths.paired("toy", DEVICE, "summarization", "requests.parquet")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows_, schema=SCHEMA), path)
+    _, tables = build(spec, declared(spec), tree / "reports" / "all")
+    row = rows(tables[f"claims/toy/{DEVICE}"])["gain-grows/summarization"]
+    side = {}
+    for r in rows_:
+        side.setdefault(r["side"], []).append(round_id(r))
+    ci = intervals.ratio_of_ratios_interval(*(side[f"{m}@{x}"] for m, x in ends), seed=0)  # spread 0
+    assert row[3].endswith(f"; 0 over 4: {x_text(ci)}")
+    assert row[4] == str(confronted(Verdict.FASTER, Verdict(ci["verdict"])))
+    assert row[5] == "one process (paired) and separate decode jobs"  # the gain at 2 slots is not paired

@@ -171,6 +171,38 @@ class Inputs:
                             lambda: intervals.ratio_interval(a, b, seed=self.seed))
         return est(ci["value"], ci)
 
+    def paired_ratio_of_ratios(self, *runs: DecodeRun) -> Estimate | None:
+        """(TPS(a) / TPS(b)) / (TPS(c) / TPS(d)) of the four ``runs`` a, b, c, d of one cell, timed in one process
+        (`paired_speedup`): a paired bootstrap over (round, request) of all four sides, no between-process spread;
+        None when the cell has no paired timing of all four."""
+        cell = (runs[0].model, runs[0].device, runs[0].workload)
+        sides = self.paired.get(cell, {})
+        rows = [sides.get(paired_side(r.method, r.slots)) for r in runs]
+        if None in rows or any((r.model, r.device, r.workload) != cell for r in runs):
+            return None
+        ci = self._interval(("paired", *runs), paths.paired(*cell, "requests.parquet"),
+                            lambda: intervals.ratio_of_ratios_interval(*rows, seed=self.seed))
+        return est(ci["value"], ci)
+
+    def ratio_of_ratios(self, *runs: DecodeRun | None) -> Estimate | None:
+        """(TPS(a) / TPS(b)) / (TPS(c) / TPS(d)) of the four decode jobs ``runs`` a, b, c, d (a gain over the gain
+        at another cache size), with a paired bootstrap over the request ids all four hold, widened by the spread
+        between processes (`specfit.intervals.process_spread`) of each of its two ratios, in quadrature."""
+        a, b, c, d = runs
+        if any(r not in self.metrics or not self.metrics[r]["tps_dec"] for r in runs):
+            return None
+        if any(r not in self.requests for r in runs):
+            return est(ratio(ratio(*(self.metrics[r]["tps_dec"] for r in (a, b))),
+                             ratio(*(self.metrics[r]["tps_dec"] for r in (c, d)))))
+        for r in runs:
+            tokens, seconds = intervals.decode_sums(self.requests[r])  # [requests] each
+            self._check_agrees(r, "tps_dec", float(tokens.sum() / seconds.sum()))
+        spread = math.sqrt(2.0) * intervals.process_spread(*(self.metrics[r] for r in runs))
+        ci = self._interval(("tps_dec", *runs), " and ".join(r.path for r in runs),
+                            lambda: intervals.ratio_of_ratios_interval(*(self.requests[r] for r in runs),
+                                                                       seed=self.seed, spread=spread))
+        return est(ci["value"], ci)
+
     def _ratio(self, num, den, key: str, rows_of) -> Estimate | None:
         """metrics.json's ``key`` of num over den; the interval resamples ``rows_of(requests)``, whose decode TPS
         (`specfit.intervals`) is that key, after checking each run's requests.parquet gives its metrics.json's."""
