@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from specfit.intervals import PROCESS_SPREAD, ratio_interval, tps_interval, verdict
+from specfit.intervals import PROCESS_SPREAD, ratio_interval, ratio_of_ratios_interval, tps_interval, verdict
 from specfit.ngrams import cycle_kinds, seen_before, split, stream_split
 
 
@@ -137,6 +137,32 @@ def test_ratio_matches_requests_by_id_and_checks_its_inputs():
         ratio_interval([], [])
     with pytest.raises(ValueError, match="appears twice"):
         ratio_interval([request(0, 5, 1.0), request(0, 6, 1.0)], [request(0, 5, 1.0)])
+
+
+def test_a_ratio_of_ratios_pairs_all_four_runs():
+    """(a / b) / (c / d): the gain a / b is 1.3x on every prompt, c / d 1.2x, each run's own time ±30% per prompt
+    (the same prompt slow for all four): the ratio of the gains is 1.3 / 1.2 with a narrow interval, on the ids all
+    four hold; the spread of runs timed apart widens it as in `ratio_interval`."""
+    rng = np.random.default_rng(7)
+    d = stream(rng, n=20)
+
+    def faster(rows, x, noise=0.0):
+        return [dict(r, t_request_s=r["t_prefill_s"] + (r["t_request_s"] - r["t_prefill_s"]) / x
+                     * rng.uniform(1 - noise, 1 + noise)) for r in rows]
+
+    c, b = faster(d, 1.0, 0.01), faster(d, 0.9, 0.01)
+    a, c = faster(b, 1.3, 0.01), faster(c, 1.2, 0.01)
+    out = ratio_of_ratios_interval(a, b, c, d, seed=3)
+    assert out["n"] == 20
+    assert out["value"] == pytest.approx(ratio_interval(a, b)["value"] / ratio_interval(c, d)["value"])
+    assert 1.3 / 1.2 * 0.97 < out["low"] < out["value"] < out["high"] < 1.3 / 1.2 * 1.03
+    assert out["verdict"] == "faster"
+    assert ratio_of_ratios_interval(c, d, a, b, seed=3)["verdict"] == "slower"
+    wide = ratio_of_ratios_interval(a, b, c, d, seed=3, spread=2 ** 0.5 * PROCESS_SPREAD)
+    assert wide["low"] < out["low"] and wide["high"] > out["high"] and wide["value"] == out["value"]
+    assert ratio_of_ratios_interval(a[:5], b, c, d[2:])["n"] == 3  # ids 2, 3, 4
+    with pytest.raises(ValueError, match="present in all runs"):
+        ratio_of_ratios_interval(a[:2], b, c, d[2:])
 
 
 def test_verdict_needs_the_whole_interval_on_one_side():
