@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import torch
 
-from specfit.engine import OffloadEngine, make_engine
+from specfit.engine import OffloadEngine
 from specfit.errors import SpecFitError
 from specfit.intervals import round_id, tps_interval
 from specfit.io import write_json, write_parquet
-from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
+from specfit.models import check_checkpoints, eos_ids
 from specfit.records import REQUEST_SCHEMA, read_prompts
 from specfit.selection.search import compile_kernels
 from specfit.speculative.methods import Method, build_method
 from specfit.speculative.request import Limits, decode_request
-from specfit.speculative.stream import StreamSpec
+from specfit.speculative.stream import StreamSpec, drafter_beside, offloaded_target
 from specfit.stage import stage_main
 from specfit.workflow import PAIRED_SHARED
 
@@ -81,13 +81,8 @@ def load_sides(names: list[str], specs: list[StreamSpec], inputs: list[dict]) ->
     check_checkpoints(inputs[0]["target"], drafter_path, first.model)  # configs and headers, before any weight
     for s in specs:
         if s.slots not in targets:
-            model, _ = load_target(inputs[0]["target"], s.dtype, "cpu", key=f"models.{s.model}.target",
-                                   logits_dtype=s.logits_dtype)
-            engine = make_engine(model, s.slots, s.max_inflight, s.link, s.torch_device, s.emulate)
-            drafter = None if drafter_path is None else load_drafter(
-                drafter_path, model, device=s.torch_device, key=f"models.{s.model}.drafter")
-            if drafter is not None:
-                engine.emulate_drafter(drafter)
+            model, _, engine = offloaded_target(s, inputs[0]["target"])
+            drafter = None if drafter_path is None else drafter_beside(s, drafter_path, model, engine)
             targets[s.slots] = Target(model, engine, drafter)
     return [Side(name, s.slots, build_method(s.method, i, s.seed, targets[s.slots].engine.num_experts),
                  targets[s.slots]) for name, s, i in zip(names, specs, inputs)]

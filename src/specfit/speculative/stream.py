@@ -170,21 +170,32 @@ class Loaded:
                 source.reset_counts()
 
 
+def offloaded_target(spec: StreamSpec, path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, OffloadEngine]:
+    """The target checkpoint at ``path`` on the offload engine at ``spec.slots`` (its experts on the host)."""
+    model, tokenizer = load_target(path, spec.dtype, "cpu", key=f"models.{spec.model}.target",
+                                   logits_dtype=spec.logits_dtype)
+    return model, tokenizer, make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device,
+                                         spec.emulate)
+
+
+def drafter_beside(spec: StreamSpec, path, model, engine: OffloadEngine) -> Eagle3Drafter:
+    """The drafter checkpoint at ``path`` for ``model``, its forwards timed by ``engine``'s emulated device if any."""
+    drafter = load_drafter(path, model, device=spec.torch_device, key=f"models.{spec.model}.drafter")
+    engine.emulate_drafter(drafter)
+    return drafter
+
+
 def load(spec: StreamSpec, inputs: dict, outputs: dict) -> Loaded:
     """The target offloaded as ``spec`` says, the method and, if it drafts, the drafter; checkpoints are checked
     from their configs and headers before any weight is read."""
-    keys = {name: f"models.{spec.model}.{name}" for name in ("target", "drafter")}
     check_checkpoints(inputs["target"], inputs.get("drafter"), spec.model)  # configs and headers, before any weight
-    model, tokenizer = load_target(inputs["target"], spec.dtype, "cpu", key=keys["target"],
-                                   logits_dtype=spec.logits_dtype)
-    engine = make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device, spec.emulate)
+    model, tokenizer, engine = offloaded_target(spec, inputs["target"])
     method = build_method(spec.method, inputs, spec.seed, engine.num_experts)
     drafter = None
     if method.drafts:
         if "drafter" not in inputs:
             raise SpecFitError(f"method {spec.method.name} needs the `drafter` input")
-        drafter = load_drafter(inputs["drafter"], model, device=spec.torch_device, key=keys["drafter"])
-        engine.emulate_drafter(drafter)
+        drafter = drafter_beside(spec, inputs["drafter"], model, engine)
     if method.live is not None and "atlas" not in outputs:
         raise SpecFitError("live routes build an atlas: give the `atlas` output")
     source = getattr(method, "route_source", None)
