@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from specfit.intervals import PROCESS_SPREAD, ratio_interval, ratio_of_ratios_interval, tps_interval, verdict
+from specfit.intervals import PROCESS_SPREAD, products_ratio_interval, ratio_interval, tps_interval, verdict
 from specfit.ngrams import cycle_kinds, seen_before, split, stream_split
 
 
@@ -137,6 +137,10 @@ def test_ratio_matches_requests_by_id_and_checks_its_inputs():
         ratio_interval([], [])
     with pytest.raises(ValueError, match="appears twice"):
         ratio_interval([request(0, 5, 1.0), request(0, 6, 1.0)], [request(0, 5, 1.0)])
+
+
+def ratio_of_ratios_interval(a, b, c, d, **kw):
+    return products_ratio_interval({"a": a, "d": d}, {"b": b, "c": c}, **kw)
 
 
 def test_a_ratio_of_ratios_pairs_all_four_runs():

@@ -156,22 +156,12 @@ def ratio_interval(num_requests: Iterable[Mapping], den_requests: Iterable[Mappi
                                    spread)
 
 
-def ratio_of_ratios_interval(num_a: Iterable[Mapping], den_a: Iterable[Mapping], num_b: Iterable[Mapping],
-                             den_b: Iterable[Mapping], seed: int = 0, n_boot: int = N_BOOT, level: float = LEVEL,
-                             spread: float = 0.0) -> dict:
-    """(TPS_dec(num_a) / TPS_dec(den_a)) / (TPS_dec(num_b) / TPS_dec(den_b)): how much one ratio exceeds another
-    (a gain at one cache size over the gain at another), on the request ids all four runs hold, with the paired
-    bootstrap of `ratio_interval` drawing the same ids for all four. ``spread``: the standard deviation of its log
-    between the runs' processes (0 when all four were timed in one process). Returns what `ratio_interval` does."""
-    return products_ratio_interval({"first numerator": num_a, "second denominator": den_b},
-                                   {"first denominator": den_a, "second numerator": num_b}, seed, n_boot, level,
-                                   spread)
-
-
 def products_ratio_interval(num: Mapping[str, Iterable[Mapping]], den: Mapping[str, Iterable[Mapping]], seed: int = 0,
                             n_boot: int = N_BOOT, level: float = LEVEL, spread: float = 0.0) -> dict:
     """Π TPS_dec(num runs) / Π TPS_dec(den runs) (runs by name) on the request ids every run holds: the paired
-    bootstrap and ``spread`` of `ratio_interval`, which is the case of one run on each side."""
+    bootstrap and ``spread`` of `ratio_interval`, which is the case of one run on each side. A ratio of two ratios,
+    (a / b) / (c / d), is ({a, d} over {b, c}): how much a gain at one cache size exceeds the gain at another, with
+    the same ids drawn for all four runs."""
     _check(n_boot, level)
     runs = {name: _by_id(rows, name) for name, rows in (*num.items(), *den.items())}
     ids = sorted(set.intersection(*(set(r) for r in runs.values())))

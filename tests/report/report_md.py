@@ -72,6 +72,12 @@ def ratio_of(written, num, den) -> dict:
                                    spread=intervals.process_spread(written[num], written[den]))  # runs apart
 
 
+def ratio_of_ratios(a, b, c, d, **kw) -> dict:
+    """(TPS(a) / TPS(b)) / (TPS(c) / TPS(d)) of four runs' requests, paired (`intervals.products_ratio_interval`)."""
+    return intervals.products_ratio_interval({"numerator 1": a, "numerator 2": d},
+                                             {"denominator 1": b, "denominator 2": c}, **kw)
+
+
 def x_text(ci) -> str:
     return f"{ci['value']:.2f}× [{ci['low']:.2f}, {ci['high']:.2f}] {ci['verdict']}"
 

@@ -6,7 +6,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 from report_fakes import declared, fake_root, tiny_spec
-from report_md import build, ratio_of, rows, x_text
+from report_md import build, ratio_of, ratio_of_ratios, rows, x_text
 
 from specfit import intervals, paths, report
 from specfit.intervals import round_id
@@ -139,7 +139,7 @@ def test_the_sweep_claim_is_judged_on_the_gain_at_its_ends(tree):
     _, tables = build(spec, declared(spec), tree / "reports" / "all")
     row = rows(tables[f"claims/toy/{DEVICE}"])["gain-grows/summarization"]
     ends = [written["requests", runs[k]] for k in (("specfit", 0), ("eagle3", 0), ("specfit", 4), ("eagle3", 4))]
-    ci = intervals.ratio_of_ratios_interval(*ends, seed=0, spread=2 ** 0.5 * intervals.PROCESS_SPREAD)
+    ci = ratio_of_ratios(*ends, seed=0, spread=2 ** 0.5 * intervals.PROCESS_SPREAD)
     assert row[2].endswith("; 0 over 48: 1.08×")
     assert row[3].endswith(f"; 0 over 4: {x_text(ci)}")
     assert row[3].startswith(f"4: {x_text(ratio_of(written, runs['specfit', 4], runs['eagle3', 4]))}, 2: ")
@@ -165,7 +165,7 @@ def test_the_sweep_claim_from_one_process(tree):
     side = {}
     for r in rows_:
         side.setdefault(r["side"], []).append(round_id(r))
-    ci = intervals.ratio_of_ratios_interval(*(side[f"{m}@{x}"] for m, x in ends), seed=0)  # spread 0
+    ci = ratio_of_ratios(*(side[f"{m}@{x}"] for m, x in ends), seed=0)  # spread 0
     assert row[3].endswith(f"; 0 over 4: {x_text(ci)}")
     assert row[4] == str(confronted(Verdict.FASTER, Verdict(ci["verdict"])))
     assert row[5] == "one process (paired) and separate decode jobs"  # the gain at 2 slots is not paired

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from specfit import intervals, paths
 from specfit.errors import SpecFitError
 from specfit.paper import paper_results
-from specfit.report.page import Estimate, est, ratio
+from specfit.report.page import Estimate, est
 from specfit.report.quantities import METRICS_REQUIRED, THEORY_CACHE_AWARE_REQUIRED, THEORY_REQUIRED
 from specfit.speculative.config import ROUTED_RULES
 from specfit.stage import paths_of
@@ -147,11 +147,11 @@ class Inputs:
 
     def speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> Estimate | None:
         """TPS(num) / TPS(den) with a paired bootstrap interval over the request ids both runs hold."""
-        return self._ratio(num, den, "tps_dec", lambda rows: rows)
+        return self.tps_ratio((num,), (den,))
 
     def request_speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> Estimate | None:
         """TPS_req(num) / TPS_req(den), prefill included (Eq. 10), with the same paired bootstrap as `speedup`."""
-        return self._ratio(num, den, "tps_req", whole_requests)
+        return self.tps_ratio((num,), (den,), "tps_req", whole_requests)
 
     def missing_paired(self, model: str, device: str, workload: str) -> list[str]:
         """The paired timing of a cell the config pairs, when the report lacks it."""
@@ -159,65 +159,41 @@ class Inputs:
         lacking = cell in self.paired_cells and cell not in self.paired
         return [paths.paired(*cell, "requests.parquet")] if lacking else []
 
-    def paired_speedup(self, num: DecodeRun, den: DecodeRun) -> Estimate | None:
-        """TPS(num) / TPS(den) timed in one process (`specfit.paired`): a paired bootstrap over (round, request) and
-        no between-process spread; None when the cell has no paired timing of both."""
-        sides = self.paired.get((num.model, num.device, num.workload), {})
-        a, b = (sides.get(paired_side(r.method, r.slots)) for r in (num, den))
-        if a is None or b is None or (num.model, num.device, num.workload) != (den.model, den.device, den.workload):
+    def paired_ratio(self, num: tuple[DecodeRun, ...], den: tuple[DecodeRun, ...]) -> Estimate | None:
+        """Π TPS(num) / Π TPS(den) timed in one process (`specfit.paired`): a paired bootstrap over (round, request)
+        and no between-process spread; None unless the runs are sides of one cell's paired timing."""
+        cells = {(r.model, r.device, r.workload) for r in (*num, *den)}
+        sides = self.paired.get(next(iter(cells)), {}) if len(cells) == 1 else {}
+        rows = [sides.get(paired_side(r.method, r.slots)) for r in (*num, *den)]
+        if None in rows:
             return None
-        ci = self._interval(("paired", num, den), paths.paired(num.model, num.device, num.workload,
-                                                               "requests.parquet"),
-                            lambda: intervals.ratio_interval(a, b, seed=self.seed))
+        ci = self._interval(("paired", num, den), paths.paired(*cells.pop(), "requests.parquet"),
+                            lambda: intervals.products_ratio_interval(*sided(rows[:len(num)], rows[len(num):]),
+                                                                      seed=self.seed))
         return est(ci["value"], ci)
 
-    def paired_ratio_of_ratios(self, *runs: DecodeRun) -> Estimate | None:
-        """(TPS(a) / TPS(b)) / (TPS(c) / TPS(d)) of the four ``runs`` a, b, c, d of one cell, timed in one process
-        (`paired_speedup`): a paired bootstrap over (round, request) of all four sides, no between-process spread;
-        None when the cell has no paired timing of all four."""
-        cell = (runs[0].model, runs[0].device, runs[0].workload)
-        sides = self.paired.get(cell, {})
-        rows = [sides.get(paired_side(r.method, r.slots)) for r in runs]
-        if None in rows or any((r.model, r.device, r.workload) != cell for r in runs):
+    def tps_ratio(self, num: tuple, den: tuple, key: str = "tps_dec", rows_of=lambda rows: rows) -> Estimate | None:
+        """Π metrics.json ``key`` of the num runs over Π of the den runs (each its own decode job); the interval
+        resamples ``rows_of(requests)`` (whose decode TPS, `specfit.intervals`, is that key) on the ids all of them
+        hold, after checking each run's requests.parquet gives its metrics.json's, widened by the spread between
+        their processes (`specfit.intervals.process_spread` per ratio of two jobs, in quadrature)."""
+        runs = (*num, *den)
+        if any(self.metrics.get(r) is None for r in runs) or any(self.metrics[r][key] is None for r in num) \
+                or not all(self.metrics[r][key] for r in den):
             return None
-        ci = self._interval(("paired", *runs), paths.paired(*cell, "requests.parquet"),
-                            lambda: intervals.ratio_of_ratios_interval(*rows, seed=self.seed))
-        return est(ci["value"], ci)
-
-    def ratio_of_ratios(self, *runs: DecodeRun | None) -> Estimate | None:
-        """(TPS(a) / TPS(b)) / (TPS(c) / TPS(d)) of the four decode jobs ``runs`` a, b, c, d (a gain over the gain
-        at another cache size), with a paired bootstrap over the request ids all four hold, widened by the spread
-        between processes (`specfit.intervals.process_spread`) of each of its two ratios, in quadrature."""
-        a, b, c, d = runs
-        if any(r not in self.metrics or not self.metrics[r]["tps_dec"] for r in runs):
-            return None
+        values = [self.metrics[r][key] for r in runs]
         if any(r not in self.requests for r in runs):
-            return est(ratio(ratio(*(self.metrics[r]["tps_dec"] for r in (a, b))),
-                             ratio(*(self.metrics[r]["tps_dec"] for r in (c, d)))))
+            return est(math.prod(values[:len(num)]) / math.prod(values[len(num):]))
+        rows = {r: rows_of(self.requests[r]) for r in runs}
         for r in runs:
-            tokens, seconds = intervals.decode_sums(self.requests[r])  # [requests] each
-            self._check_agrees(r, "tps_dec", float(tokens.sum() / seconds.sum()))
-        spread = math.sqrt(2.0) * intervals.process_spread(*(self.metrics[r] for r in runs))
-        ci = self._interval(("tps_dec", *runs), " and ".join(r.path for r in runs),
-                            lambda: intervals.ratio_of_ratios_interval(*(self.requests[r] for r in runs),
-                                                                       seed=self.seed, spread=spread))
-        return est(ci["value"], ci)
-
-    def _ratio(self, num, den, key: str, rows_of) -> Estimate | None:
-        """metrics.json's ``key`` of num over den; the interval resamples ``rows_of(requests)``, whose decode TPS
-        (`specfit.intervals`) is that key, after checking each run's requests.parquet gives its metrics.json's."""
-        a, b = self.metrics.get(num), self.metrics.get(den)
-        if a is None or b is None or a[key] is None or not b[key]:
-            return None
-        if num not in self.requests or den not in self.requests:
-            return est(ratio(a[key], b[key]))
-        rows = {run: rows_of(self.requests[run]) for run in (num, den)}
-        for run in (num, den):
-            tokens, seconds = intervals.decode_sums(rows[run])  # [requests] each
-            self._check_agrees(run, key, float(tokens.sum() / seconds.sum()))
-        ci = self._interval((key, num, den), f"{num.path} over {den.path}",
-                            lambda: intervals.ratio_interval(rows[num], rows[den], seed=self.seed,
-                                                             spread=intervals.process_spread(a, b)))
+            tokens, seconds = intervals.decode_sums(rows[r])  # [requests] each
+            self._check_agrees(r, key, float(tokens.sum() / seconds.sum()))
+        spread = intervals.process_spread(*(self.metrics[r] for r in runs)) * math.sqrt(len(runs) / 2)
+        ci = self._interval((key, num, den), " and ".join(r.path for r in runs) if len(runs) > 2
+                            else f"{num[0].path} over {den[0].path}",
+                            lambda: intervals.products_ratio_interval(*sided([rows[r] for r in num],
+                                                                             [rows[r] for r in den]),
+                                                                      seed=self.seed, spread=spread))
         return est(ci["value"], ci)
 
     def _interval(self, key: tuple, where: str, compute) -> dict:
@@ -234,6 +210,14 @@ class Inputs:
         if not math.isclose(value, self.metrics[run][key], rel_tol=TPS_MATCH_RTOL):
             raise SpecFitError(f"{run.path}: metrics.json has {key} {self.metrics[run][key]}, its requests.parquet "
                                f"gives {value}: the two files come from different runs")
+
+
+def sided(num: list, den: list) -> tuple[dict, dict]:
+    """The requests of each side of a ratio by name, as `specfit.intervals.products_ratio_interval` takes them."""
+    if len(num) == len(den) == 1:
+        return {"numerator": num[0]}, {"denominator": den[0]}
+    return ({f"numerator {j + 1}": r for j, r in enumerate(num)},
+            {f"denominator {j + 1}": r for j, r in enumerate(den)})
 
 
 def whole_requests(rows: list[dict]) -> list[dict]:

@@ -41,12 +41,14 @@ def section(s: Scope) -> Section | None:
 
 
 def timed_ratio(s: Scope, sec: Section, num, den) -> tuple:
-    """TPS(num) / TPS(den) and how it was timed: in one process where the cell's paired timing has both sides
-    (`specfit.paired`), else from the two decode runs (their missing files go to the section's)."""
-    if (e := s.i.paired_speedup(num, den)) is not None:
+    """TPS(num) / TPS(den) (or, given tuples of runs, the ratio of their products) and how it was timed: in one
+    process where the cell's paired timing has every side (`specfit.paired`), else from the decode runs (their
+    missing files go to the section's)."""
+    num, den = (x if isinstance(x, tuple) else (x,) for x in (num, den))
+    if (e := s.i.paired_ratio(num, den)) is not None:
         return e, ONE_PROCESS
-    sec.missing += s.i.missing([num, den]) + s.i.missing_requests([num, den])
-    return s.i.speedup(num, den), SEPARATE
+    sec.missing += s.i.missing([*num, *den]) + s.i.missing_requests([*num, *den])
+    return s.i.tps_ratio(num, den), SEPARATE
 
 
 def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
@@ -90,12 +92,10 @@ def sweep_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
     if sweep is None or len(slots) < 3 or slots[-1] != 0 or slots[0] != s.main:
         return []
     timed = [timed_ratio(s, sec, s.run(w, fit, x), s.run(w, eagle, x)) for x in slots]
-    ends = (s.run(w, fit, 0), s.run(w, eagle, 0), s.run(w, fit, s.main), s.run(w, eagle, s.main))
-    if (growth := s.i.paired_ratio_of_ratios(*ends)) is not None:
-        timed.append((growth, ONE_PROCESS))
-    else:
-        growth = s.i.ratio_of_ratios(*ends)
-        timed.append((growth, SEPARATE))
+    # (SpecFit / EAGLE-3 at 0) / (SpecFit / EAGLE-3 at main) = (SpecFit at 0 * EAGLE-3 at main) / (the other two)
+    timed.append(timed_ratio(s, sec, (s.run(w, fit, 0), s.run(w, eagle, s.main)),
+                             (s.run(w, eagle, 0), s.run(w, fit, s.main))))
+    growth = timed[-1][0]
     verdict = confronted(Verdict.FASTER, None if growth is None else growth.verdict)
     shown = ", ".join(f"{x}: {x_cell(g)}" for x, (g, _) in zip(slots, timed))
     shown += f"; 0 over {s.main}: {x_cell(growth)}"
