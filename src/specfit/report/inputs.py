@@ -239,6 +239,11 @@ def methods_with(spec: dict, rules: tuple[str, ...], routes: str | None = None) 
             and (routes is None or method_config(spec, m).route_source.name == routes)]
 
 
+def first_method(spec: dict, rule: str, routes: str | None = None) -> str | None:
+    """The config's first method of ``rule`` (and ``routes``, if given; `methods_with`), None if it has none."""
+    return next(iter(methods_with(spec, (rule,), routes)), None)
+
+
 def learned_methods(spec: dict) -> list[str]:
     return methods_with(spec, ROUTED_RULES, "learned")
 

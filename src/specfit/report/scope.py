@@ -5,7 +5,7 @@ for, beside the workload that stands for the paper's there (`stand_ins`)."""
 from dataclasses import dataclass, field
 
 from specfit.report.figures import Figures
-from specfit.report.inputs import Inputs, methods_with
+from specfit.report.inputs import Inputs, first_method, methods_with
 from specfit.report.page import Estimate, Section, cache_cell
 from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, Beside
 from specfit.report.quantities import LINK_EMULATED
@@ -31,11 +31,8 @@ class Roles:
 
     @classmethod
     def of(cls, spec: dict) -> "Roles":
-        def first(rule, routes=None):
-            return next(iter(methods_with(spec, (rule,), routes)), None)
-
-        return cls(first("ar"), first("eagle3"), first("specfit", "atlas"), methods_with(spec, ("specfit",), "noisy"),
-                   first("specfit-ca"))
+        return cls(first_method(spec, "ar"), first_method(spec, "eagle3"), first_method(spec, "specfit", "atlas"),
+                   methods_with(spec, ("specfit",), "noisy"), first_method(spec, "specfit-ca"))
 
     def by_rule(self) -> dict[str, str | None]:
         return {"ar": self.ar, "eagle3": self.eagle3, "specfit": self.specfit}

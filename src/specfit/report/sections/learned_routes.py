@@ -88,10 +88,9 @@ def section(s: Scope) -> Section | None:
     """None when no method has ``routes: learned`` or none runs on this device."""
     i, cells = s.i, []
     rule = ("specfit",)  # the paper's SpecFit (the cache-aware and prefetching ones: sections.specfit_ca, .prefetch)
-    atlas = next(iter(methods_with(s.spec, rule, "atlas")), None)
     noisy = {("noisy", m): m for m in methods_with(s.spec, rule, "noisy")}
     for method in methods_with(s.spec, rule, "learned"):
-        cells += s.cells(method, {"atlas": atlas, "learned": method, **noisy, "eagle3": s.roles.eagle3})
+        cells += s.cells(method, {"atlas": s.roles.specfit, "learned": method, **noisy, "eagle3": s.roles.eagle3})
     if not cells:
         return None
     sec = Section(TITLE)

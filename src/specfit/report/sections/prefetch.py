@@ -4,7 +4,7 @@ prefetch and selection, the issue's goal, and per run where a cycle's time went 
 (`specfit.engine.offload.OffloadEngine.prefetch`: issued, used by the next forward, evicted unused, copy time
 hidden before the forward)."""
 
-from specfit.report.inputs import methods_with
+from specfit.report.inputs import first_method, methods_with
 from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, note, table, tagged
 from specfit.report.quantities import column, metric, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
@@ -26,16 +26,14 @@ RATIOS = {
 }
 
 
-def first(spec: dict, rule: str, routes: str | None = None) -> str | None:
-    return next(iter(methods_with(spec, (rule,), routes)), None)
-
-
 def roles(s: Scope) -> dict[str, str | None]:
     """Role -> the config's method in it (None: none configured)."""
     spec = s.spec
-    return {"prefetch": first(spec, "specfit-prefetch", "learned"), "self": first(spec, "specfit-ca", "learned"),
-            "oracle": first(spec, "specfit-prefetch", "atlas"), "specfit-ca": s.roles.specfit_ca,
-            "eagle3-prefetch": first(spec, "eagle3-prefetch"), "eagle3": s.roles.eagle3, "ar": s.roles.ar}
+    return {"prefetch": first_method(spec, "specfit-prefetch", "learned"),
+            "self": first_method(spec, "specfit-ca", "learned"),
+            "oracle": first_method(spec, "specfit-prefetch", "atlas"), "specfit-ca": s.roles.specfit_ca,
+            "eagle3-prefetch": first_method(spec, "eagle3-prefetch"),
+            "eagle3": s.roles.eagle3, "ar": s.roles.ar}
 
 
 def judge(s: Scope, c: Cell) -> None:
