@@ -27,6 +27,7 @@ Everything is deterministic for a given ``seed`` (one `numpy.random.Generator`).
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Iterable, Mapping
 from statistics import NormalDist
@@ -152,39 +153,40 @@ def ratio_interval(num_requests: Iterable[Mapping], den_requests: Iterable[Mappi
     Returns {"value", "low", "high", "n", "verdict"}: verdict "faster" when low > 1, "slower" when
     high < 1, else "tie". With one common request the interval is the value, widened by ``spread``.
     """
-    return products_ratio_interval({"numerator": num_requests}, {"denominator": den_requests}, seed, n_boot, level,
-                                   spread)
+    return products_ratio_interval([num_requests], [den_requests], seed, n_boot, level, spread)
 
 
-def products_ratio_interval(num: Mapping[str, Iterable[Mapping]], den: Mapping[str, Iterable[Mapping]], seed: int = 0,
+def products_ratio_interval(num: list[Iterable[Mapping]], den: list[Iterable[Mapping]], seed: int = 0,
                             n_boot: int = N_BOOT, level: float = LEVEL, spread: float = 0.0) -> dict:
-    """Π TPS_dec(num runs) / Π TPS_dec(den runs) (runs by name) on the request ids every run holds: the paired
-    bootstrap and ``spread`` of `ratio_interval`, which is the case of one run on each side. A ratio of two ratios,
-    (a / b) / (c / d), is ({a, d} over {b, c}): how much a gain at one cache size exceeds the gain at another, with
-    the same ids drawn for all four runs."""
+    """Π TPS_dec(num runs) / Π TPS_dec(den runs) (each run its requests) on the request ids every run holds: the
+    paired bootstrap and ``spread`` of `ratio_interval`, which is the case of one run on each side. A ratio of two
+    ratios, (a / b) / (c / d), is [a, d] over [b, c]: how much a gain at one cache size exceeds the gain at another,
+    with the same ids drawn for all four runs."""
     _check(n_boot, level)
-    runs = {name: _by_id(rows, name) for name, rows in (*num.items(), *den.items())}
-    ids = sorted(set.intersection(*(set(r) for r in runs.values())))
+    one = len(num) == len(den) == 1  # errors name the runs "numerator", "denominator" (else "numerator 1", ...)
+    names = [f"{side}{'' if one else f' {j + 1}'}" for side, runs in (("numerator", num), ("denominator", den))
+             for j in range(len(runs))]
+    runs = [_by_id(rows, name) for name, rows in zip(names, (*num, *den))]
+    ids = sorted(set.intersection(*(set(r) for r in runs)))
     if not ids:
-        sizes = " and ".join(str(len(r)) for r in runs.values())
-        raise ValueError(f"ratio_interval needs requests present in {'both' if len(runs) == 2 else 'all'} runs "
-                         f"({sizes} requests, no request_id in common)")
-    sums = {name: decode_sums(r[i] for i in ids) for name, r in runs.items()}  # name -> ([ids] tokens, [ids] seconds)
-    tps = {name: _tps(tokens.sum(), seconds.sum()) for name, (tokens, seconds) in sums.items()}
-    top, bottom = (functools.reduce(operator.mul, (tps[name] for name in side)) for side in (num, den))
-    if not all(np.isfinite(x) for x in tps.values()) or bottom == 0:
-        shown = " over ".join(" * ".join(str(float(tps[name])) for name in side) for side in (num, den))
+        raise ValueError(f"a ratio needs requests present in {'both' if len(runs) == 2 else 'all'} runs "
+                         f"({' and '.join(str(len(r)) for r in runs)} requests, no request_id in common)")
+    sums = [decode_sums(r[i] for i in ids) for r in runs]  # per run: [ids] tokens, [ids] seconds
+    tps = [_tps(tokens.sum(), seconds.sum()) for tokens, seconds in sums]
+    top, bottom = math.prod(tps[:len(num)]), math.prod(tps[len(num):])
+    if not all(np.isfinite(x) for x in tps) or bottom == 0:
+        shown = " over ".join(" * ".join(str(float(x)) for x in side) for side in (tps[:len(num)], tps[len(num):]))
         raise ValueError(f"no ratio: decode TPS {shown} on {len(ids)} common requests")
     value = float(top / bottom)
     n = len(ids)
     if n == 1:
         low = high = value
     else:
-        resampled = _resampled_sums([col for name in runs for col in sums[name]], seed, n_boot)
-        boot = {name: _tps(resampled[2 * j], resampled[2 * j + 1]) for j, name in enumerate(runs)}  # [n_boot] each
+        resampled = _resampled_sums([col for run in sums for col in run], seed, n_boot)
+        boot = [_tps(resampled[2 * j], resampled[2 * j + 1]) for j in range(len(runs))]  # [n_boot] per run
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            low, high = _quantiles(functools.reduce(operator.mul, (boot[name] for name in num))
-                                   / functools.reduce(operator.mul, (boot[name] for name in den)), level)
+            low, high = _quantiles(functools.reduce(operator.mul, boot[:len(num)])
+                                   / functools.reduce(operator.mul, boot[len(num):]), level)
     if spread > 0 and low > 0:
         z = float(NormalDist().inv_cdf((1.0 + level) / 2.0))
         down, up = np.log(value / low), np.log(high / value)  # the bootstrap's log half-widths

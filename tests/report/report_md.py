@@ -74,8 +74,7 @@ def ratio_of(written, num, den) -> dict:
 
 def ratio_of_ratios(a, b, c, d, **kw) -> dict:
     """(TPS(a) / TPS(b)) / (TPS(c) / TPS(d)) of four runs' requests, paired (`intervals.products_ratio_interval`)."""
-    return intervals.products_ratio_interval({"numerator 1": a, "numerator 2": d},
-                                             {"denominator 1": b, "denominator 2": c}, **kw)
+    return intervals.products_ratio_interval([a, d], [b, c], **kw)
 
 
 def x_text(ci) -> str:

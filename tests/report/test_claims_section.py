@@ -167,5 +167,5 @@ def test_the_sweep_claim_from_one_process(tree):
         side.setdefault(r["side"], []).append(round_id(r))
     ci = ratio_of_ratios(*(side[f"{m}@{x}"] for m, x in ends), seed=0)  # spread 0
     assert row[3].endswith(f"; 0 over 4: {x_text(ci)}")
-    assert row[4] == str(confronted(Verdict.FASTER, Verdict(ci["verdict"])))
+    assert ci["low"] > 1.0 and row[4] == "confirmed"  # the gain 1.2x at 4 slots, 1.32x without a cache
     assert row[5] == "one process (paired) and separate decode jobs"  # the gain at 2 slots is not paired

@@ -168,7 +168,7 @@ class Inputs:
         if None in rows:
             return None
         ci = self._interval(("paired", num, den), paths.paired(*cells.pop(), "requests.parquet"),
-                            lambda: intervals.products_ratio_interval(*sided(rows[:len(num)], rows[len(num):]),
+                            lambda: intervals.products_ratio_interval(rows[:len(num)], rows[len(num):],
                                                                       seed=self.seed))
         return est(ci["value"], ci)
 
@@ -177,22 +177,19 @@ class Inputs:
         resamples ``rows_of(requests)`` (whose decode TPS, `specfit.intervals`, is that key) on the ids all of them
         hold, after checking each run's requests.parquet gives its metrics.json's, widened by the spread between
         their processes (`specfit.intervals.process_spread` per ratio of two jobs, in quadrature)."""
-        runs = (*num, *den)
-        if any(self.metrics.get(r) is None for r in runs) or any(self.metrics[r][key] is None for r in num) \
-                or not all(self.metrics[r][key] for r in den):
+        runs, metrics = (*num, *den), self.metrics
+        if any(r not in metrics for r in runs) or any(metrics[r][key] is None for r in num) \
+                or not all(metrics[r][key] for r in den):
             return None
-        values = [self.metrics[r][key] for r in runs]
         if any(r not in self.requests for r in runs):
-            return est(math.prod(values[:len(num)]) / math.prod(values[len(num):]))
+            return est(math.prod(metrics[r][key] for r in num) / math.prod(metrics[r][key] for r in den))
         rows = {r: rows_of(self.requests[r]) for r in runs}
         for r in runs:
             tokens, seconds = intervals.decode_sums(rows[r])  # [requests] each
             self._check_agrees(r, key, float(tokens.sum() / seconds.sum()))
-        spread = intervals.process_spread(*(self.metrics[r] for r in runs)) * math.sqrt(len(runs) / 2)
-        ci = self._interval((key, num, den), " and ".join(r.path for r in runs) if len(runs) > 2
-                            else f"{num[0].path} over {den[0].path}",
-                            lambda: intervals.products_ratio_interval(*sided([rows[r] for r in num],
-                                                                             [rows[r] for r in den]),
+        spread = intervals.process_spread(*(metrics[r] for r in runs)) * math.sqrt(len(runs) / 2)
+        ci = self._interval((key, num, den), " over ".join(" * ".join(r.path for r in side) for side in (num, den)),
+                            lambda: intervals.products_ratio_interval([rows[r] for r in num], [rows[r] for r in den],
                                                                       seed=self.seed, spread=spread))
         return est(ci["value"], ci)
 
@@ -210,14 +207,6 @@ class Inputs:
         if not math.isclose(value, self.metrics[run][key], rel_tol=TPS_MATCH_RTOL):
             raise SpecFitError(f"{run.path}: metrics.json has {key} {self.metrics[run][key]}, its requests.parquet "
                                f"gives {value}: the two files come from different runs")
-
-
-def sided(num: list, den: list) -> tuple[dict, dict]:
-    """The requests of each side of a ratio by name, as `specfit.intervals.products_ratio_interval` takes them."""
-    if len(num) == len(den) == 1:
-        return {"numerator": num[0]}, {"denominator": den[0]}
-    return ({f"numerator {j + 1}": r for j, r in enumerate(num)},
-            {f"denominator {j + 1}": r for j, r in enumerate(den)})
 
 
 def whole_requests(rows: list[dict]) -> list[dict]:

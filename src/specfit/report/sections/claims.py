@@ -93,16 +93,15 @@ def sweep_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
         return []
     timed = [timed_ratio(s, sec, s.run(w, fit, x), s.run(w, eagle, x)) for x in slots]
     # (SpecFit / EAGLE-3 at 0) / (SpecFit / EAGLE-3 at main) = (SpecFit at 0 * EAGLE-3 at main) / (the other two)
-    timed.append(timed_ratio(s, sec, (s.run(w, fit, 0), s.run(w, eagle, s.main)),
-                             (s.run(w, eagle, 0), s.run(w, fit, s.main))))
-    growth = timed[-1][0]
+    growth, growth_timed = timed_ratio(s, sec, (s.run(w, fit, 0), s.run(w, eagle, s.main)),
+                                       (s.run(w, eagle, 0), s.run(w, fit, s.main)))
     verdict = confronted(Verdict.FASTER, None if growth is None else growth.verdict)
-    shown = ", ".join(f"{x}: {x_cell(g)}" for x, (g, _) in zip(slots, timed))
+    shown = ", ".join(f"{x}: {x_cell(g)}" for x, (g, _) in zip(slots, timed, strict=True))
     shown += f"; 0 over {s.main}: {x_cell(growth)}"
     gains = dict(zip(sweep["slots"], sweep["specfit_gain_pct"]))
     paper = ", ".join(f"{x}: {1 + g / 100:.2f}×" for x, g in gains.items())
     paper += f"; 0 over {sweep['slots'][0]}: {(1 + gains[0] / 100) / (1 + gains[sweep['slots'][0]] / 100):.2f}×"
-    how = {t for _, t in timed}
+    how = {t for _, t in timed} | {growth_timed}
     return [(f"gain-grows/{w}", w, "SpecFit's gain over EAGLE-3 grows as the cache shrinks (slots: gain; the gain "
              "without a cache over the gain at the main slots decides)", paper, shown, verdict,
              how.pop() if len(how) == 1 else f"{ONE_PROCESS} and {SEPARATE}")]
