@@ -24,7 +24,7 @@ DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: c
 def spec(**over):
     return {"model": "tiny", "dtype": "float32", "logits_dtype": "model", "torch_device": DEVICE,
             "limit_tokens": 40, "max_new_tokens": 10, "k_max": 7, "max_depth": 5, "top_k_expand": 2,
-            "validation_requests": 1, "steps": 30, "batch_size": 64, "lr": 0.003, "seed": 0, **over}
+            "validation_requests": 1, "steps": 30, "batch_size": 64, "lr": 0.003, "seed": 0, "threads": 1, **over}
 
 
 def stream_spec(name, **method):

@@ -116,7 +116,7 @@ def train(x: torch.Tensor, routes: torch.Tensor, predictor: RoutePredictor, spec
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
-    seed_everything(spec["seed"])
+    seed_everything(spec["seed"], spec["threads"])
     check_checkpoints(inputs["target"], inputs["drafter"], spec["model"])
     keys = {name: f"models.{spec['model']}.{name}" for name in ("target", "drafter")}
     prompts = read_prompts(inputs["prompts"], None)

@@ -54,10 +54,12 @@ def extract(config: dict, model: str, workload: str) -> dict:
 
 
 def toy(config: dict, part: str) -> dict:
-    """Rules toy_tokenizer, toy_target and toy_drafter: ``toy.<part>``, the config's seed, and every question id
-    a workload evaluates or calibration probes (`specfit.workflow.evaluated_question_ids`): the toy never trains
-    on those."""
-    return {**config["toy"][part], "seed": config["seed"], "exclude_question_ids": evaluated_question_ids(config)}
+    """Rules toy_tokenizer, toy_target and toy_drafter: ``toy.<part>``, the config's seed, the torch threads the
+    target and drafter train with (``train_threads``), and every question id a workload evaluates or calibration
+    probes (`specfit.workflow.evaluated_question_ids`): the toy never trains on those."""
+    threads = {} if part == "tokenizer" else {"threads": config["train_threads"]}
+    return {**config["toy"][part], "seed": config["seed"], **threads,
+            "exclude_question_ids": evaluated_question_ids(config)}
 
 
 def _engine(config: dict, model: str, device: str, link, emulate) -> dict:
@@ -162,6 +164,7 @@ def predictor(config: dict, model: str) -> dict:
         "batch_size": p["batch_size"],
         "lr": p["lr"],
         "seed": config["seed"],
+        "threads": config["train_threads"],
     }
 
 

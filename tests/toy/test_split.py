@@ -109,9 +109,11 @@ def test_toy_spec_is_the_schema_defaults(schema):
     for part in PARTS:
         defaults = {k: v["default"] for k, v in toy[part]["properties"].items()}
         spec = toy_spec(part)
-        assert spec == {**defaults, "seed": 0, "exclude_question_ids": sorted(PAPER_IDS)}
+        threads = {} if part == "tokenizer" else {"threads": schema["properties"]["train_threads"]["default"]}
+        assert spec == {**defaults, "seed": 0, **threads, "exclude_question_ids": sorted(PAPER_IDS)}
     assert toy_spec("target", hidden_size=64, seed=3)["hidden_size"] == 64
     assert toy_spec("target", seed=3)["seed"] == 3
+    assert toy_spec("drafter", threads=1)["threads"] == 1
 
 
 def test_toy_spec_checks_overrides_as_the_config_is_checked():
@@ -123,13 +125,13 @@ def test_toy_spec_checks_overrides_as_the_config_is_checked():
 
 def test_every_key_a_stage_reads_has_a_schema_default(root, schema):
     """The modules read ``spec["key"]`` only, and each such key is in the schema (with a default) or added by the
-    rule (seed, exclude_question_ids): no default lives in the code."""
+    rule (seed, threads, exclude_question_ids): no default lives in the code."""
     toy = schema["properties"]["toy"]["properties"]
     source = {part: (root / f"src/specfit/toy/{part}.py").read_text() for part in PARTS}
     source["train"] = (root / "src/specfit/toy/train.py").read_text()
     assert not any("spec.get(" in text for name, text in source.items() if name != "train")
     assert source["train"].count("spec.get(") == 1  # the refusal of a spec without exclude_question_ids
-    rule_keys = {"seed", "exclude_question_ids"}
+    rule_keys = {"seed", "threads", "exclude_question_ids"}
     shared = set(re.findall(r'spec\["(\w+)"\]', source["train"]))  # split(): read by every stage
     for part in PARTS:
         read = set(re.findall(r'spec\["(\w+)"\]', source[part])) | shared

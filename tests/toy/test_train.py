@@ -1,10 +1,14 @@
 """The toy's training is budgeted in steps and seeded: same seed and config, same weights (sha256 recorded)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from safetensors.torch import load_file
 
+from specfit import numerics
 from specfit.errors import SpecFitError
 from specfit.questions import load_questions, training_questions
 from specfit.toy import drafter as toy_drafter
@@ -50,6 +54,32 @@ def test_same_seed_same_weights_and_digest(questions_path, tokenizer_dir, tmp_pa
     assert state_digest(AutoModelForCausalLM.from_pretrained(tmp_path / "a")) == a["sha256"]
     wa, wb = load_file(tmp_path / "a/model.safetensors"), load_file(tmp_path / "b/model.safetensors")
     assert all((wa[k] == wb[k]).all() for k in wa)
+
+
+def test_the_weights_are_the_threads_not_the_cores(questions_path, tokenizer_dir, tmp_path, monkeypatch):
+    """The toy trains on the spec's torch threads (``train_threads``), whatever cores the job has: how a kernel
+    splits its sums between threads changes the weights, so the count is fixed."""
+    with monkeypatch.context() as m:
+        m.setattr(os, "sched_getaffinity", lambda pid: {0})
+        one_core = train_target(questions_path, tokenizer_dir, tmp_path / "one", threads=2)
+    cores = train_target(questions_path, tokenizer_dir, tmp_path / "cores", threads=2)
+    other = train_target(questions_path, tokenizer_dir, tmp_path / "other", threads=1)
+    assert one_core["threads"] == cores["threads"] == 2 and other["threads"] == 1
+    assert one_core["sha256"] == cores["sha256"]
+    assert other["numerics"] == cores["numerics"]  # what the weights were computed with, recorded
+
+
+def test_the_cpu_kernels_are_pinned_before_torch_computes(tmp_path):
+    """`specfit.numerics`: importing specfit pins torch's kernel dispatch (and MKL's branch) unless the
+    environment already sets them."""
+    code = "import specfit, torch; print(torch.backends.cpu.get_cpu_capability())"
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED}
+    pinned = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    chosen = subprocess.run([sys.executable, "-c", code], env=env | {"ATEN_CPU_CAPABILITY": "default"},
+                            capture_output=True, text=True, check=True)
+    assert chosen.stdout.strip() == "DEFAULT"
+    if numerics.pinnable():
+        assert pinned.stdout.strip() == "AVX2"
 
 
 def test_drafter_same_seed_same_weights(questions_path, tokenizer_dir, tmp_path):

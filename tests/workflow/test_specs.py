@@ -71,10 +71,11 @@ def test_toy(config, smoke):
         "hidden_size": 64, "num_layers": 4, "num_experts": 8, "top_k": 2, "moe_intermediate_size": 64,
         "seq_len": 256, "batch_size": 2, "lr": 0.004, "steps": 40, "span_conversations": 200, "unlikelihood": 1.0,
         "max_minutes": 8, "num_heads": 4, "num_kv_heads": 2, "router_aux_loss_coef": 0.01, "span_max_words": 150,
-        "heldout": 12, "seed": 0, "exclude_question_ids": EVALUATED}
+        "heldout": 12, "seed": 0, "threads": 2, "exclude_question_ids": EVALUATED}
     drafter = specs.toy(smoke, "drafter")
     assert (drafter["steps"], drafter["ttt_steps"], drafter["distill_prompts"]) == (30, 3, 16)
     assert specs.toy(config, "drafter")["steps"] == 1200
+    assert specs.toy(config | {"train_threads": 3}, "drafter")["threads"] == 3
 
 
 def test_calibrate(config, smoke):
@@ -125,7 +126,7 @@ def test_predictor(config, smoke):
     assert specs.predictor(config, "toy") == {
         "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "limit_tokens": 1024,
         "max_new_tokens": 64, "k_max": 7, "max_depth": 5, "top_k_expand": 2, "validation_requests": 8,
-        "steps": 1500, "batch_size": 512, "lr": 0.003, "seed": 0}
+        "steps": 1500, "batch_size": 512, "lr": 0.003, "seed": 0, "threads": 2}
     assert specs.predictor_device(smoke, "toy") == "cpu-a100"
     smoke_spec = specs.predictor(smoke, "toy")
     assert (smoke_spec["max_new_tokens"], smoke_spec["validation_requests"], smoke_spec["steps"]) == (8, 2, 40)

@@ -248,7 +248,7 @@ def calibrate_confidence(drafter: Eagle3Drafter, drafted: list[Drafted], width: 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     train, heldout = split(inputs["questions"], spec)  # first: refuses a spec without the evaluated ids
     seed = spec["seed"]
-    seed_everything(seed)
+    seed_everything(seed, spec["threads"])
     target, tokenizer = load_target(inputs["target"], dtype="float32", key="models.toy.target")
     target.requires_grad_(False)
     text = torch.cat(chat_ids(tokenizer, train))

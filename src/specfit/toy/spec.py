@@ -24,12 +24,13 @@ SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 
 def toy_spec(part: str, config: dict | None = None, **overrides) -> dict:
     """The spec the workflow's ``toy_<part>`` rule passes its stage (`specfit.specs.toy`): ``config["toy"][part]``
-    with the schema's defaults filled in, the config's ``seed``, and ``exclude_question_ids`` (every id a workload
-    evaluates or calibration probes, `specfit.workflow.evaluated_question_ids`).
+    with the schema's defaults filled in, the config's ``seed`` and ``train_threads`` (as ``threads``), and
+    ``exclude_question_ids`` (every id a workload evaluates or calibration probes,
+    `specfit.workflow.evaluated_question_ids`).
 
     ``config`` is a workflow config (left unchanged); by default the shipped config.yaml without its ``toy``
-    section, so every toy key takes the schema's default. ``overrides`` set keys of ``toy.<part>`` (and ``seed``)
-    before validation, so a misspelt or mistyped one is an error here as in the config.
+    section, so every toy key takes the schema's default. ``overrides`` set keys of ``toy.<part>`` (and ``seed``,
+    ``threads``) before validation, so a misspelt or mistyped one is an error here as in the config.
     """
     if part not in PARTS:
         raise SpecFitError(f"no toy part {part!r}: the toy's parts are {', '.join(PARTS)}")
@@ -39,8 +40,9 @@ def toy_spec(part: str, config: dict | None = None, **overrides) -> dict:
         config = yaml.safe_load(CONFIG.read_text())
         config.pop("toy", None)
     config = copy.deepcopy(config)
-    if "seed" in overrides:
-        config["seed"] = overrides.pop("seed")
+    for key, top in (("seed", "seed"), ("threads", "train_threads")):
+        if key in overrides:
+            config[top] = overrides.pop(key)
     config.setdefault("toy", {}).setdefault(part, {}).update(overrides)
     validate_config(config, SCHEMA)
     return specs.toy(config, part)

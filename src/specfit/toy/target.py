@@ -136,7 +136,7 @@ def heldout_stats(model, ids: list[torch.Tensor], assistant_id: int, max_len: in
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     train, heldout = split(inputs["questions"], spec)  # first: refuses a spec without the evaluated ids
     seed = spec["seed"]
-    seed_everything(seed)
+    seed_everything(seed, spec["threads"])
     tokenizer = AutoTokenizer.from_pretrained(inputs["tokenizer"])
     stream, reply = training_stream(tokenizer, train, spec["span_conversations"], seed, spec["span_max_words"])
     unlikelihood = spec["unlikelihood"]

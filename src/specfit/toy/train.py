@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import random
 import re
 import time
@@ -14,6 +13,7 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
+from specfit import numerics
 from specfit.errors import SpecFitError
 from specfit.questions import load_questions, training_questions
 
@@ -91,16 +91,17 @@ def split(questions_path, spec: dict) -> tuple[list[dict], list[dict]]:
     return pool[spec["heldout"]:], pool[: spec["heldout"]]
 
 
-def seed_everything(seed: int) -> None:
-    """Seed every generator, and train on every core this job may use.
+def seed_everything(seed: int, threads: int) -> None:
+    """Seed every generator, and train on ``threads`` torch threads (the config's ``train_threads``).
 
-    Snakemake sets OMP_NUM_THREADS to a job's threads (1 under ``--cores 1``); ``--cores 1`` already runs one
-    job at a time, so the toy takes the whole machine while it trains. Budgets are steps, not seconds, so the
-    thread count changes how long training takes, never what it learns (on one machine, bit for bit).
+    The thread count is the spec's, not the cores Snakemake gives the job (OMP_NUM_THREADS, 1 under ``--cores 1``,
+    which already runs one job at a time) nor the machine's: how a kernel splits its sums between threads changes
+    its rounding, so the same seed trained other weights on 1 and 2 threads. With a fixed count, step budgets and
+    the CPU kernels pinned (`specfit.numerics`), a busy, slower or wider machine trains the same weights, later.
     """
     random.seed(seed)
     torch.manual_seed(seed)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
@@ -146,7 +147,8 @@ def train_loop(step: Callable[[int, float], dict], steps: int, desc: str, max_mi
     bar.close()
     elapsed = time.perf_counter() - start
     log.info("%s: %d steps in %.1f s: %s", desc, steps, elapsed, stats)
-    return {"steps": steps, "seconds": round(elapsed, 1), "threads": torch.get_num_threads(), **stats}
+    return {"steps": steps, "seconds": round(elapsed, 1), "threads": torch.get_num_threads(),
+            "numerics": numerics.described(), **stats}
 
 
 def cosine_lr(lr: float, progress: float, warmup: float = 0.05) -> float:

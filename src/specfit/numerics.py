@@ -1,0 +1,59 @@
+"""One CPU arithmetic on every x86-64 machine with AVX2, at any thread count: the kernel paths are pinned before torch
+loads, so the toy trains the same weights and decodes the same tokens on a laptop, a CI runner or a cluster node.
+
+Left alone, torch picks its vectorized kernels by the CPU's widest instructions (AVX-512 or AVX2) and MKL picks its
+GEMM by the CPU and splits it by thread count, and each choice rounds differently: the same seed and config trained
+four toy targets with four sha256 on one machine (AVX-512 or AVX2, 1 or 2 threads; docs/toy.md). Pinned:
+
+- ``ATEN_CPU_CAPABILITY=avx2``: torch's AVX2 kernels, the same instructions on any CPU that has AVX2 and FMA;
+- ``MKL_CBWR=AVX2,STRICT``: MKL's conditional numerical reproducibility, its AVX2 branch, results independent of
+  the thread count (MKL documents it for Intel CPUs; on others it may fall back to its own dispatch);
+- ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels capped likewise.
+
+A value already in the environment wins (set one to opt out, e.g. ``ATEN_CPU_CAPABILITY=default``). A CPU without
+AVX2 and FMA (or not x86-64, where MKL is absent) is left as it is. `described` says what a process runs with; the
+toy's training.json records it.
+"""
+
+import os
+import platform
+
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+REQUIRED_FLAGS = {"avx2", "fma"}  # /proc/cpuinfo flags the pinned kernels execute
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo), empty where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return platform.processor() or "unknown"
+
+
+def pinnable() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and REQUIRED_FLAGS <= cpu_flags()
+
+
+def pin() -> None:
+    """Set `PINNED` in this process's environment where it is not set already; before torch loads (specfit's
+    ``__init__`` calls it), so that its dispatch and MKL read it."""
+    if pinnable():
+        for key, value in PINNED.items():
+            os.environ.setdefault(key, value)
+
+
+def described() -> dict:
+    """What this process computes with: the CPU, torch's kernel capability, the pinning variables as set."""
+    import torch
+
+    return {"cpu": cpu_model(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            **{k: os.environ.get(k) for k in PINNED}}
