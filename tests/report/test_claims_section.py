@@ -38,8 +38,10 @@ def emulated_tree(tree, spec=None, speeds=None):
         m = json.loads(path.read_text())
         m.update(drafted_levels_per_cycle=0.0 if run.method == "ar" else 4.0, h2d_per_cycle=3.0, experts_per_token=16,
                  timing_label="emulated A100 (expert execution + link), CPU compute overlapped",
-                 device={"target": {"forwards": 100, "overruns": 1 if run.slots == 0 else 0},
-                         "drafter": {"forwards": 0 if run.method == "ar" else 400, "overruns": 0}})
+                 device={"target": {"forwards": 100, "overruns": 1 if run.slots == 0 else 0, "modelled_s": 1.0,
+                                    "excess_s": 0.002 if run.slots == 0 else 0.0},
+                         "drafter": {"forwards": 0 if run.method == "ar" else 400, "overruns": 0,
+                                     "modelled_s": 0.0 if run.method == "ar" else 0.5, "excess_s": 0.0}})
         path.write_text(json.dumps(m))
         written[run] = m
     return spec, written
@@ -74,8 +76,9 @@ def test_claims_and_proportions_on_an_emulated_device(tree):
     checks = rows(tables[f"device-checks/toy/{DEVICE}"])
     assert checks["r2"][1:] == ["0.970", "met"]
     # one overrun in each run without the cache (AR, EAGLE-3, SpecFit) over 6 runs of 100 target forwards
-    assert checks["overruns-target"][1:] == ["0.50% (3 of 600)", "met"]
-    assert checks["overruns-drafter"][1] == "0.00% (0 of 1600)"
+    assert checks["overruns-target"][1:] == ["0.50% (3 of 600); +0.10%", "met"]  # 3 × 2 ms over 6 s
+    assert checks["overruns-drafter"][1] == "0.00% (0 of 1600); +0.00%"
+    assert checks["overrun-time"][1:] == ["+0.07%", "–"]  # 6 ms over 6 s of target and 2 s of drafter forwards
     assert "emulated A100 (expert execution + link), CPU compute overlapped" in md
 
 
