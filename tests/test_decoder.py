@@ -40,7 +40,7 @@ def inputs(files, tmp_path_factory):
     (root / "coefficients.json").write_text(json.dumps(COEFFICIENTS))
     predictor.run({"model": "tiny", "dtype": "float32", "logits_dtype": "model", "torch_device": DEVICE,
                    "limit_tokens": 40, "max_new_tokens": 10, "k_max": 7, "max_depth": 5, "top_k_expand": 2,
-                   "validation_requests": 1, "steps": 30, "batch_size": 64, "lr": 0.003, "seed": 0},
+                   "validation_requests": 1, "steps": 30, "batch_size": 64, "lr": 0.003, "seed": 0, "threads": 1},
                   {k: files[k] for k in ("prompts", "target", "drafter")}, {"predictor": root / "predictor"})
     return {"target": files["target"], "drafter": files["drafter"], "coefficients": root / "coefficients.json",
             "predictor": root / "predictor"}
