@@ -1,5 +1,6 @@
-"""One CPU arithmetic on every x86-64 machine with AVX2, at any thread count: the kernel paths are pinned before torch
-loads, so the toy trains the same weights and decodes the same tokens on a laptop, a CI runner or a cluster node.
+"""One CPU arithmetic on every x86-64 machine with AVX2: the kernel paths are pinned before torch computes, so that
+with the thread count fixed as well (the training stages' ``train_threads``, one thread per decode job) the toy
+trains the same weights and decodes the same tokens on a laptop, a CI runner or a cluster node.
 
 Left alone, torch picks its vectorized kernels by the CPU's widest instructions (AVX-512 or AVX2) and MKL picks its
 GEMM by the CPU and splits it by thread count, and each choice rounds differently: the same seed and config trained
@@ -10,9 +11,9 @@ four toy targets with four sha256 on one machine (AVX-512 or AVX2, 1 or 2 thread
   the thread count (MKL documents it for Intel CPUs; on others it may fall back to its own dispatch);
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels capped likewise.
 
-A value already in the environment wins (set one to opt out, e.g. ``ATEN_CPU_CAPABILITY=default``). A CPU without
-AVX2 and FMA (or not x86-64, where MKL is absent) is left as it is. `described` says what a process runs with; the
-toy's training.json records it.
+A value already in the environment wins (``ATEN_CPU_CAPABILITY=avx512`` runs torch's AVX-512 kernels where the
+CPU has them: faster, and other weights). A CPU without AVX2 and FMA (or not x86-64, where MKL is absent) is left
+as it is. `described` says what a process runs with; the toy's training.json records it.
 """
 
 import os
