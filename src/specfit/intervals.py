@@ -26,9 +26,7 @@ Everything is deterministic for a given ``seed`` (one `numpy.random.Generator`).
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
 from collections.abc import Iterable, Mapping
 from statistics import NormalDist
 
@@ -185,8 +183,7 @@ def products_ratio_interval(num: list[Iterable[Mapping]], den: list[Iterable[Map
         resampled = _resampled_sums([col for run in sums for col in run], seed, n_boot)
         boot = [_tps(resampled[2 * j], resampled[2 * j + 1]) for j in range(len(runs))]  # [n_boot] per run
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            low, high = _quantiles(functools.reduce(operator.mul, boot[:len(num)])
-                                   / functools.reduce(operator.mul, boot[len(num):]), level)
+            low, high = _quantiles(math.prod(boot[:len(num)]) / math.prod(boot[len(num):]), level)
     if spread > 0 and low > 0:
         z = float(NormalDist().inv_cdf((1.0 + level) / 2.0))
         down, up = np.log(value / low), np.log(high / value)  # the bootstrap's log half-widths

@@ -23,25 +23,19 @@ PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_
 REQUIRED_FLAGS = {"avx2", "fma"}  # /proc/cpuinfo flags the pinned kernels execute
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo), empty where they cannot be read."""
+def cpuinfo(field: str) -> str | None:
+    """The first CPU's ``field`` in Linux's /proc/cpuinfo ("flags", "model name"), None where it cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+            return next((line.split(":", 1)[1].strip() for line in f if line.split(":", 1)[0].strip() == field),
+                        None)
     except OSError:
-        return set()
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    except OSError:
-        return platform.processor() or "unknown"
+        return None
 
 
 def pinnable() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64") and REQUIRED_FLAGS <= cpu_flags()
+    return (platform.machine().lower() in ("x86_64", "amd64")
+            and REQUIRED_FLAGS <= set((cpuinfo("flags") or "").split()))
 
 
 def pin() -> None:
@@ -54,7 +48,7 @@ def pin() -> None:
 
 def described() -> dict:
     """What this process computes with: the CPU, torch's kernel capability, the pinning variables as set."""
-    import torch
+    import torch  # here, not at the top: `pin` runs from specfit's __init__, which stays free of torch
 
-    return {"cpu": cpu_model(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            **{k: os.environ.get(k) for k in PINNED}}
+    return {"cpu": cpuinfo("model name") or platform.processor() or "unknown",
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k) for k in PINNED}}

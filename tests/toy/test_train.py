@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from specfit import numerics
@@ -56,17 +57,21 @@ def test_same_seed_same_weights_and_digest(questions_path, tokenizer_dir, tmp_pa
     assert all((wa[k] == wb[k]).all() for k in wa)
 
 
-def test_the_weights_are_the_threads_not_the_cores(questions_path, tokenizer_dir, tmp_path, monkeypatch):
-    """The toy trains on the spec's torch threads (``train_threads``), whatever cores the job has: how a kernel
-    splits its sums between threads changes the weights, so the count is fixed."""
-    with monkeypatch.context() as m:
-        m.setattr(os, "sched_getaffinity", lambda pid: {0})
-        one_core = train_target(questions_path, tokenizer_dir, tmp_path / "one", threads=2)
-    cores = train_target(questions_path, tokenizer_dir, tmp_path / "cores", threads=2)
-    other = train_target(questions_path, tokenizer_dir, tmp_path / "other", threads=1)
-    assert one_core["threads"] == cores["threads"] == 2 and other["threads"] == 1
-    assert one_core["sha256"] == cores["sha256"]
-    assert other["numerics"] == cores["numerics"]  # what the weights were computed with, recorded
+def test_training_runs_on_the_specs_threads_not_the_jobs(questions_path, tokenizer_dir, tmp_path):
+    """The toy trains on the spec's torch threads (``train_threads``) whatever the process had (Snakemake's
+    OMP_NUM_THREADS gives a job 1 under ``--cores 1``): the weights depend on the count, so it is the config's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        two = train_target(questions_path, tokenizer_dir, tmp_path / "two", threads=2)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(3)
+        one = train_target(questions_path, tokenizer_dir, tmp_path / "one", threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert (two["threads"], one["threads"]) == (2, 1)
+    assert two["numerics"] == numerics.described()  # what the weights were computed with: this process's kernels
 
 
 def test_the_cpu_kernels_are_pinned_before_torch_computes(tmp_path):

@@ -97,7 +97,8 @@ def seed_everything(seed: int, threads: int) -> None:
     The thread count is the spec's, not the cores Snakemake gives the job (OMP_NUM_THREADS, 1 under ``--cores 1``,
     which already runs one job at a time) nor the machine's: how a kernel splits its sums between threads changes
     its rounding, so the same seed trained other weights on 1 and 2 threads. With a fixed count, step budgets and
-    the CPU kernels pinned (`specfit.numerics`), a busy, slower or wider machine trains the same weights, later.
+    the CPU kernels pinned (`specfit.numerics`), a busy machine trains the same weights later and one with more
+    cores the same weights (on another CPU: docs/toy.md says where MKL guarantees it).
     """
     random.seed(seed)
     torch.manual_seed(seed)

@@ -63,13 +63,13 @@ def section(s: Scope) -> Section | None:
     for part, what in parts.items():
         counted = [d[part] for d in devices if part in d]  # runs before a prefill split count it with the rest
         forwards, over = sum(c["forwards"] for c in counted), sum(c["overruns"] for c in counted)
-        share = over / forwards if forwards else None
-        rows.append((f"overruns-{part}", f"{what} whose CPU time overran the model, all runs"
-                     + ("" if part.endswith("prefill") else f" (goal < {100 * OVERRUN_GOAL:.0f}%); the time the "
-                        "overruns added to their modelled time"),
+        share, timed = over / forwards if forwards else None, not part.endswith("prefill")  # timed: in decode time
+        rows.append((f"overruns-{part}", f"{what} whose CPU time overran the model, all runs" + (
+                         f" (goal < {100 * OVERRUN_GOAL:.0f}%); the time the overruns added to their modelled time"
+                         if timed else ""),
                      MISSING if share is None else f"{100 * share:.2f}% ({over} of {forwards})" + (
-                         "" if part.endswith("prefill") else f"; {added(counted)}"),
-                     None if share is None or part.endswith("prefill") else Outcome.of(share < OVERRUN_GOAL)))
+                         f"; {added(counted)}" if timed else ""),
+                     Outcome.of(share < OVERRUN_GOAL) if timed and share is not None else None))
     decode = [d[part] for d in devices for part in ("target", "drafter") if part in d]
     rows.append(("overrun-time", "what the overruns added to the modelled time of all decode forwards (target and "
                  "drafter), all runs: what they can move a throughput by", added(decode) if decode else MISSING, None))
