@@ -137,6 +137,13 @@ def report_inputs(w):
         "paired": [
             paths.paired(*cell, "requests.parquet") for cell in paired_cells(config)
         ],
+        # the toy pair's folders (the report shows the sha256 their training records)
+        "models": [
+            paths.toy_model(m, part)
+            for m in sorted({r.model for r in RUNS})
+            if config["models"][m].get("toy")
+            for part in ("target", "drafter")
+        ],
         # the learned route predictors that decode runs read (their metrics.json)
         "predictor": sorted(
             {

@@ -75,6 +75,8 @@ def declared(spec: dict) -> dict[str, list[str]]:
         "theory": sorted({theory_file(spec, r) for r in theory_runs(spec)}),
         "predictor": sorted({paths.predictor(r.model) for r in runs if r.method in learned_methods(spec)}),
         "paired": [paths.paired(*c, "requests.parquet") for c in paired_cells(spec)] if "paired" in spec else [],
+        "models": [paths.toy_model(m, part) for m in sorted({r.model for r in runs}) if spec["models"][m].get("toy")
+                   for part in ("target", "drafter")],
     }
 
 
@@ -200,6 +202,12 @@ def fake_root(root: Path, spec: dict, seed: int = 0, speeds: dict | None = None)
                 path.write_text(json.dumps(theory if theory_cost(spec, run) == "paper" else theory_ca))
         written[device, "theory"] = theory
         written[device, "theory_ca"] = theory_ca
+    for part, record in (("target", "training.json"), ("drafter", "acceptance.json")):  # the toy's training records
+        folder = root / paths.toy_model("toy", part)
+        folder.mkdir(parents=True, exist_ok=True)
+        written[part] = {"sha256": f"{part}-{seed}-" + "0" * 52, "steps": 3,
+                         "numerics": {"cpu": "a test CPU", "torch_cpu_capability": "AVX2", "MKL_CBWR": "AVX2,STRICT"}}
+        (folder / record).write_text(json.dumps(written[part]))
     return written
 
 

@@ -14,7 +14,7 @@ from specfit.workflow import DecodeRun
 
 
 def test_html_links_are_relative_and_exist(built):
-    spec, _written, out, _tables = built
+    spec, written, out, _tables = built
     html = (out / "index.html").read_text()
     sources = re.findall(r'<img src="([^"]+)"', html)
     assert len(sources) >= 2  # throughput bars and the calibration scatter
@@ -24,6 +24,9 @@ def test_html_links_are_relative_and_exist(built):
     assert EMULATED in html
     assert "toy subset: first 2 GSM8K questions" in html
     assert config_hash(spec) in html
+    for part in ("target", "drafter"):  # the toy's weights as their training records them, and what computed them
+        assert f"sha256 {written[part]['sha256']}; trained on a test CPU (torch_cpu_capability AVX2, " \
+               "MKL_CBWR AVX2,STRICT)" in html
     md = (out / "report.md").read_text()
     for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", md):
         assert (out / link).is_file()

@@ -4,7 +4,8 @@ declares (`specfit.report.inputs`). Timings over an emulated link say so; a miss
 note, a malformed one is an error; every decode TPS and ratio carries its bootstrap interval (`specfit.intervals`).
 
 spec: the config slice it shows (workloads, models, devices, methods, runs, seed)
-inputs: metrics, requests, calibration, points, theory, predictor: lists, one --in flag per file
+inputs: metrics, requests, calibration, points, theory, predictor, paired, models (the toy's folders): lists, one
+    --in flag per file
 outputs: report (a folder)
 """
 
@@ -51,7 +52,7 @@ def write(spec: dict, inputs: dict, folder: Path) -> list[Part]:
     figures = Figures(folder / "figures")
     page = [part for model in spec["models"] if any(r.model == model for r in data.runs)
             for part in parts(ModelScope(data, figures, model))]
-    render({"title": "SpecFit reproduction report", "provenance": provenance(spec), "parts": page,
+    render({"title": "SpecFit reproduction report", "provenance": provenance(spec, data.toy), "parts": page,
             "emulated": EMULATED, "intervals": interval_note(data.seed)}, folder)
     return page
 

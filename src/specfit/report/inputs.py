@@ -53,7 +53,10 @@ PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "tr
                       "pool_nodes_timed", "torch_device", "training")
 
 
-INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "paired")  # list inputs
+INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "paired", "models")  # list inputs
+# the toy pair's folders (paths.toy_model, declared as folders): what each records of its weights (specfit.toy)
+TOY_RECORDS = {"target": "training.json", "drafter": "acceptance.json"}
+TOY_REQUIRED = ("sha256",)
 # the paired stage's requests.parquet (specfit.paired.SCHEMA): the columns the paired ratios read
 PAIRED_COLUMNS = ("side", "round", *REQUEST_COLUMNS)
 
@@ -120,6 +123,7 @@ class Inputs:
     predictor: dict[str, dict] = field(default_factory=dict)  # model -> its learned route predictor's metrics.json
     paired: dict[tuple[str, str, str], dict[str, list[dict]]] = field(default_factory=dict)  # cell -> side -> rows
     paired_cells: list[tuple[str, str, str]] = field(default_factory=list)  # the config's paired cells
+    toy: dict[tuple[str, str], dict] = field(default_factory=dict)  # (model, part) -> its training record
     _intervals: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -274,6 +278,13 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
                                    PAIRED_COLUMNS)) is not None:
             for row in table.to_pylist():  # request ids unique per round, as the bootstrap pairs them
                 paired.setdefault(cell, {}).setdefault(row["side"], []).append(intervals.round_id(row))
+    toy = {}
+    for model in sorted({r.model for r in runs if spec["models"][model].get("toy")}):
+        for part, record in TOY_RECORDS.items():
+            folder = files.path("models", paths.toy_model(model, part))
+            if (data := _load_json(folder and f"{folder}/{record}", TOY_REQUIRED)) is not None:
+                toy[model, part] = data
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
-    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, paired, cells)
+    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, paired, cells,
+                  toy)

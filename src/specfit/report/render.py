@@ -45,8 +45,18 @@ def versions() -> dict[str, str]:
     return out
 
 
-def provenance(spec: dict) -> list[tuple[str, str]]:
+def trained(record: dict) -> str:
+    """A toy part's training record (training.json, acceptance.json) as provenance: the weights' sha256 and what
+    computed them (`specfit.numerics.described`), which two machines compare first when their verdicts differ."""
+    n = record.get("numerics") or {}
+    how = ", ".join(f"{k} {n[k]}" for k in ("torch_cpu_capability", "MKL_CBWR") if n.get(k))
+    return f"sha256 {record['sha256']}; trained on {n.get('cpu', 'an unrecorded CPU')}" + (f" ({how})" if how else "")
+
+
+def provenance(spec: dict, toy: dict[tuple[str, str], dict] | None = None) -> list[tuple[str, str]]:
+    """The page's provenance block; ``toy``: (model, part) -> the toy part's training record (`Inputs.toy`)."""
     rows = [("Config hash (sha256 of the spec, sorted keys)", config_hash(spec)), ("Git commit", git_commit())]
+    rows += [(f"Toy {model} {part}", trained(record)) for (model, part), record in (toy or {}).items()]
     rows += [(f"{name} version", v) for name, v in versions().items()]
     rows += [(f"Device {d}", d_spec.get("label") or d) for d, d_spec in spec["devices"].items()]
     rows += [(f"Workload {w}", w_spec.get("subset_label") or "full workload")
