@@ -1,6 +1,6 @@
-"""One CPU arithmetic on every x86-64 machine with AVX2: the kernel paths are pinned before torch computes, so that
-with the thread count fixed as well (the training stages' ``train_threads``, one thread per decode job) the toy
-trains the same weights and decodes the same tokens on a laptop, a CI runner or a cluster node.
+"""One CPU arithmetic for training on every Intel x86-64 CPU with AVX2: the kernel paths are pinned before torch
+computes, so that with the thread count fixed as well (the training stages' ``train_threads``) the toy trains the
+same weights on a laptop, a CI runner or a cluster node.
 
 Left alone, torch picks its vectorized kernels by the CPU's widest instructions (AVX-512 or AVX2) and MKL picks its
 GEMM by the CPU and splits it by thread count, and each choice rounds differently: the same seed and config trained
@@ -8,12 +8,20 @@ four toy targets with four sha256 on one machine (AVX-512 or AVX2, 1 or 2 thread
 
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's AVX2 kernels, the same instructions on any CPU that has AVX2 and FMA;
 - ``MKL_CBWR=AVX2,STRICT``: MKL's conditional numerical reproducibility, its AVX2 branch, results independent of
-  the thread count (MKL documents it for Intel CPUs; on others it may fall back to its own dispatch);
+  the thread count. MKL documents it for Intel CPUs; on an AMD EPYC it runs its own ``AUTO,STRICT`` code whatever
+  branch is asked (``MKL_VERBOSE=1`` says so; only ``COMPATIBLE``, 2.6 times slower on the toy's GEMMs, runs the
+  same code on both), so the toy trained there has other weights (docs/toy.md);
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels capped likewise.
 
+A stage that times forwards rather than trains (`for_timing`, which `specfit.stage.stage_main` calls for every stage
+but the toy's and the route predictor's training) then switches MKL to its ``AUTO`` branch: still the same results
+run to run on one CPU with one thread, and not the strict branch's small-GEMM cost, which on a Xeon made the
+drafter's head 3.7 times slower and its forwards overrun the emulated device's model (docs/device.md).
+
 A value already in the environment wins (``ATEN_CPU_CAPABILITY=avx512`` runs torch's AVX-512 kernels where the
-CPU has them: faster, and other weights). A CPU without AVX2 and FMA (or not x86-64, where MKL is absent) is left
-as it is. `described` says what a process runs with; the toy's training.json records it.
+CPU has them: faster, and other weights; a ``MKL_CBWR`` set by the user stays in every stage). A CPU without AVX2
+and FMA (or not x86-64, where MKL is absent) is left as it is. `described` says what a process runs with; the
+toy's training.json records it.
 """
 
 import os
@@ -21,6 +29,8 @@ import platform
 
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 REQUIRED_FLAGS = {"avx2", "fma"}  # /proc/cpuinfo flags the pinned kernels execute
+TIMING_MKL_CBWR = "AUTO"  # MKL's branch for stages that time forwards (`for_timing`)
+_set_here: set[str] = set()  # the PINNED keys `pin` set in this process (not the user's)
 
 
 def cpuinfo(field: str) -> str | None:
@@ -43,7 +53,16 @@ def pin() -> None:
     ``__init__`` calls it), so that its dispatch and MKL read it."""
     if pinnable():
         for key, value in PINNED.items():
-            os.environ.setdefault(key, value)
+            if key not in os.environ:
+                os.environ[key] = value
+                _set_here.add(key)
+
+
+def for_timing() -> None:
+    """Before a timing stage's first GEMM (MKL reads ``MKL_CBWR`` at its first call): MKL's ``AUTO`` branch in place
+    of the training pin, unless the user set ``MKL_CBWR``. Training stages do not call it."""
+    if "MKL_CBWR" in _set_here:
+        os.environ["MKL_CBWR"] = TIMING_MKL_CBWR
 
 
 def described() -> dict:

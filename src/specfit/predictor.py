@@ -164,7 +164,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         write_json(metrics, tmp / METRICS)
 
 
-main = stage_main(run)
+main = stage_main(run, trains=True)
 
 if __name__ == "__main__":
     main()

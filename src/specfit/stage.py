@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Callable
 
+from specfit import numerics
 from specfit.errors import SpecFitError
 
 Run = Callable[[dict, dict, dict], None]
@@ -38,7 +39,10 @@ def paths_of(files: dict, name: str) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def stage_main(run: Run) -> Callable[[list[str] | None], None]:
+def stage_main(run: Run, trains: bool = False) -> Callable[[list[str] | None], None]:
+    """The stage's command line. ``trains``: the stage trains weights (the toy, the route predictor) and keeps the
+    training arithmetic `specfit.numerics` pins; every other stage times or evaluates with `numerics.for_timing`."""
+
     def main(argv: list[str] | None = None) -> None:
         parser = argparse.ArgumentParser(description=(run.__module__ or "").strip())
         parser.add_argument("--spec", default="{}", help="the rule's config slice, as JSON")
@@ -46,6 +50,8 @@ def stage_main(run: Run) -> Callable[[list[str] | None], None]:
         parser.add_argument("--out", dest="outputs", action="append", metavar="NAME=PATH")
         args = parser.parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        if not trains:
+            numerics.for_timing()
         try:
             run(json.loads(args.spec), _pairs(args.inputs, "--in"), _pairs(args.outputs, "--out"))
         except SpecFitError as err:

@@ -87,6 +87,46 @@ def test_the_cpu_kernels_are_pinned_before_torch_computes(tmp_path):
         assert pinned.stdout.strip() == "AVX2"
 
 
+def test_timing_stages_switch_mkl_to_its_auto_branch_and_training_stages_keep_the_pin():
+    """`specfit.stage.stage_main`: a stage that trains keeps MKL's strict AVX2 branch, any other switches to MKL's
+    AUTO branch before it computes (`numerics.for_timing`); a value the user set stays in both."""
+    code = ("import os, sys, specfit\n"
+            "from specfit.stage import stage_main\n"
+            "def run(spec, inputs, outputs): print(os.environ.get('MKL_CBWR'))\n"
+            "stage_main(run, trains=sys.argv[1] == 'train')([])\n")
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED}
+
+    def branch(kind, **more):
+        return subprocess.run([sys.executable, "-c", code, kind], env=env | more, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    if numerics.pinnable():
+        assert (branch("train"), branch("time")) == (numerics.PINNED["MKL_CBWR"], numerics.TIMING_MKL_CBWR)
+    assert branch("train", MKL_CBWR="COMPATIBLE") == branch("time", MKL_CBWR="COMPATIBLE") == "COMPATIBLE"
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
+def test_mkl_reads_its_branch_at_its_first_call_after_the_stage_imports():
+    """What `numerics.for_timing` relies on: a ``MKL_CBWR`` set after a decode stage's imports, before its first
+    GEMM, is the one MKL computes with (COMPATIBLE: the branch that rounds differently on every CPU, so the test
+    tells the two apart)."""
+    code = ("import hashlib, os, sys\n"
+            "import specfit.decode, torch\n"
+            "if sys.argv[1] == 'late': os.environ['MKL_CBWR'] = 'COMPATIBLE'\n"
+            "torch.set_num_threads(1)\n"
+            "g = torch.Generator().manual_seed(0)\n"
+            "a, b = torch.randn(512, 128, generator=g), torch.randn(128, 384, generator=g)\n"
+            "print(hashlib.sha256((a @ b).numpy().tobytes()).hexdigest())\n")
+
+    def digest(when, **env):
+        return subprocess.run([sys.executable, "-c", code, when], env={**os.environ, **env}, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    compatible = digest("early", MKL_CBWR="COMPATIBLE")
+    assert digest("early") != compatible  # the pinned branch rounds otherwise, so the next line can fail
+    assert digest("late") == compatible
+
+
 def test_drafter_same_seed_same_weights(questions_path, tokenizer_dir, tmp_path):
     train_target(questions_path, tokenizer_dir, tmp_path / "target")
     digests = []

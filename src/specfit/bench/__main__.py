@@ -3,6 +3,8 @@
 import importlib
 import sys
 
+from specfit import numerics
+
 BENCHMARKS = ("device", "engine", "link", "paired", "predictor", "proportions", "select", "spread", "verdicts")
 
 
@@ -10,6 +12,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in BENCHMARKS:
         sys.exit(f"usage: python -m specfit.bench {{{','.join(BENCHMARKS)}}} [options]")
+    numerics.for_timing()  # timed as the decode stages time (specfit.stage.stage_main)
     importlib.import_module(f"specfit.bench.{argv[0]}").main(argv[1:])
 
 

@@ -185,7 +185,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         write_json(stats | {"sha256": state_digest(model)}, tmp / "training.json")
 
 
-main = stage_main(run)
+main = stage_main(run, trains=True)
 
 if __name__ == "__main__":
     main()

@@ -57,7 +57,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         tokenizer.save_pretrained(tmp)
 
 
-main = stage_main(run)
+main = stage_main(run, trains=True)
 
 if __name__ == "__main__":
     main()
