@@ -1,22 +1,23 @@
-"""One CPU arithmetic for training on every Intel x86-64 CPU with AVX2: the kernel paths are pinned before torch
-computes, so that with the thread count fixed as well (the training stages' ``train_threads``) the toy trains the
-same weights on a laptop, a CI runner or a cluster node.
+"""One CPU arithmetic for training on every x86-64 CPU with AVX2, Intel or AMD: the kernel paths are pinned before
+torch computes, so that with the thread count fixed as well (the training stages' ``train_threads``) the toy trains
+the same weights on a laptop, a CI runner or a cluster node.
 
 Left alone, torch picks its vectorized kernels by the CPU's widest instructions (AVX-512 or AVX2) and MKL picks its
 GEMM by the CPU and splits it by thread count, and each choice rounds differently: the same seed and config trained
 four toy targets with four sha256 on one machine (AVX-512 or AVX2, 1 or 2 threads; docs/toy.md). Pinned:
 
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's AVX2 kernels, the same instructions on any CPU that has AVX2 and FMA;
-- ``MKL_CBWR=AVX2,STRICT``: MKL's conditional numerical reproducibility, its AVX2 branch, results independent of
-  the thread count. MKL documents it for Intel CPUs; on an AMD EPYC it runs its own ``AUTO,STRICT`` code whatever
-  branch is asked (``MKL_VERBOSE=1`` says so; only ``COMPATIBLE``, 2.6 times slower on the toy's GEMMs, runs the
-  same code on both), so the toy trained there has other weights (docs/toy.md);
+- ``MKL_CBWR=COMPATIBLE,STRICT``: MKL's conditional numerical reproducibility in its one branch that runs the same
+  code on Intel and AMD CPUs (its SSE2 code without the instructions the two vendors round differently), results
+  independent of the thread count. Its AVX2 branch is reproducible across Intel CPUs only: on an AMD EPYC MKL ran
+  its own ``AUTO,STRICT`` code whichever branch was asked (``MKL_VERBOSE=1`` says so), and trained other weights.
+  The compatible branch trains the toy target at 1.33 steps/s where the AVX2 branch trains at 1.9 (docs/toy.md);
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels capped likewise.
 
 A stage that times forwards rather than trains (`for_timing`, which `specfit.stage.stage_main` calls for every stage
 but the toy's and the route predictor's training) then switches MKL to its ``AUTO`` branch: still the same results
-run to run on one CPU with one thread, and not the strict branch's small-GEMM cost, which on a Xeon made the
-drafter's head 3.7 times slower and its forwards overrun the emulated device's model (docs/device.md).
+run to run on one CPU with one thread, at the speed of MKL's own kernels for it (on a Xeon the strict AVX2 branch
+made the drafter's head 3.7 times slower and its forwards overrun the emulated device's model; docs/device.md).
 
 A value already in the environment wins (``ATEN_CPU_CAPABILITY=avx512`` runs torch's AVX-512 kernels where the
 CPU has them: faster, and other weights; a ``MKL_CBWR`` set by the user stays in every stage). A CPU without AVX2
@@ -27,7 +28,7 @@ toy's training.json records it.
 import os
 import platform
 
-PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 REQUIRED_FLAGS = {"avx2", "fma"}  # /proc/cpuinfo flags the pinned kernels execute
 TIMING_MKL_CBWR = "AUTO"  # MKL's branch for stages that time forwards (`for_timing`)
 _set_here: set[str] = set()  # the PINNED keys `pin` set in this process (not the user's)

@@ -105,26 +105,28 @@ def test_timing_stages_switch_mkl_to_its_auto_branch_and_training_stages_keep_th
     assert branch("train", MKL_CBWR="COMPATIBLE") == branch("time", MKL_CBWR="COMPATIBLE") == "COMPATIBLE"
 
 
-@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
-def test_mkl_reads_its_branch_at_its_first_call_after_the_stage_imports():
-    """What `numerics.for_timing` relies on: a ``MKL_CBWR`` set after a decode stage's imports, before its first
-    GEMM, is the one MKL computes with (COMPATIBLE: the branch that rounds differently on every CPU, so the test
-    tells the two apart)."""
-    code = ("import hashlib, os, sys\n"
+@pytest.mark.skipif(not torch.backends.mkl.is_available() or not numerics.pinnable(), reason="no MKL to pin")
+def test_a_timing_stage_computes_with_mkls_auto_branch_though_specfit_pinned_another_at_import():
+    """What `numerics.for_timing` relies on: MKL reads ``MKL_CBWR`` at its first call, so switching it after a
+    decode stage's imports, before its first GEMM, is the branch MKL computes with (the pinned compatible branch and
+    AUTO round differently, so the test tells them apart)."""
+    code = ("import hashlib, sys\n"
             "import specfit.decode, torch\n"
-            "if sys.argv[1] == 'late': os.environ['MKL_CBWR'] = 'COMPATIBLE'\n"
+            "from specfit import numerics\n"
+            "if sys.argv[1] == 'timing': numerics.for_timing()\n"
             "torch.set_num_threads(1)\n"
             "g = torch.Generator().manual_seed(0)\n"
             "a, b = torch.randn(512, 128, generator=g), torch.randn(128, 384, generator=g)\n"
             "print(hashlib.sha256((a @ b).numpy().tobytes()).hexdigest())\n")
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED}
 
-    def digest(when, **env):
-        return subprocess.run([sys.executable, "-c", code, when], env={**os.environ, **env}, capture_output=True,
-                              text=True, check=True).stdout.strip()
+    def digest(kind, **more):
+        return subprocess.run([sys.executable, "-c", code, kind], env=env | more, capture_output=True, text=True,
+                              check=True).stdout.strip()
 
-    compatible = digest("early", MKL_CBWR="COMPATIBLE")
-    assert digest("early") != compatible  # the pinned branch rounds otherwise, so the next line can fail
-    assert digest("late") == compatible
+    auto = digest("pinned", MKL_CBWR=numerics.TIMING_MKL_CBWR)
+    assert digest("pinned") != auto  # the training pin rounds otherwise, so the next line can fail
+    assert digest("timing") == auto
 
 
 def test_drafter_same_seed_same_weights(questions_path, tokenizer_dir, tmp_path):
