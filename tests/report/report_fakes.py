@@ -205,8 +205,8 @@ def fake_root(root: Path, spec: dict, seed: int = 0, speeds: dict | None = None)
     for part, record in (("target", "training.json"), ("drafter", "acceptance.json")):  # the toy's training records
         folder = root / paths.toy_model("toy", part)
         folder.mkdir(parents=True, exist_ok=True)
-        written[part] = {"sha256": f"{part}-{seed}-" + "0" * 52, "steps": 3,
-                         "numerics": {"cpu": "a test CPU", "torch_cpu_capability": "AVX2", "MKL_CBWR": "COMPATIBLE,STRICT"}}
+        numerics = {"cpu": "a test CPU", "torch_cpu_capability": "AVX2", "MKL_CBWR": "COMPATIBLE,STRICT"}
+        written[part] = {"sha256": f"{part}-{seed}-" + "0" * 52, "steps": 3, "numerics": numerics}
         (folder / record).write_text(json.dumps(written[part]))
     return written
 
