@@ -142,7 +142,7 @@ def report_inputs(w):
             paths.toy_model(m, part)
             for m in sorted({r.model for r in RUNS})
             if config["models"][m].get("toy")
-            for part in ("target", "drafter")
+            for part in paths.TOY_RECORDS
         ],
         # the learned route predictors that decode runs read (their metrics.json)
         "predictor": sorted(

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from report.report_md import find, key_of, md_tables
+from specfit import paths
 from specfit.report.quantities import DRAFT_KEYS, METRICS
 from specfit.workflow import decode_runs, load_config, method_rule
 
@@ -92,7 +93,11 @@ def test_report_tables_match_the_metrics(workflow):
                 checked += 1
     assert checked > 0
     # the prefetching methods' section (issue 21) on the emulated A100, whose runs the smoke config holds
-    assert "\n### Beyond the paper: prefetch while drafting\n" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "\n### Beyond the paper: prefetch while drafting\n" in md
+    for part, record in paths.TOY_RECORDS.items():  # the rule declares the toy's folders: their weights' sha256
+        sha256 = json.loads((workdir / paths.toy_model("toy", part) / record).read_text())["sha256"]
+        assert f"**Weights of toy {part}**: sha256 {sha256}; trained on " in md
 
 
 def test_theory_and_calibration_outputs(workflow):

@@ -11,7 +11,7 @@ four toy targets with four sha256 on one machine (AVX-512 or AVX2, 1 or 2 thread
   code on Intel and AMD CPUs (its SSE2 code without the instructions the two vendors round differently), results
   independent of the thread count. Its AVX2 branch is reproducible across Intel CPUs only: on an AMD EPYC MKL ran
   its own ``AUTO,STRICT`` code whichever branch was asked (``MKL_VERBOSE=1`` says so), and trained other weights.
-  The compatible branch trains the toy target at 1.33 steps/s where the AVX2 branch trains at 1.9 (docs/toy.md);
+  The compatible branch is slower: on that EPYC the toy target trained in 578 s against 350 s (docs/toy.md);
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels capped likewise.
 
 A stage that times forwards rather than trains (`for_timing`, which `specfit.stage.stage_main` calls for every stage

@@ -48,6 +48,10 @@ def toy_model(model: str, part: str) -> str:
     return f"data/models/{model}/{part}"
 
 
+# the file in a trained toy part's folder that records its training (steps, time, numerics, sha256 of the weights)
+TOY_RECORDS = {"target": "training.json", "drafter": "acceptance.json"}
+
+
 def calibration(model: str, device: str, cache: str) -> str:
     """The fitted coefficients (JSON) of one cache mode."""
     return f"data/calibration/{model}/{device}/{cache}.json"

@@ -76,7 +76,7 @@ def declared(spec: dict) -> dict[str, list[str]]:
         "predictor": sorted({paths.predictor(r.model) for r in runs if r.method in learned_methods(spec)}),
         "paired": [paths.paired(*c, "requests.parquet") for c in paired_cells(spec)] if "paired" in spec else [],
         "models": [paths.toy_model(m, part) for m in sorted({r.model for r in runs}) if spec["models"][m].get("toy")
-                   for part in ("target", "drafter")],
+                   for part in paths.TOY_RECORDS],
     }
 
 
@@ -202,7 +202,7 @@ def fake_root(root: Path, spec: dict, seed: int = 0, speeds: dict | None = None)
                 path.write_text(json.dumps(theory if theory_cost(spec, run) == "paper" else theory_ca))
         written[device, "theory"] = theory
         written[device, "theory_ca"] = theory_ca
-    for part, record in (("target", "training.json"), ("drafter", "acceptance.json")):  # the toy's training records
+    for part, record in paths.TOY_RECORDS.items():  # the toy's training records
         folder = root / paths.toy_model("toy", part)
         folder.mkdir(parents=True, exist_ok=True)
         numerics = {"cpu": "a test CPU", "torch_cpu_capability": "AVX2", "MKL_CBWR": "COMPATIBLE,STRICT"}

@@ -74,35 +74,32 @@ def test_training_runs_on_the_specs_threads_not_the_jobs(questions_path, tokeniz
     assert two["numerics"] == numerics.described()  # what the weights were computed with: this process's kernels
 
 
-def test_the_cpu_kernels_are_pinned_before_torch_computes(tmp_path):
+def fresh(code: str, *args: str, **env: str) -> str:
+    """What ``code`` prints in a new Python process whose environment sets none of `numerics.PINNED` but ``env``."""
+    clean = {k: v for k, v in os.environ.items() if k not in numerics.PINNED}
+    return subprocess.run([sys.executable, "-c", code, *args], env=clean | env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_the_cpu_kernels_are_pinned_before_torch_computes():
     """`specfit.numerics`: importing specfit pins torch's kernel dispatch (and MKL's branch) unless the
     environment already sets them."""
     code = "import specfit, torch; print(torch.backends.cpu.get_cpu_capability())"
-    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED}
-    pinned = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    chosen = subprocess.run([sys.executable, "-c", code], env=env | {"ATEN_CPU_CAPABILITY": "default"},
-                            capture_output=True, text=True, check=True)
-    assert chosen.stdout.strip() == "DEFAULT"
+    assert fresh(code, ATEN_CPU_CAPABILITY="default") == "DEFAULT"
     if numerics.pinnable():
-        assert pinned.stdout.strip() == "AVX2"
+        assert fresh(code) == "AVX2"
 
 
 def test_timing_stages_switch_mkl_to_its_auto_branch_and_training_stages_keep_the_pin():
-    """`specfit.stage.stage_main`: a stage that trains keeps MKL's strict AVX2 branch, any other switches to MKL's
-    AUTO branch before it computes (`numerics.for_timing`); a value the user set stays in both."""
+    """`specfit.stage.stage_main`: a stage that trains keeps the training pin (MKL's compatible branch), any other
+    switches to MKL's AUTO branch before it computes (`numerics.for_timing`); a value the user set stays in both."""
     code = ("import os, sys, specfit\n"
             "from specfit.stage import stage_main\n"
             "def run(spec, inputs, outputs): print(os.environ.get('MKL_CBWR'))\n"
             "stage_main(run, trains=sys.argv[1] == 'train')([])\n")
-    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED}
-
-    def branch(kind, **more):
-        return subprocess.run([sys.executable, "-c", code, kind], env=env | more, capture_output=True, text=True,
-                              check=True).stdout.strip()
-
     if numerics.pinnable():
-        assert (branch("train"), branch("time")) == (numerics.PINNED["MKL_CBWR"], numerics.TIMING_MKL_CBWR)
-    assert branch("train", MKL_CBWR="COMPATIBLE") == branch("time", MKL_CBWR="COMPATIBLE") == "COMPATIBLE"
+        assert (fresh(code, "train"), fresh(code, "time")) == (numerics.PINNED["MKL_CBWR"], numerics.TIMING_MKL_CBWR)
+    assert fresh(code, "train", MKL_CBWR="AVX2") == fresh(code, "time", MKL_CBWR="AVX2") == "AVX2"
 
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available() or not numerics.pinnable(), reason="no MKL to pin")
@@ -118,15 +115,9 @@ def test_a_timing_stage_computes_with_mkls_auto_branch_though_specfit_pinned_ano
             "g = torch.Generator().manual_seed(0)\n"
             "a, b = torch.randn(512, 128, generator=g), torch.randn(128, 384, generator=g)\n"
             "print(hashlib.sha256((a @ b).numpy().tobytes()).hexdigest())\n")
-    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED}
-
-    def digest(kind, **more):
-        return subprocess.run([sys.executable, "-c", code, kind], env=env | more, capture_output=True, text=True,
-                              check=True).stdout.strip()
-
-    auto = digest("pinned", MKL_CBWR=numerics.TIMING_MKL_CBWR)
-    assert digest("pinned") != auto  # the training pin rounds otherwise, so the next line can fail
-    assert digest("timing") == auto
+    auto = fresh(code, "pinned", MKL_CBWR=numerics.TIMING_MKL_CBWR)
+    assert fresh(code, "pinned") != auto  # the training pin rounds otherwise, so the next line can fail
+    assert fresh(code, "timing") == auto
 
 
 def test_drafter_same_seed_same_weights(questions_path, tokenizer_dir, tmp_path):

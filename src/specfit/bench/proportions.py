@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from specfit import paths
 from specfit.engine import make_engine
 from specfit.io import read_json
 from specfit.metrics import stream_metrics
@@ -134,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                                     measured["eagle3", 0], device["emulate"])
         rows.append((workload, ar, e3, union, toy_p))
 
-    training = read_json(target_dir / "training.json")
-    acceptance = read_json(drafter_dir / "acceptance.json")
+    training = read_json(target_dir / paths.TOY_RECORDS["target"])
+    acceptance = read_json(drafter_dir / paths.TOY_RECORDS["drafter"])
     print(f"{args.model} on {args.device}, {slots} and 0 slots per layer, {args.requests} requests per workload, "
           f"at most {args.max_new_tokens} new tokens, {args.threads} thread(s)")
     if engine.link_emulated:

@@ -54,9 +54,7 @@ PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "tr
 
 
 INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "paired", "models")  # list inputs
-# the toy pair's folders (paths.toy_model, declared as folders): what each records of its weights (specfit.toy)
-TOY_RECORDS = {"target": "training.json", "drafter": "acceptance.json"}
-TOY_REQUIRED = ("sha256",)
+TOY_REQUIRED = ("sha256",)  # the toy's folders (declared as folders): the key their paths.TOY_RECORDS must have
 # the paired stage's requests.parquet (specfit.paired.SCHEMA): the columns the paired ratios read
 PAIRED_COLUMNS = ("side", "round", *REQUEST_COLUMNS)
 
@@ -280,7 +278,7 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
                 paired.setdefault(cell, {}).setdefault(row["side"], []).append(intervals.round_id(row))
     toy = {}
     for model in sorted({r.model for r in runs if spec["models"][model].get("toy")}):
-        for part, record in TOY_RECORDS.items():
+        for part, record in paths.TOY_RECORDS.items():
             folder = files.path("models", paths.toy_model(model, part))
             if (data := _load_json(folder and f"{folder}/{record}", TOY_REQUIRED)) is not None:
                 toy[model, part] = data

@@ -53,10 +53,10 @@ def trained(record: dict) -> str:
     return f"sha256 {record['sha256']}; trained on {n.get('cpu', 'an unrecorded CPU')}" + (f" ({how})" if how else "")
 
 
-def provenance(spec: dict, toy: dict[tuple[str, str], dict] | None = None) -> list[tuple[str, str]]:
+def provenance(spec: dict, toy: dict[tuple[str, str], dict]) -> list[tuple[str, str]]:
     """The page's provenance block; ``toy``: (model, part) -> the toy part's training record (`Inputs.toy`)."""
     rows = [("Config hash (sha256 of the spec, sorted keys)", config_hash(spec)), ("Git commit", git_commit())]
-    rows += [(f"Weights of {model} {part}", trained(record)) for (model, part), record in (toy or {}).items()]
+    rows += [(f"Weights of {model} {part}", trained(record)) for (model, part), record in toy.items()]
     rows += [(f"{name} version", v) for name, v in versions().items()]
     rows += [(f"Device {d}", d_spec.get("label") or d) for d, d_spec in spec["devices"].items()]
     rows += [(f"Workload {w}", w_spec.get("subset_label") or "full workload")

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 from transformers import DynamicCache, LlamaConfig
 
+from specfit import paths
 from specfit.io import atomic_path, write_json
 from specfit.models.eagle3 import Eagle3Drafter, aux_hidden_states, default_aux_layer_ids, eagle3_config
 from specfit.models.loading import load_target
@@ -298,7 +299,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     log.info("acceptance: %s", stats)
     with atomic_path(outputs["drafter"], directory=True) as tmp:
         drafter.save_pretrained(tmp)
-        write_json(stats | {"sha256": state_digest(drafter)}, tmp / "acceptance.json")
+        write_json(stats | {"sha256": state_digest(drafter)}, tmp / paths.TOY_RECORDS["drafter"])
 
 
 main = stage_main(run, trains=True)

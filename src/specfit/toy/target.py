@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from specfit import paths
 from specfit.io import atomic_path, write_json
 from specfit.stage import stage_main
 from specfit.toy.tokenizer import ASSISTANT, USER
@@ -182,7 +183,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
-        write_json(stats | {"sha256": state_digest(model)}, tmp / "training.json")
+        write_json(stats | {"sha256": state_digest(model)}, tmp / paths.TOY_RECORDS["target"])
 
 
 main = stage_main(run, trains=True)
