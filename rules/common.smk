@@ -9,12 +9,10 @@ from specfit.workflow import (
     code_hash,
     decode_inputs as workflow_decode_inputs,
     decode_runs,
-    paired_cells,
     paired_inputs as workflow_paired_inputs,
     reference_run,
+    report_inputs as workflow_report_inputs,
     spec_json,
-    theory_file,
-    theory_runs,
 )
 
 CONDA_ENV = "../envs/specfit.yaml"
@@ -119,37 +117,4 @@ def theory_inputs(w):
 
 
 def report_inputs(w):
-    """Every file the report reads: each run's metrics and requests, the fits and their points, the theory, the
-    learned route predictors (folders: the report reads their metrics.json)."""
-    pairs = sorted({(r.model, r.device) for r in RUNS})
-    return {
-        "metrics": [r.file("metrics.json") for r in RUNS],
-        "requests": [r.file("requests.parquet") for r in RUNS],
-        "calibration": [
-            paths.calibration(m, d, c) for m, d in pairs for c in paths.CACHE_MODES
-        ],
-        "points": [
-            paths.calibration_points(m, d, c)
-            for m, d in pairs
-            for c in paths.CACHE_MODES
-        ],
-        "theory": sorted({theory_file(config, r) for r in theory_runs(config)}),
-        "paired": [
-            paths.paired(*cell, "requests.parquet") for cell in paired_cells(config)
-        ],
-        # the toy pair's folders (the report shows the sha256 their training records)
-        "models": [
-            paths.toy_model(m, part)
-            for m in sorted({r.model for r in RUNS})
-            if config["models"][m].get("toy")
-            for part in paths.TOY_RECORDS
-        ],
-        # the learned route predictors that decode runs read (their metrics.json)
-        "predictor": sorted(
-            {
-                p
-                for r in RUNS
-                if (p := workflow_decode_inputs(config, r).get("predictor"))
-            }
-        ),
-    }
+    return workflow_report_inputs(config)

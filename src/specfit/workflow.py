@@ -322,6 +322,26 @@ def theory_file(config: dict, run: DecodeRun) -> str:
     return paths.theory(run.model, run.device, run.workload, method)
 
 
+def report_inputs(config: dict) -> dict[str, list[str]]:
+    """Every file the report reads (the report rule's inputs, by the stage's input names): each run's metrics and
+    requests, the fits and their points, the theory, the paired timings, the toy pair's folders (the report shows the
+    sha256 of their training records) and the learned route predictors decode runs read (folders: the report reads
+    their metrics.json)."""
+    runs = decode_runs(config)
+    pairs = sorted({(r.model, r.device) for r in runs})
+    return {
+        "metrics": [r.file("metrics.json") for r in runs],
+        "requests": [r.file("requests.parquet") for r in runs],
+        "calibration": [paths.calibration(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
+        "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
+        "theory": sorted({theory_file(config, r) for r in theory_runs(config)}),
+        "paired": [paths.paired(*cell, "requests.parquet") for cell in paired_cells(config)],
+        "models": [paths.toy_model(m, part) for m in sorted({r.model for r in runs})
+                   if config["models"][m].get("toy") for part in paths.TOY_RECORDS],
+        "predictor": sorted({p for r in runs if (p := decode_inputs(config, r).get("predictor"))}),
+    }
+
+
 # --------------------------------------------------------------------------------------------- rule params
 def spec_json(obj: Any) -> str:
     """A config slice as rule params: sorted keys, so equal slices compare equal across runs."""

@@ -1,5 +1,5 @@
 """A fake workflow folder for the report: a tiny config, the files its stages would write, and the lists of
-files the report rule declares (as ``report_inputs`` in rules/common.smk builds them)."""
+files the report rule declares (``declared``: `specfit.workflow.report_inputs`, which the rule calls)."""
 
 import json
 import zlib
@@ -10,16 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specfit import paths
-from specfit.report.inputs import learned_methods
-from specfit.workflow import (
-    DecodeRun,
-    decode_runs,
-    method_rule,
-    paired_cells,
-    theory_cost,
-    theory_file,
-    theory_runs,
-)
+from specfit.workflow import DecodeRun, decode_runs, method_rule, theory_cost, theory_file, theory_runs
+from specfit.workflow import report_inputs as declared  # the report rule's inputs for a spec
+
+__all__ = ["declared"]
 
 DEVICE = "cpu-a100link"
 N_REQUESTS = 6  # per fake run; the same request ids and output lengths in every run (lossless methods)
@@ -59,24 +53,8 @@ def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE
                   "slots": list(slots)}],
         "calibration": {"question_ids": [401, 402, 403], "cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2},
         "theory": {"beta_multiplier": 2.0},
+        "paired": {"repeats": 2, "cells": []},  # as the schema's defaults give it
         "seed": 0,
-    }
-
-
-def declared(spec: dict) -> dict[str, list[str]]:
-    """The report rule's inputs for ``spec``, relative to the workflow root (``report_inputs``)."""
-    runs = decode_runs(spec)
-    pairs = sorted({(r.model, r.device) for r in runs})
-    return {
-        "metrics": [r.file("metrics.json") for r in runs],
-        "requests": [r.file("requests.parquet") for r in runs],
-        "calibration": [paths.calibration(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
-        "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
-        "theory": sorted({theory_file(spec, r) for r in theory_runs(spec)}),
-        "predictor": sorted({paths.predictor(r.model) for r in runs if r.method in learned_methods(spec)}),
-        "paired": [paths.paired(*c, "requests.parquet") for c in paired_cells(spec)] if "paired" in spec else [],
-        "models": [paths.toy_model(m, part) for m in sorted({r.model for r in runs}) if spec["models"][m].get("toy")
-                   for part in paths.TOY_RECORDS],
     }
 
 

@@ -11,7 +11,17 @@ import sys
 import pytest
 
 from specfit import paths, specs
-from specfit.workflow import SCHEMA, DecodeRun, code_closure, load_config, paired_cells, paired_inputs, paired_runs
+from specfit.workflow import (
+    SCHEMA,
+    DecodeRun,
+    code_closure,
+    decode_runs,
+    load_config,
+    paired_cells,
+    paired_inputs,
+    paired_runs,
+    report_inputs,
+)
 
 STAGES = ("specfit.extract", "specfit.toy.tokenizer", "specfit.toy.target", "specfit.toy.drafter",
           "specfit.calibrate", "specfit.atlas", "specfit.predictor", "specfit.decode", "specfit.paired",
@@ -175,6 +185,25 @@ def test_report(config):
     report = specs.report(config)
     assert sorted(report) == ["devices", "methods", "models", "paired", "runs", "seed", "workloads"]
     assert report["runs"] == config["runs"] and report["devices"]["cpu-a100link"]["link"] == A100_LINK
+
+
+def test_report_inputs(smoke):
+    """The report rule's inputs (`specfit.workflow.report_inputs`): every run's metrics and requests, both fits and
+    their points per (model, device), each theory file once, the paired cells, the toy's folders and the one learned
+    route predictor the learned methods read."""
+    inputs = report_inputs(smoke)
+    runs = decode_runs(smoke)
+    assert sorted(inputs) == ["calibration", "metrics", "models", "paired", "points", "predictor", "requests", "theory"]
+    assert inputs["metrics"] == [r.file("metrics.json") for r in runs]
+    assert inputs["requests"] == [r.file("requests.parquet") for r in runs]
+    assert inputs["calibration"] == [f"data/calibration/toy/{d}/{c}.json" for d in ("cpu-a100", "cpu-a100link")
+                                     for c in ("cache", "nocache")]
+    assert len(inputs["points"]) == 4 and all(p.endswith(".parquet") for p in inputs["points"])
+    assert inputs["theory"] == sorted(set(inputs["theory"])) and "data/theory/toy/cpu-a100link/gsm8k.json" in inputs[
+        "theory"]
+    assert inputs["paired"] == ["data/paired/toy/cpu-a100/gsm8k/requests.parquet"]
+    assert inputs["models"] == ["data/models/toy/target", "data/models/toy/drafter"]
+    assert inputs["predictor"] == [paths.predictor("toy")]
 
 
 def test_no_stage_runs_the_specs():
