@@ -144,7 +144,7 @@ class Overlap:
             self.overruns += 1
             self.excess_s += cpu - modelled
             return
-        _wait_until(started + modelled)
+        wait_until(started + modelled)
         self.waited_s += modelled - cpu
 
     def as_dict(self) -> dict:
@@ -152,7 +152,7 @@ class Overlap:
                 "cpu_s": self.cpu_s, "waited_s": self.waited_s, "excess_s": self.excess_s}
 
 
-def _wait_until(deadline: float) -> None:
+def wait_until(deadline: float) -> None:
     """Sleep to ``deadline`` (perf_counter), spinning the last 0.2 ms: a plain sleep overshoots by up to ~0.1 ms."""
     remaining = deadline - time.perf_counter()
     if remaining > 2e-4:

@@ -123,7 +123,7 @@ def test_prefetched_copies_hold_the_one_link_and_a_forward_waits_only_for_what_i
     prefetched hit still in flight."""
     clock = Clock()
     monkeypatch.setattr(device_module.time, "perf_counter", clock)
-    monkeypatch.setattr(device_module, "_wait_until", lambda deadline: None)  # the clock stands still
+    monkeypatch.setattr(device_module, "wait_until", lambda deadline: None)  # the clock stands still
     timeline = Timeline(DeviceModel.from_spec(PARAMS))
     assert timeline.copy_ahead() == (100.0, pytest.approx(100.002))
     assert timeline.copy_ahead() == (pytest.approx(100.002), pytest.approx(100.004))

@@ -5,7 +5,8 @@ import sys
 
 from specfit import numerics
 
-BENCHMARKS = ("device", "engine", "link", "paired", "predictor", "proportions", "select", "spread", "verdicts")
+BENCHMARKS = ("device", "drafter", "engine", "link", "paired", "predictor", "proportions", "select", "spread",
+              "verdicts")
 
 
 def main(argv: list[str] | None = None) -> None:
