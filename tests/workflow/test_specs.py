@@ -80,7 +80,7 @@ def test_toy(config, smoke):
     assert target == {
         "hidden_size": 64, "num_layers": 4, "num_experts": 8, "top_k": 2, "moe_intermediate_size": 64,
         "seq_len": 256, "batch_size": 2, "lr": 0.004, "steps": 40, "span_conversations": 200, "unlikelihood": 1.0,
-        "max_minutes": 20, "num_heads": 4, "num_kv_heads": 2, "router_aux_loss_coef": 0.01, "span_max_words": 150,
+        "max_minutes": 45, "num_heads": 4, "num_kv_heads": 2, "router_aux_loss_coef": 0.01, "span_max_words": 150,
         "heldout": 12, "seed": 0, "threads": 2, "exclude_question_ids": EVALUATED}
     drafter = specs.toy(smoke, "drafter")
     assert (drafter["steps"], drafter["ttt_steps"], drafter["distill_prompts"]) == (30, 3, 16)
