@@ -8,9 +8,22 @@ from specfit.bench.drafter import main, spin, step_times
 from specfit.workflow import load_config
 
 
+class Recording:
+    """The drafter, recording the cache length each call sees."""
+
+    def __init__(self, drafter):
+        self.drafter, self.fc, self.embed_tokens, self.seen = drafter, drafter.fc, drafter.embed_tokens, []
+
+    def __call__(self, ids, hidden, position_ids, past_key_values):
+        self.seen.append(past_key_values.get_seq_length())
+        return self.drafter(ids, hidden, position_ids, past_key_values=past_key_values)
+
+
 def test_every_step_sees_the_same_cache(drafter):
     """Each timed step runs over ``past`` cached positions: the cache is cropped back after every step."""
-    times = step_times(drafter, past=16, positions=2, pause_s=1e-4, wait=spin, steps=7)
+    recording = Recording(drafter)
+    times = step_times(recording, past=16, positions=2, pause_s=1e-4, wait=spin, steps=7)
+    assert recording.seen == [0] + [16] * 7  # the prompt's forward, then every timed step
     assert len(times) == 7 and all(t > 0 for t in times)
 
 

@@ -2,8 +2,10 @@
 built on it from the files its rule declares."""
 
 import pytest
-from report_fakes import declared, fake_root, tiny_spec
+from report_fakes import fake_root, tiny_spec
 from report_md import build
+
+from specfit.workflow import report_inputs
 
 
 @pytest.fixture()
@@ -17,5 +19,5 @@ def built(tree):
     spec = tiny_spec()
     written = fake_root(tree, spec)
     out = tree / "reports" / "all"
-    _md, tables = build(spec, declared(spec), out)
+    _md, tables = build(spec, report_inputs(spec), out)
     return spec, written, out, tables

@@ -1,5 +1,5 @@
 """A fake workflow folder for the report: a tiny config, the files its stages would write, and the lists of
-files the report rule declares (``declared``: `specfit.workflow.report_inputs`, which the rule calls)."""
+files the report rule declares are `specfit.workflow.report_inputs`, which the tests call as the rule does."""
 
 import json
 import zlib
@@ -11,9 +11,6 @@ import pyarrow.parquet as pq
 
 from specfit import paths
 from specfit.workflow import DecodeRun, decode_runs, method_rule, theory_cost, theory_file, theory_runs
-from specfit.workflow import report_inputs as declared  # the report rule's inputs for a spec
-
-__all__ = ["declared"]
 
 DEVICE = "cpu-a100link"
 N_REQUESTS = 6  # per fake run; the same request ids and output lengths in every run (lossless methods)

@@ -5,7 +5,7 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from report_fakes import declared, fake_root, tiny_spec
+from report_fakes import fake_root, tiny_spec
 from report_md import build, ratio_of, ratio_of_ratios, rows, x_text
 
 from specfit import intervals, paths, report
@@ -14,6 +14,7 @@ from specfit.paired import SCHEMA
 from specfit.paper import paper_results
 from specfit.paper_device import paper_proportions
 from specfit.report.verdict import Verdict, confronted
+from specfit.workflow import report_inputs
 
 DEVICE = "cpu-a100"
 EMULATE = {"name": "A100", "fixed_ms": 9.83, "token_ms": 0.1889, "expert_ms": 0.6356, "copy_ms": 0.6075,
@@ -50,7 +51,7 @@ def emulated_tree(tree, spec=None, speeds=None):
 def test_claims_and_proportions_on_an_emulated_device(tree):
     spec, written = emulated_tree(tree)
     runs = {(r.method, r.slots): r for r in written if hasattr(r, "file")}
-    md, tables = build(spec, declared(spec), tree / "reports" / "all")
+    md, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
     claims = rows(tables[f"claims/toy/{DEVICE}"])
     paper = paper_results()["decode_tps"]["a100"]["gsm8k"]
     # vanilla EAGLE-3 against AR without the cache: GSM8K's 6.26 / 4.70 in the paper, faster
@@ -85,7 +86,7 @@ def test_claims_and_proportions_on_an_emulated_device(tree):
 def test_no_proportions_on_a_link_only_device(tree):
     spec = tiny_spec()
     fake_root(tree, spec)
-    _, tables = build(spec, declared(spec), tree / "reports" / "all")
+    _, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
     assert not [t for t in tables if t.startswith("proportions/")] and "claims/toy/cpu-a100link" in tables
 
 
@@ -96,10 +97,10 @@ def test_claims_of_a_paired_cell_come_from_one_process(tree):
     spec, written = emulated_tree(tree)
     spec["paired"] = {"repeats": 2, "cells": [{"models": ["toy"], "devices": [DEVICE], "workloads": ["gsm8k"]}]}
     out = tree / "reports" / "all"
-    _, tables = build(spec, declared(spec), out)  # the paired file is declared but not written yet
+    _, tables = build(spec, report_inputs(spec), out)  # the paired file is declared but not written yet
     claims = rows(tables[f"claims/toy/{DEVICE}"])
     assert claims["vanilla-eagle3/gsm8k"][5] == "separate decode jobs"
-    section = next(s for p in report.write(spec, declared(spec), out) for s in p.sections
+    section = next(s for p in report.write(spec, report_inputs(spec), out) for s in p.sections
                    if s.title == "The paper's claims, confronted")
     assert paths.paired("toy", DEVICE, "gsm8k", "requests.parquet") in section.missing
 
@@ -114,7 +115,7 @@ def test_claims_of_a_paired_cell_come_from_one_process(tree):
     path = tree / paths.paired("toy", DEVICE, "gsm8k", "requests.parquet")
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows_, schema=SCHEMA), path)
-    _, tables = build(spec, declared(spec), out)
+    _, tables = build(spec, report_inputs(spec), out)
     claims = rows(tables[f"claims/toy/{DEVICE}"])
     side = {}
     for r in rows_:
@@ -139,7 +140,7 @@ def test_the_sweep_claim_is_judged_on_the_gain_at_its_ends(tree):
     speeds = {("specfit", 4): 6.0, ("eagle3", 4): 5.0, ("specfit", 2): 9.0, ("eagle3", 2): 4.0,
               ("specfit", 0): 4.2, ("eagle3", 0): 3.0}  # 1.2x, 2.25x (not monotone), 1.4x
     spec, written, runs = sweep_tree(tree, speeds)
-    _, tables = build(spec, declared(spec), tree / "reports" / "all")
+    _, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
     row = rows(tables[f"claims/toy/{DEVICE}"])["gain-grows/summarization"]
     ends = [written["requests", runs[k]] for k in (("specfit", 0), ("eagle3", 0), ("specfit", 4), ("eagle3", 4))]
     ci = ratio_of_ratios(*ends, seed=0, spread=2 ** 0.5 * intervals.PROCESS_SPREAD)
@@ -163,7 +164,7 @@ def test_the_sweep_claim_from_one_process(tree):
     path = tree / paths.paired("toy", DEVICE, "summarization", "requests.parquet")
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows_, schema=SCHEMA), path)
-    _, tables = build(spec, declared(spec), tree / "reports" / "all")
+    _, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
     row = rows(tables[f"claims/toy/{DEVICE}"])["gain-grows/summarization"]
     side = {}
     for r in rows_:

@@ -4,13 +4,13 @@ the paper's figures beside, tokens per transfer; and the paper's workloads under
 (gsm8k-odd standing for gsm8k on the RTX 4090, the noisy-route runs' 40 questions on the A100)."""
 
 import pytest
-from report_fakes import DEVICE, declared, fake_root, runs_by, tiny_spec
+from report_fakes import DEVICE, fake_root, runs_by, tiny_spec
 from report_md import assert_no_win_inside_a_tie, build, ids, pct_text, ratio_of, rows, tps_text, x_text
 
 from specfit import intervals
 from specfit.paper import paper_results
 from specfit.report.page import EMULATED
-from specfit.workflow import DecodeRun
+from specfit.workflow import DecodeRun, report_inputs
 
 OTHER = "cpu-4090link"
 PAPER = paper_results()
@@ -18,7 +18,7 @@ PAPER = paper_results()
 
 def built(tree, spec):
     written = fake_root(tree, spec)
-    return written, *build(spec, declared(spec), tree / "report")
+    return written, *build(spec, report_inputs(spec), tree / "report")
 
 
 def whole(rows):
@@ -49,7 +49,7 @@ def share(written, eagle, fit, key):
 def test_summarization_headline_has_prefill_gain_verification_share_and_tokens_per_transfer(tree, seed):
     spec = tiny_spec(workload="summarization")
     written = fake_root(tree, spec, seed=seed)
-    md, tables = build(spec, declared(spec), tree / "report")
+    md, tables = build(spec, report_inputs(spec), tree / "report")
     runs = runs_by(written)
     fit, eagle = runs["specfit", 4], runs["eagle3", 4]
     cells = cells_of(tables[f"headline/toy/{DEVICE}/summarization"])
@@ -163,7 +163,7 @@ def test_gsm8k_odd_stands_for_gsm8k_on_the_rtx4090(tree):
 
     # without the key, gsm8k-odd is none of the paper's workloads: Table 4 and the side by side are gone
     del spec["workloads"]["gsm8k-odd"]["paper"]
-    md, tables = build(spec, declared(spec), tree / "report-nokey")
+    md, tables = build(spec, report_inputs(spec), tree / "report-nokey")
     assert not ids(tables, "devices") and f"paper/toy/{OTHER}/gsm8k-odd" not in tables
     assert "No workload runs on more than one device." in md
 

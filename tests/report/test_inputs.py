@@ -1,4 +1,4 @@
-"""What the report reads: exactly the files its rule declares; a file expected but not declared, or declared but
+"""What the report reads: exactly the files its rule declares; a file expected but not or declared but
 not on disk, is missing; a malformed one is an error that names it as declared."""
 
 import logging
@@ -7,19 +7,20 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from report_fakes import DEVICE, declared, fake_root, runs_by, tiny_spec, write_requests
+from report_fakes import DEVICE, fake_root, runs_by, tiny_spec, write_requests
 from report_md import build, missing_inputs, rows
 
 from specfit import metrics, paths, report
 from specfit.errors import SpecFitError
 from specfit.report.quantities import LATER_KEYS, METRICS
+from specfit.workflow import report_inputs
 
 
 def test_a_file_on_disk_but_not_declared_is_not_read(tree):
     spec = tiny_spec()
     written = fake_root(tree, spec)
     runs = runs_by(written)
-    inputs = declared(spec)
+    inputs = report_inputs(spec)
     undeclared = {
         "metrics": runs["eagle3", 4].file("metrics.json"),
         "requests": runs["specfit", 4].file("requests.parquet"),
@@ -49,7 +50,7 @@ def test_the_workflow_folder_is_no_input(tree, caplog):
     with caplog.at_level(logging.WARNING, logger="specfit.report"):
         md, tables = build(spec, {"root": str(tree)}, tree / "report")
     assert "root" in caplog.text
-    inputs = declared(spec)  # requests and probe points count as missing only beside their metrics and fits
+    inputs = report_inputs(spec)  # requests and probe points count as missing only beside their metrics and fits
     assert set(missing_inputs(md)) == {*inputs["metrics"], *inputs["calibration"], *inputs["theory"]}
     assert not [i for i in tables if i.startswith(("throughput/", "counters/", "calibration/"))]
     for section in md.split("\n### ")[1:]:  # each names a missing file once, however many of its rows need it
@@ -61,9 +62,9 @@ def test_declared_paths_match_however_written(tree, caplog):
     is logged."""
     spec = tiny_spec()
     fake_root(tree, spec)
-    plain, _ = build(spec, declared(spec), tree / "report")
+    plain, _ = build(spec, report_inputs(spec), tree / "report")
     inputs = {name: [f"./{p}" if i % 2 else str(tree / p) for i, p in enumerate(files)]
-              for name, files in declared(spec).items()}
+              for name, files in report_inputs(spec).items()}
     inputs["metrics"].append("data/decode/toy/elsewhere/metrics.json")
     with caplog.at_level(logging.WARNING, logger="specfit.report"):
         md, _ = build(spec, inputs, tree / "report")
@@ -78,8 +79,8 @@ def test_a_run_without_requests_has_no_interval(tree):
     written = fake_root(tree, spec)
     runs = runs_by(written)
     gone = runs["eagle3", 4]
-    (tree / gone.file("requests.parquet")).unlink()  # declared, not on disk
-    md, tables = build(spec, declared(spec), tree / "report")
+    (tree / gone.file("requests.parquet")).unlink()  # not on disk
+    md, tables = build(spec, report_inputs(spec), tree / "report")
     assert missing_inputs(md).count(gone.file("requests.parquet")) >= 1  # listed as a missing input
     row = rows(tables[f"throughput/toy/{DEVICE}/gsm8k"])[gone]
     ar = written[runs["ar", 0]]["tps_dec"]
@@ -96,10 +97,10 @@ def test_requests_that_disagree_with_metrics_are_an_error(tree):
     rows[0]["t_request_s"] += 1.0
     write_requests(tree, run, rows)
     with pytest.raises(SpecFitError, match="different runs"):
-        report.run(spec, declared(spec), {"report": str(tree / "report")})
+        report.run(spec, report_inputs(spec), {"report": str(tree / "report")})
     pq.write_table(pa.Table.from_pylist(rows).drop(["t_prefill_s"]), tree / run.file("requests.parquet"))
     with pytest.raises(SpecFitError, match=f"^{re.escape(run.file('requests.parquet'))} lacks columns t_prefill_s"):
-        report.run(spec, declared(spec), {"report": str(tree / "report")})
+        report.run(spec, report_inputs(spec), {"report": str(tree / "report")})
 
 
 def test_malformed_metrics_is_an_error(tree):
@@ -108,7 +109,7 @@ def test_malformed_metrics_is_an_error(tree):
     run = next(r for r in written if not isinstance(r, tuple))
     (tree / run.file("metrics.json")).write_text("{}")
     with pytest.raises(SpecFitError, match=f"^{re.escape(run.file('metrics.json'))} lacks tps_dec"):
-        report.run(spec, declared(spec), {"report": str(tree / "report")})
+        report.run(spec, report_inputs(spec), {"report": str(tree / "report")})
     assert not (tree / "report").exists()
 
 

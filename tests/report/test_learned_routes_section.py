@@ -7,7 +7,7 @@ import re
 
 import pytest
 from markupsafe import escape
-from report_fakes import DEVICE, declared, decode_tps, fake_root, request_tps, tiny_spec, write_requests
+from report_fakes import DEVICE, decode_tps, fake_root, request_tps, tiny_spec, write_requests
 from report_md import assert_no_win_inside_a_tie, build, missing_inputs, ratio_of, rows, tps_text, x_text
 
 from specfit import paths
@@ -16,7 +16,7 @@ from specfit.intervals import CPU_SPREAD
 from specfit.report.inputs import PREDICTOR_REQUIRED, load_inputs, predictor_metrics
 from specfit.report.page import EMULATED, interval_note
 from specfit.report.sections.learned_routes import TITLE
-from specfit.workflow import DecodeRun
+from specfit.workflow import DecodeRun, report_inputs
 
 METHODS = ("ar", "eagle3", "specfit", "specfit-noisy", "specfit-learned")
 SIDE = f"learned-routes/toy/{DEVICE}"
@@ -78,7 +78,7 @@ def fake_learned(tree, spec):
 
 def built(tree, spec, inputs=None):
     out = tree / "reports" / "all"
-    md, tables = build(spec, declared(spec) if inputs is None else inputs, out)
+    md, tables = build(spec, report_inputs(spec) if inputs is None else inputs, out)
     return md, tables, (out / "index.html").read_text()
 
 
@@ -188,7 +188,7 @@ def test_the_predictor_table(learned):
 def test_a_missing_predictor_metrics_file_is_named(tree, declare):
     spec = learned_spec()
     fake_learned(tree, spec)  # no predictor written
-    inputs = declared(spec)
+    inputs = report_inputs(spec)
     assert inputs["predictor"] == [paths.predictor("toy")]
     if not declare:  # on disk but not declared: not read
         write_predictor(tree)
@@ -219,16 +219,16 @@ def test_predictor_metrics_are_read_from_the_declared_folder_and_checked(tree):
     spec = learned_spec()
     fake_learned(tree, spec)
     write_predictor(tree)
-    assert load_inputs(spec, declared(spec)).predictor == {"toy": PREDICTOR_METRICS}
+    assert load_inputs(spec, report_inputs(spec)).predictor == {"toy": PREDICTOR_METRICS}
     write_predictor(tree, {k: v for k, v in PREDICTOR_METRICS.items() if k != "us_per_pool"})
     with pytest.raises(SpecFitError, match="lacks us_per_pool"):
-        load_inputs(spec, declared(spec))
+        load_inputs(spec, report_inputs(spec))
     assert "us_per_pool" in PREDICTOR_REQUIRED
 
 
 def test_without_a_learned_method_there_is_no_section(tree):
     spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-noisy"))
     fake_root(tree, spec)
-    assert declared(spec)["predictor"] == []
+    assert report_inputs(spec)["predictor"] == []
     md, _, html = built(tree, spec)
     assert TITLE not in md and TITLE not in html and predictor_metrics("toy") not in md

@@ -4,12 +4,12 @@ prefetch, specfit-ca, EAGLE-3 and AR, against the issue's goal, and what their p
 import json
 
 import pytest
-from report_fakes import DEVICE, declared, decode_tps, fake_root, request_tps, tiny_spec, write_requests
+from report_fakes import DEVICE, decode_tps, fake_root, request_tps, tiny_spec, write_requests
 from report_md import build, ids, ratio_of, rows, tps_text, x_text
 
 from specfit.report.page import EMULATED
 from specfit.report.sections.prefetch import RATIOS, ROLES, TITLE
-from specfit.workflow import DecodeRun
+from specfit.workflow import DecodeRun, report_inputs
 
 METHODS = ("ar", "eagle3", "specfit", "specfit-ca", "specfit-ca-learned", "specfit-prefetch", "specfit-prefetch-atlas",
            "eagle3-prefetch")
@@ -38,7 +38,7 @@ def counters(tree, written, run, issued, used, evicted, hidden_ms, stall_s):
 
 def report(tree, spec, written):
     out = tree / "reports" / "all"
-    return build(spec, declared(spec), out)
+    return build(spec, report_inputs(spec), out)
 
 
 @pytest.fixture()

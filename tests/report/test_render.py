@@ -5,12 +5,12 @@ import re
 import subprocess
 import sys
 
-from report_fakes import declared, fake_root, tiny_spec
+from report_fakes import fake_root, tiny_spec
 from report_md import RATIO_CELL
 
 from specfit.report.page import EMULATED
 from specfit.report.render import config_hash, git_commit
-from specfit.workflow import DecodeRun
+from specfit.workflow import DecodeRun, report_inputs
 
 
 def test_html_links_are_relative_and_exist(built):
@@ -36,7 +36,7 @@ def test_the_command_line_runs_without_pandas(tree):
     """``python -m specfit.report`` with the rule's repeated --in flags, pandas hidden."""
     spec = tiny_spec()
     fake_root(tree, spec)
-    flags = [f"--in={name}={path}" for name, files in declared(spec).items() for path in files]
+    flags = [f"--in={name}={path}" for name, files in report_inputs(spec).items() for path in files]
     code = ("import importlib.abc, runpy, sys\n"
             "class NoPandas(importlib.abc.MetaPathFinder):  # as if pandas were not installed\n"
             "    def find_spec(self, name, path, target=None):\n"

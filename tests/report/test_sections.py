@@ -3,13 +3,14 @@
 import json
 
 import pytest
-from report_fakes import DEVICE, declared, decode_tps, fake_root, request_tps, runs_by, tiny_spec, write_requests
+from report_fakes import DEVICE, decode_tps, fake_root, request_tps, runs_by, tiny_spec, write_requests
 from report_md import assert_no_win_inside_a_tie, build, ids, key_of, pct_text, ratio_of, rows, tps_text, x_text
 
 from specfit import paths
 from specfit.metrics import SPLIT_KEYS
 from specfit.report.page import EMULATED, interval_note
 from specfit.report.quantities import DRAFT_KEYS, METRICS, TOKENS_PER_TRANSFER
+from specfit.workflow import report_inputs
 
 OTHER = "cpu-4090link"
 
@@ -79,7 +80,7 @@ def test_a_ratio_whose_interval_holds_one_is_a_tie(tree):
     eagle = written["requests", runs["eagle3", 4]]
     replace(runs["specfit", 4], scaled(eagle, [0.75, 1.25] * 3))  # faster on half the prompts, slower on half
     replace(runs["specfit", 0], scaled(written["requests", runs["eagle3", 0]], [2 / 3] * 6))  # 1.5× on every prompt
-    md, tables = build(spec, declared(spec), tree / "report")
+    md, tables = build(spec, report_inputs(spec), tree / "report")
     cells = {key: row[2] for key, row in rows(tables[f"headline/toy/{DEVICE}/gsm8k"]).items()}
     tie = ratio_of(written, runs["specfit", 4], runs["eagle3", 4])
     assert tie["low"] < 1 < tie["high"] and tie["verdict"] == "tie"
@@ -158,7 +159,7 @@ def test_cache_aware_goal_not_met_and_presets(tree):
     preset = {**written[OTHER, "nocache"], "source": "paper-rtx4090", "cache_aware": None,
               "drafting": None, "r2": None, "rmse_ms": None, "n_points": 0}
     (tree / paths.calibration("toy", OTHER, "nocache")).write_text(json.dumps(preset))
-    md, tables = build(spec, declared(spec), tree / "reports" / "all")
+    md, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
     cells = {key: row[1:] for key, row in rows(tables[f"calibration-cache-aware/toy/{OTHER}"]).items()}
     assert cells["goal"] == ["not met (R² 0.750)", "–"]
     assert cells["beta_miss"][1] == "–"
@@ -173,7 +174,7 @@ def test_theory_under_the_cache_aware_cost_beside_the_papers(tree):
     spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-ca"), devices=(DEVICE, OTHER))
     written = fake_root(tree, spec)
     (tree / f"data/theory/toy/{OTHER}/gsm8k.specfit-ca.json").unlink()
-    md, tables = build(spec, declared(spec), tree / "reports" / "all")
+    md, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
     t = tables[f"theory-cache-aware/toy/{DEVICE}"]
     assert t.caption.startswith("Beyond the paper: theory on the pools specfit-ca recorded with the cache (4 slots)")
     assert t.header == ["Quantity", "gsm8k"]
@@ -199,10 +200,10 @@ def test_sweep_noisy_second_device_and_missing_inputs(tree):
     spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-noisy"), slots=(0, 2, 4), devices=(DEVICE, OTHER))
     written = fake_root(tree, spec)
     runs = runs_by(written)
-    # declared, but not on disk: missing
+    # but not on disk: missing
     (tree / f"data/decode/toy/{OTHER}/gsm8k/eagle3/slots2/metrics.json").unlink()
     (tree / f"data/theory/toy/{OTHER}/gsm8k.json").unlink()
-    md, tables = build(spec, declared(spec), tree / "report")
+    md, tables = build(spec, report_inputs(spec), tree / "report")
     assert f"data/decode/toy/{OTHER}/gsm8k/eagle3/slots2/metrics.json" in md
     assert f"data/theory/toy/{OTHER}/gsm8k.json" in md
     t = tables[f"sweep/toy/{DEVICE}/gsm8k"]
@@ -230,7 +231,7 @@ def test_method_defaults_come_from_the_method_config(tree):
     spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-noisy"))
     del spec["methods"]["specfit"]["routes"], spec["methods"]["specfit-noisy"]["accuracy"]
     fake_root(tree, spec)
-    md, tables = build(spec, declared(spec), tree / "report")
+    md, tables = build(spec, report_inputs(spec), tree / "report")
     assert f"theory/toy/{DEVICE}" in tables
     t = tables[f"noisy-routes/toy/{DEVICE}/gsm8k"]
     assert [row[1] for row in t.rows] == ["exact (atlas)", "noisy, accuracy 0.6"] * 2

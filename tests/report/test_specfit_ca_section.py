@@ -6,7 +6,7 @@ import re
 
 import pytest
 from markupsafe import escape
-from report_fakes import DEVICE, declared, decode_tps, fake_root, request_tps, tiny_spec, write_requests
+from report_fakes import DEVICE, decode_tps, fake_root, request_tps, tiny_spec, write_requests
 from report_md import assert_no_win_inside_a_tie, build, ids, ratio_of, rows, tps_text, x_text
 
 from specfit.report.page import EMULATED, Estimate, interval_note
@@ -14,7 +14,7 @@ from specfit.report.quantities import LATER_KEYS
 from specfit.report.scope import Roles
 from specfit.report.sections.specfit_ca import TITLE, why
 from specfit.report.verdict import Verdict
-from specfit.workflow import DecodeRun
+from specfit.workflow import DecodeRun, report_inputs
 
 METHODS = ("ar", "eagle3", "specfit", "specfit-ca")
 GOAL = f"specfit-ca/toy/{DEVICE}"
@@ -31,7 +31,7 @@ def run_of(method, slots):
 
 def built(tree, spec):
     out = tree / "reports" / "all"
-    md, tables = build(spec, declared(spec), out)
+    md, tables = build(spec, report_inputs(spec), out)
     return md, tables, (out / "index.html").read_text()
 
 

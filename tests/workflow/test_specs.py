@@ -198,9 +198,13 @@ def test_report_inputs(smoke):
     assert inputs["requests"] == [r.file("requests.parquet") for r in runs]
     assert inputs["calibration"] == [f"data/calibration/toy/{d}/{c}.json" for d in ("cpu-a100", "cpu-a100link")
                                      for c in ("cache", "nocache")]
-    assert len(inputs["points"]) == 4 and all(p.endswith(".parquet") for p in inputs["points"])
-    assert inputs["theory"] == sorted(set(inputs["theory"])) and "data/theory/toy/cpu-a100link/gsm8k.json" in inputs[
-        "theory"]
+    assert inputs["points"] == [f"data/calibration/toy/{d}/{c}.points.parquet" for d in ("cpu-a100", "cpu-a100link")
+                                for c in ("cache", "nocache")]
+    # SpecFit's pools per workload at the main slots; beyond the paper, each exact-route cache-aware method's beside
+    assert inputs["theory"] == [
+        "data/theory/toy/cpu-a100/gsm8k.json", "data/theory/toy/cpu-a100/gsm8k.specfit-prefetch-atlas.json",
+        "data/theory/toy/cpu-a100link/gsm8k.json", "data/theory/toy/cpu-a100link/gsm8k.specfit-ca.json",
+        "data/theory/toy/cpu-a100link/summarization.json"]
     assert inputs["paired"] == ["data/paired/toy/cpu-a100/gsm8k/requests.parquet"]
     assert inputs["models"] == ["data/models/toy/target", "data/models/toy/drafter"]
     assert inputs["predictor"] == [paths.predictor("toy")]
