@@ -16,7 +16,8 @@ from specfit.toy import drafter as toy_drafter
 from specfit.toy import target as toy_target
 from specfit.toy.spec import toy_spec
 from specfit.toy.tokenizer import train_tokenizer
-from specfit.toy.train import SENTENCE_END, lead, span_conversations, split, state_digest
+from specfit.toy import train as toy_train
+from specfit.toy.train import SENTENCE_END, lead, span_conversations, split, state_digest, train_loop
 
 # overrides of the schema's defaults (specfit.toy.toy_spec fills the rest)
 TINY_TARGET = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "num_experts": 4, "top_k": 2,
@@ -136,6 +137,25 @@ def test_a_budget_that_cannot_fit_stops_before_training(questions_path, tokenize
     with pytest.raises(SpecFitError, match=r"toy\.target\.max_minutes.*toy\.target\.steps"):
         train_target(questions_path, tokenizer_dir, tmp_path / "t", steps=10**7, max_minutes=1)
     assert not (tmp_path / "t").exists()
+
+
+def test_the_rate_of_a_tenth_of_the_run_stops_what_the_first_steps_did_not(monkeypatch):
+    """Steps of 1 s for the first 50 and 3 s after (the drafter's windows differ as much): the first three predict
+    16.7 min and pass, the first tenth (the 100 after the first, 50 x 1 s + 50 x 3 s) predicts 33.3 min and stops there."""
+    clock, calls = [0.0], []
+    monkeypatch.setattr(toy_train.time, "perf_counter", lambda: clock[0])
+
+    def step(i, progress):
+        calls.append(i)
+        clock[0] += 1.0 if i <= 50 else 3.0
+        return {}
+
+    with pytest.raises(SpecFitError, match=r"about 33\.3 min .*\(2\.00 s per step\), over `toy\.drafter\.max_minutes`"):
+        train_loop(step, 1000, "toy drafter", max_minutes=30, key="toy.drafter")
+    assert len(calls) == 101  # the first step, then a tenth of the run
+    clock[0], calls[:] = 0.0, []
+    assert train_loop(step, 1000, "toy drafter", max_minutes=34)["steps"] == 1000
+    assert len(calls) == 1000
 
 
 def test_span_conversations_copy_the_lead_of_training_text_only(questions_path):

@@ -116,24 +116,33 @@ def state_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def probe_checks(steps: int, probe_steps: int = 3) -> tuple[int, ...]:
+    """The steps after which the rate so far (from the second step) predicts the run: after ``probe_steps``, so a
+    budget far off stops at once, and after a tenth of the run, whose rate is steadier. Steps differ (the drafter's
+    windows are as long as their piece): on a 2-core Xeon the first three steps predicted the toy drafter's 1,200
+    at 3.4 min, the first 120 at 6.9; they took 6.4."""
+    return tuple(sorted({probe_steps, max(probe_steps, steps // 10)}))
+
+
 def train_loop(step: Callable[[int, float], dict], steps: int, desc: str, max_minutes: float | None = None,
                key: str = "toy", probe_steps: int = 3) -> dict:
     """Call ``step(i, progress)`` for ``i`` in ``range(steps)``, ``progress = i / steps``; it returns floats to log.
 
     The budget is a step count, so a busy machine trains the same model, only later. The step rate measured over
-    ``probe_steps`` steps (after the first) predicts the whole run; a prediction over ``max_minutes`` stops with an
-    error naming ``key`` (the config section) there, before the long part of training.
+    first steps (`probe_checks`) predicts the whole run; a prediction over ``max_minutes`` stops with an error
+    naming ``key`` (the config section) there, before the long part of training.
     """
     start = time.perf_counter()
     bar = tqdm(total=steps, desc=desc, mininterval=5)
     stats: dict = {}
+    checks = probe_checks(steps, probe_steps)
     for i in range(steps):
         stats = step(i, i / steps)
         bar.update()
         if i == 0:
             warm = time.perf_counter()  # the first step pays one-off allocations: the probe starts after it
-        if i == probe_steps and max_minutes is not None:
-            per_step = (time.perf_counter() - warm) / probe_steps
+        if i in checks and max_minutes is not None:
+            per_step = (time.perf_counter() - warm) / i
             predicted = per_step * steps / 60
             log.info("%s: %d steps predicted to take %.1f min (limit %.1f min)", desc, steps, predicted, max_minutes)
             if predicted > max_minutes:
