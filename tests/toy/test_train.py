@@ -14,9 +14,9 @@ from specfit.errors import SpecFitError
 from specfit.questions import load_questions, training_questions
 from specfit.toy import drafter as toy_drafter
 from specfit.toy import target as toy_target
+from specfit.toy import train as toy_train
 from specfit.toy.spec import toy_spec
 from specfit.toy.tokenizer import train_tokenizer
-from specfit.toy import train as toy_train
 from specfit.toy.train import SENTENCE_END, lead, span_conversations, split, state_digest, train_loop
 
 # overrides of the schema's defaults (specfit.toy.toy_spec fills the rest)
@@ -141,7 +141,8 @@ def test_a_budget_that_cannot_fit_stops_before_training(questions_path, tokenize
 
 def test_the_rate_of_a_tenth_of_the_run_stops_what_the_first_steps_did_not(monkeypatch):
     """Steps of 1 s for the first 50 and 3 s after (the drafter's windows differ as much): the first three predict
-    16.7 min and pass, the first tenth (the 100 after the first, 50 x 1 s + 50 x 3 s) predicts 33.3 min and stops there."""
+    16.7 min and pass, the first tenth (the 100 after the first, 50 x 1 s + 50 x 3 s) predicts 33.3 min and stops
+    there."""
     clock, calls = [0.0], []
     monkeypatch.setattr(toy_train.time, "perf_counter", lambda: clock[0])
 
