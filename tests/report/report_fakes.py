@@ -1,5 +1,5 @@
-"""A fake workflow folder for the report: a tiny config, the files its stages would write, and the lists of
-files the report rule declares are `specfit.workflow.report_inputs`, which the tests call as the rule does."""
+"""A fake workflow folder for the report: a tiny config and the files its stages would write. The files the report
+rule declares come from `specfit.workflow.report_inputs`, which the tests call as the rule does."""
 
 import json
 import zlib

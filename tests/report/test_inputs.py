@@ -1,4 +1,4 @@
-"""What the report reads: exactly the files its rule declares; a file expected but not or declared but
+"""What the report reads: exactly the files its rule declares; a file expected but not declared, or declared but
 not on disk, is missing; a malformed one is an error that names it as declared."""
 
 import logging
@@ -79,7 +79,7 @@ def test_a_run_without_requests_has_no_interval(tree):
     written = fake_root(tree, spec)
     runs = runs_by(written)
     gone = runs["eagle3", 4]
-    (tree / gone.file("requests.parquet")).unlink()  # not on disk
+    (tree / gone.file("requests.parquet")).unlink()  # declared, not on disk
     md, tables = build(spec, report_inputs(spec), tree / "report")
     assert missing_inputs(md).count(gone.file("requests.parquet")) >= 1  # listed as a missing input
     row = rows(tables[f"throughput/toy/{DEVICE}/gsm8k"])[gone]

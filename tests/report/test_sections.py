@@ -200,7 +200,7 @@ def test_sweep_noisy_second_device_and_missing_inputs(tree):
     spec = tiny_spec(methods=("ar", "eagle3", "specfit", "specfit-noisy"), slots=(0, 2, 4), devices=(DEVICE, OTHER))
     written = fake_root(tree, spec)
     runs = runs_by(written)
-    # but not on disk: missing
+    # declared, but not on disk: missing
     (tree / f"data/decode/toy/{OTHER}/gsm8k/eagle3/slots2/metrics.json").unlink()
     (tree / f"data/theory/toy/{OTHER}/gsm8k.json").unlink()
     md, tables = build(spec, report_inputs(spec), tree / "report")

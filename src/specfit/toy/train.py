@@ -118,9 +118,8 @@ def state_digest(module: torch.nn.Module) -> str:
 
 def probe_checks(steps: int, probe_steps: int = 3) -> tuple[int, ...]:
     """The steps after which the rate so far (from the second step) predicts the run: after ``probe_steps``, so a
-    budget far off stops at once, and after a tenth of the run, whose rate is steadier. Steps differ (the drafter's
-    windows are as long as their piece): on a 2-core Xeon the first three steps predicted the toy drafter's 1,200
-    at 3.4 min, the first 120 at 6.9; they took 6.4."""
+    budget far off stops at once, and after a tenth of the run, whose rate is steadier: the drafter's windows are as
+    long as their piece, so its first few steps can say half its time (docs/toy.md has the figures)."""
     return tuple(sorted({probe_steps, max(probe_steps, steps // 10)}))
 
 
@@ -129,7 +128,7 @@ def train_loop(step: Callable[[int, float], dict], steps: int, desc: str, max_mi
     """Call ``step(i, progress)`` for ``i`` in ``range(steps)``, ``progress = i / steps``; it returns floats to log.
 
     The budget is a step count, so a busy machine trains the same model, only later. The step rate measured over
-    first steps (`probe_checks`) predicts the whole run; a prediction over ``max_minutes`` stops with an error
+    the first steps (`probe_checks`) predicts the whole run; a prediction over ``max_minutes`` stops with an error
     naming ``key`` (the config section) there, before the long part of training.
     """
     start = time.perf_counter()
