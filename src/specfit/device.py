@@ -1,4 +1,5 @@
-"""An emulated GPU for CPU-only machines: what a batch-1 forward of the offloaded target costs on the GPU it stands for.
+"""An emulated GPU for CPU-only machines: what a batch-1 forward of the offloaded target costs on the GPU it stands for,
+on a virtual clock.
 
 A link-only emulation (:mod:`specfit.engine.link`) makes copies cost what they cost on a GPU, but leaves the rest of a
 forward at the CPU's own speed, where an executed expert costs microseconds; on the paper's A100 an executed expert
@@ -10,11 +11,14 @@ own plan (``ExpertCache.admit``):
 - the link: ``copy_ms`` per expert copy, one expert at a time, issued when the layer's routes are known, so that
   copies overlap the compute of the hits, and a group of misses runs once its copies have landed;
 
-and a drafter forward (one drafted level, or the catch-up forward of the first) at ``draft_ms``. The CPU's own
-compute overlaps the model: a forward takes the longer of its measured CPU time and its modelled time, and the
-forwards whose CPU time overran the model are counted, so that the same config gives the same timings, and the same
-verdicts, on any CPU fast enough. docs/device.md derives the parameters from the paper's Tables 2-4 and Appendix B
-and scales them to the toy by one rule (:func:`scaled`).
+and a drafter forward (one drafted level, or the catch-up forward of the first) at ``draft_ms``.
+
+:class:`Timeline` keeps the **virtual clock** of a run on such a device: each forward advances it by its modelled time,
+never its CPU time (nothing sleeps), copies move on one modelled link in virtual time, and the host work a GPU
+deployment runs on its CPU (selection, route prediction, a prefetch's decisions) advances it by its measured wall
+time (`specfit.speculative.cycle.VirtualClock`). The same config so gives the same timings on any CPU but for that
+host work. docs/device.md derives the parameters from the paper's Tables 2-4 and Appendix B, and says which side of
+the clock each part of a cycle is on.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class DeviceModel:
     @property
     def label(self) -> str:
         """How timings taken on this device are labelled wherever they are shown."""
-        return f"emulated {self.name} (expert execution + link), CPU compute overlapped"
+        return f"emulated {self.name}, virtual clock"
 
     def fixed(self, tokens: int) -> float:
         """The fixed part of a target forward over ``tokens`` tokens (ms)."""
@@ -123,79 +127,62 @@ def scaled(gpu: dict, reference_step_ms: float, step_ms: float, experts_per_toke
 
 
 @dataclass
-class Overlap:
-    """Forwards on the emulated device: modelled and CPU time, and how often the CPU overran the model."""
+class Forwards:
+    """Forwards of one kind on the emulated device: how many, their modelled time (what the clock advanced by) and,
+    for information only, the CPU time the toy took to compute them."""
 
     forwards: int = 0
-    overruns: int = 0
     modelled_s: float = 0.0
     cpu_s: float = 0.0
-    waited_s: float = 0.0  # slept to reach the modelled time
-    excess_s: float = 0.0  # CPU time beyond the model, summed over the overruns: what the CPU added to the model
 
-    def finish(self, started: float, modelled_ms: float) -> None:
-        """End a forward that began at ``started`` (perf_counter): wait until its modelled time has passed."""
-        cpu = time.perf_counter() - started
-        modelled = modelled_ms * 1e-3
+    def add(self, modelled_s: float, cpu_s: float) -> None:
         self.forwards += 1
-        self.modelled_s += modelled
-        self.cpu_s += cpu
-        if cpu > modelled:
-            self.overruns += 1
-            self.excess_s += cpu - modelled
-            return
-        wait_until(started + modelled)
-        self.waited_s += modelled - cpu
+        self.modelled_s += modelled_s
+        self.cpu_s += cpu_s
 
     def as_dict(self) -> dict:
-        return {"forwards": self.forwards, "overruns": self.overruns, "modelled_s": self.modelled_s,
-                "cpu_s": self.cpu_s, "waited_s": self.waited_s, "excess_s": self.excess_s}
-
-
-def wait_until(deadline: float) -> None:
-    """Sleep to ``deadline`` (perf_counter), spinning the last 0.2 ms: a plain sleep overshoots by up to ~0.1 ms."""
-    remaining = deadline - time.perf_counter()
-    if remaining > 2e-4:
-        time.sleep(remaining - 2e-4)
-    while time.perf_counter() < deadline:
-        pass
+        return {"forwards": self.forwards, "modelled_s": self.modelled_s, "cpu_s": self.cpu_s}
 
 
 # A target forward over more tokens than this is a prefill: outside the decode time every throughput is measured on
-# (Eq. 10), so its overruns are counted apart. A decode forward verifies at most K + 1 = 8 tokens.
+# (Eq. 10), so it is counted apart. A decode forward verifies at most K + 1 = 8 tokens.
 PREFILL_TOKENS = 16
 
 
 @dataclass
 class Timeline:
-    """The modelled clock of the forward in progress (ms from its start), the one modelled link, and the overruns of
-    decode forwards (``target``), prefills and drafter forwards.
+    """The virtual clock of a run on the emulated device (``clock_s``, seconds), the modelled clock of the forward in
+    progress (``now``, ms from its start), and the one modelled link.
 
-    The link is one resource on the wall clock (``link_free_at``, perf_counter seconds): a forward's copies and the
-    copies a prefetch issues between forwards (`copy_ahead`) queue on it in the order they are issued, so a forward
-    that begins while prefetched copies are still moving queues its own misses behind them.
+    The clock advances by each forward's modelled time (`begin` .. `end`, `drafted`) and by the host work measured
+    around it (`host`); nothing else moves it. The link is one resource in virtual time (``link_free_at``): a
+    forward's copies and the copies a prefetch issues between forwards (`copy_ahead`) queue on it in the order they
+    are issued, so a forward that begins while prefetched copies are still moving queues its own misses behind them.
     """
 
     model: DeviceModel
-    target: Overlap = field(default_factory=Overlap)
-    prefill: Overlap = field(default_factory=Overlap)
-    drafter: Overlap = field(default_factory=Overlap)
-    drafter_prefill: Overlap = field(default_factory=Overlap)  # the drafter's catch-up on a prompt
-    started: float = 0.0
+    target: Forwards = field(default_factory=Forwards)  # decode forwards
+    prefill: Forwards = field(default_factory=Forwards)
+    drafter: Forwards = field(default_factory=Forwards)  # drafted levels (and the catch-up that drafts the first)
+    drafter_prefill: Forwards = field(default_factory=Forwards)  # the drafter's catch-up on a prompt
+    clock_s: float = 0.0  # the virtual clock
+    host_s: float = 0.0  # host work the clock advanced by (measured wall time)
+    started: float = 0.0  # the forward in progress: its start on the virtual clock (s)
+    cpu_started: float = 0.0  # and on the CPU's (perf_counter), for information
     now: float = 0.0
     link_free: float = 0.0  # ms from the forward's start at which the link is free (during a forward)
-    link_free_at: float = 0.0  # perf_counter seconds at which the link has moved every copy issued so far
+    link_free_at: float = 0.0  # virtual seconds at which the link has moved every copy issued so far
     tokens: int = 0
     stall_ms: float = 0.0  # the forward in progress: time its expert execution waited for copies
     copy_stall_s: float = 0.0  # summed over decode forwards: the copy time on their critical path
 
     def begin(self) -> None:
-        self.started = time.perf_counter()
+        self.started, self.cpu_started = self.clock_s, time.perf_counter()
         self.now = self.stall_ms = 0.0
         self.link_free = max(0.0, (self.link_free_at - self.started) * 1e3)  # copies still moving from before
 
     def layer(self, index: int, tokens: int, steps: list, landing: dict[int, float] | None = None) -> None:
-        """One layer's plan; ``landing``: its prefetched hits still in flight, expert -> landing (perf_counter s)."""
+        """One layer's plan; ``landing``: its prefetched hits still in flight, expert -> landing (virtual s)."""
         if index == 0:
             self.tokens = tokens
             self.now += self.model.fixed(tokens)
@@ -208,25 +195,44 @@ class Timeline:
 
     def end(self) -> None:
         self.link_free_at = self.started + self.link_free * 1e-3
-        if self.tokens <= PREFILL_TOKENS:
+        self.clock_s = self.started + self.now * 1e-3
+        decode = self.tokens <= PREFILL_TOKENS
+        if decode:
             self.copy_stall_s += self.stall_ms * 1e-3
-        (self.prefill if self.tokens > PREFILL_TOKENS else self.target).finish(self.started, self.now)
+        (self.target if decode else self.prefill).add(self.now * 1e-3, time.perf_counter() - self.cpu_started)
+
+    def drafted(self, rows: int, cpu_s: float) -> None:
+        """A drafter forward over ``rows`` new positions ended: ``draft_ms`` on the clock (its catch-up on a prompt,
+        more than `PREFILL_TOKENS` rows, outside the decode time as the target's prefill, is counted apart)."""
+        self.clock_s += self.model.draft_ms * 1e-3
+        (self.drafter_prefill if rows > PREFILL_TOKENS else self.drafter).add(self.model.draft_ms * 1e-3, cpu_s)
+
+    def host(self, seconds: float) -> None:
+        """Host work a GPU deployment runs on its CPU took ``seconds`` of wall time: the clock moves by as much."""
+        self.clock_s += seconds
+        self.host_s += seconds
 
     def copy_ahead(self) -> tuple[float, float]:
-        """Put one copy on the link now, between forwards (a prefetch); its (start, landing), perf_counter seconds."""
-        start = max(time.perf_counter(), self.link_free_at)
+        """Put one copy on the link now, between forwards (a prefetch); its (start, landing), virtual seconds."""
+        start = max(self.clock_s, self.link_free_at)
         self.link_free_at = start + self.model.copy_ms * 1e-3
         return start, self.link_free_at
 
     def backlog_ms(self) -> float:
         """How long the link still needs for the copies issued so far (ms from now)."""
-        return max(0.0, (self.link_free_at - time.perf_counter()) * 1e3)
+        return max(0.0, (self.link_free_at - self.clock_s) * 1e3)
+
+    def in_flight_ms(self, lands: float) -> float:
+        """What is left now of a copy landing at ``lands`` (virtual seconds), in ms."""
+        return max(0.0, (lands - self.clock_s) * 1e3)
 
     def reset(self) -> None:
-        self.target, self.prefill, self.drafter, self.drafter_prefill = Overlap(), Overlap(), Overlap(), Overlap()
-        self.link_free_at = self.copy_stall_s = 0.0
+        """Fresh counters; the clock and the link go on (copies in flight still land when they would)."""
+        self.target, self.prefill, self.drafter, self.drafter_prefill = Forwards(), Forwards(), Forwards(), Forwards()
+        self.copy_stall_s = self.host_s = 0.0
 
     def as_dict(self) -> dict:
-        return {"label": self.model.label, "target": self.target.as_dict(), "prefill": self.prefill.as_dict(),
-                "drafter": self.drafter.as_dict(),
-                "drafter_prefill": self.drafter_prefill.as_dict(), "copy_stall_s": self.copy_stall_s}
+        return {"label": self.model.label, "clock": "virtual", "target": self.target.as_dict(),
+                "prefill": self.prefill.as_dict(), "drafter": self.drafter.as_dict(),
+                "drafter_prefill": self.drafter_prefill.as_dict(), "copy_stall_s": self.copy_stall_s,
+                "host_s": self.host_s}

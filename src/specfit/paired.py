@@ -15,7 +15,7 @@ spec: names: each side's name, ``method@slots`` with the config's method name (`
 inputs: prompts, target, drafter (when a side drafts), and each side's own as ``<j>.<name>`` (j: the side's index;
         coefficients, atlas, predictor: `specfit.workflow.decode_inputs`)
 outputs: requests (Parquet, `SCHEMA`: one row per side, round and request), metrics (JSON: per side its decode TPS
-         with its interval, outputs identical to the first side's, and the emulated device's overruns)
+         with its interval, outputs identical to the first side's, and the emulated device's virtual clock)
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Prefetch: experts copied ahead of a forward land in the layer's cache as that forward would admit them, never evict
 a protected expert, share the link with the forward's own misses, and leave the logits as any cache state does."""
 
-import time
 
 import pytest
 import torch
 
-from specfit import device as device_module
 from specfit.device import Timeline
 from specfit.engine import DeviceModel, ExpertCache, LinkModel, OffloadConfig, offload_experts
 
@@ -106,29 +104,16 @@ def test_a_prefetch_over_an_emulated_link_shares_the_copy_lanes(make_target):
     assert engine.stats()["link_s"] == pytest.approx(engine.h2d_transfers * link.copy_s(engine.expert_bytes))
 
 
-class Clock:
-    """A perf_counter the test moves by hand (seconds)."""
-
-    def __init__(self, t=100.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
-
-
-def test_prefetched_copies_hold_the_one_link_and_a_forward_waits_only_for_what_is_left(monkeypatch):
+def test_prefetched_copies_hold_the_one_link_and_a_forward_waits_only_for_what_is_left():
     """Copy 2 ms, execution 1 ms. Two prefetched copies issued at t = 0 hold the link until 2 and 4 ms; a forward
     beginning at 1 ms with fixed part 10 ms finds them landed, and its one miss queues behind them (link free at
     3 ms from its start) and is copied by 12 ms; its hit runs at once. A forward beginning at once waits for a
     prefetched hit still in flight."""
-    clock = Clock()
-    monkeypatch.setattr(device_module.time, "perf_counter", clock)
-    monkeypatch.setattr(device_module, "wait_until", lambda deadline: None)  # the clock stands still
-    timeline = Timeline(DeviceModel.from_spec(PARAMS))
+    timeline = Timeline(DeviceModel.from_spec(PARAMS), clock_s=100.0)  # the virtual clock stands at 100 s
     assert timeline.copy_ahead() == (100.0, pytest.approx(100.002))
     assert timeline.copy_ahead() == (pytest.approx(100.002), pytest.approx(100.004))
     assert timeline.backlog_ms() == pytest.approx(4.0)
-    clock.t = 100.001
+    timeline.clock_s = 100.001
     timeline.begin()
     assert timeline.link_free == pytest.approx(3.0)
     cache = ExpertCache(4)
@@ -141,8 +126,7 @@ def test_prefetched_copies_hold_the_one_link_and_a_forward_waits_only_for_what_i
     timeline.end()
     assert timeline.copy_stall_s == pytest.approx(1e-3) and timeline.link_free_at == pytest.approx(100.013)
 
-    clock.t = 100.0
-    timeline = Timeline(DeviceModel.from_spec(dict(PARAMS, fixed_ms=0.5)))
+    timeline = Timeline(DeviceModel.from_spec(dict(PARAMS, fixed_ms=0.5)), clock_s=100.0)
     assert timeline.copy_ahead()[1] == pytest.approx(100.002)  # expert 6, prefetched
     timeline.begin()  # at once
     cache = ExpertCache(4)
@@ -157,8 +141,6 @@ def test_prefetched_copies_hold_the_one_link_and_a_forward_waits_only_for_what_i
 def test_the_copy_time_hidden_behind_drafting_is_counted(make_target):
     """On an emulated device a prefetched expert copied before its forward began is hidden in full (copy_ms)."""
     model = make_target()
-    # copies of 50 ms: still on the link when the backlog is read even on a loaded machine (with 0.5 ms copies, CI
-    # under load saw a drained backlog)
     spec = dict(PARAMS, fixed_ms=1.0, expert_ms=0.01, copy_ms=50.0)
     engine = offload_experts(model, OffloadConfig(slots=4, device=DeviceModel.from_spec(spec)))
     nxt = tiny_ids(8, 2)
@@ -168,7 +150,8 @@ def test_the_copy_time_hidden_behind_drafting_is_counted(make_target):
     needed = [sorted(set(routes[:, layer].flatten().tolist()))[:2] for layer in range(engine.num_layers)]
     issued = engine.prefetch([(layer, e) for layer in range(engine.num_layers) for e in needed[layer]], needed)
     assert issued == sum(map(len, needed)) and engine.link_backlog_ms() > 0
-    time.sleep(issued * spec["copy_ms"] * 1e-3 + 0.01)  # the drafter's time: every copy lands before the forward
+    assert engine.link_backlog_ms() == pytest.approx(issued * spec["copy_ms"])  # nothing moves the virtual clock
+    engine.timeline.host(issued * spec["copy_ms"] * 1e-3)  # host work as long: every copy lands before the forward
     assert engine.in_flight_ms().max() == 0.0
     routes_of(engine, model, nxt)
     p = engine.stats()["prefetch"]

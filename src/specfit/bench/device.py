@@ -3,9 +3,9 @@
 Derives a GPU's parameters (:class:`specfit.device.DeviceModel`) from the paper's AR and EAGLE-3 rows of one
 workload (A100: summarization, Table 2; RTX 4090: GSM8K, Table 4), feeds the model the per-cycle counters of every
 row of Tables 2-4 (nodes, drafted levels, expert union and copies per cycle), and prints its predicted ms per cycle
-beside the paper's, with the error per cell. Then prints the toy's parameters for a cached AR step of
-``--step-ms`` on the A100 (the one scaling rule, :func:`specfit.device.scaled`), the numbers config.yaml's emulated
-devices carry. The counters and the derivation: `specfit.paper_device` and docs/device.md.
+beside the paper's, with the error per cell. Then prints the toy's parameters (the one scaling rule,
+:func:`specfit.device.scaled`): the paper's own milliseconds, per-expert times times the experts of an AR token on the
+paper's model over the toy's, the numbers config.yaml's emulated devices carry. ``--step-ms`` rescales the unit. The counters and the derivation: `specfit.paper_device` and docs/device.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from specfit.paper_device import DERIVED_FROM, NAMES, check, derive
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specfit.bench device", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--step-ms", type=float, default=20.0, help="the toy's cached AR step (ms)")
+    parser.add_argument("--step-ms", type=float, default=None,
+                        help="the toy's cached AR step on the A100 (ms; default: the paper's own, unit 1)")
     parser.add_argument("--experts-per-token", type=int, default=16, help="the toy's MoE layers x top-k")
     args = parser.parse_args(argv)
     paper = paper_results()
@@ -35,13 +36,14 @@ def main(argv: list[str] | None = None) -> None:
     worst = max(abs(r["error"]) for r in check(paper))
     print(f"largest error: {100 * worst:.1f}% (goal: within 10%)")
     reference = derive(paper, "a100")["ar_step_ms"]
-    print(f"\nParameters (ms); the toy's: one unit for every GPU, {args.step_ms:g} ms per {reference} ms of the A100's "
+    step_ms = reference if args.step_ms is None else args.step_ms
+    print(f"\nParameters (ms); the toy's: one unit for every GPU, {step_ms:g} ms per {reference} ms of the A100's "
           f"cached AR step, per-expert times also x 384 / {args.experts_per_token} (the experts of an AR token):")
     for gpu in DERIVED_FROM:
         params = derive(paper, gpu)
         print(f"  {NAMES[gpu]} (from its {DERIVED_FROM[gpu]} AR and EAGLE-3 rows): "
               + ", ".join(f"{k} {params[k]:.4g}" for k in PARAMETERS) + f"; cached AR step {params['ar_step_ms']}")
-        toy = scaled(params, reference, args.step_ms, args.experts_per_token)
+        toy = scaled(params, reference, step_ms, args.experts_per_token)
         print("    toy: emulate: {" + ", ".join(
             f"{k}: {v}" if k == "name" else f"{k}: {v:.4g}" for k, v in toy.items()) + "}")
 

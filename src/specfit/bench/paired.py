@@ -103,11 +103,6 @@ def main(argv=None) -> None:
             print(f"  {name} prefetch: {p['issued']:.0f} copies, used by the next forward {p['used']:.0f} "
                   f"(precision {p['used'] / p['issued']:.3f}), evicted unused {p['evicted_unused']:.0f}, idle "
                   f"{p['idle']:.0f}; copy time hidden {p['hidden_ms'] / max(len(rows), 1):.2f} ms per cycle")
-    for x, engine in {s.slots: s.target.engine for s in sides}.items():
-        if (device_stats := engine.stats().get("device")) is not None:
-            t = device_stats["target"]
-            print(f"  {x} slots: {t['overruns']} of {t['forwards']} target forwards overran the device's model, "
-                  f"{device_stats['drafter']['overruns']} of {device_stats['drafter']['forwards']} drafter forwards")
 
 if __name__ == "__main__":
     main()

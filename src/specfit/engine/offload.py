@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from specfit.device import PREFILL_TOKENS, DeviceModel, Timeline
+from specfit.device import DeviceModel, Timeline
 from specfit.engine.families import MoEFamily, family_of, moe_experts
 from specfit.engine.link import Link, LinkModel
 
@@ -593,7 +593,7 @@ class OffloadEngine:
             prefetch=self._prefetch.as_dict(),
         )
         if self.timeline is not None:
-            out["device"] = self.timeline.as_dict()  # modelled vs CPU time, overruns (target, drafter)
+            out["device"] = self.timeline.as_dict()  # the virtual clock: modelled time, host work, copy stall
         return out
 
     def _on_layer(self, index: int, demand: int, hits: int, misses: int, top_k_index: torch.Tensor) -> None:
@@ -606,7 +606,7 @@ class OffloadEngine:
 
     def _settle_prefetch(self, layer: _OffloadedLayer, union: list[int]) -> dict[int, float]:
         """Settle the experts prefetched into ``layer`` since its last forward, now that this forward admitted
-        ``union``; return those of them still in flight as it begins (expert -> landing, perf_counter seconds)."""
+        ``union``; return those of them still in flight as it begins (expert -> landing, virtual seconds)."""
         counters, timeline, needed = self._prefetch, self.timeline, set(union)
         landing = {}
         for e, (start, lands) in layer.prefetched.items():
@@ -730,10 +730,9 @@ class OffloadEngine:
         is not modelled)."""
         left = np.zeros((self.num_layers, self.num_experts))  # [L, N]
         if self.timeline is not None:
-            now = time.perf_counter()
             for index, layer in enumerate(self.layers):
                 for e, (_, lands) in layer.prefetched.items():
-                    left[index, e] = max(0.0, (lands - now) * 1e3)
+                    left[index, e] = self.timeline.in_flight_ms(lands)
         return left
 
     @contextmanager
@@ -747,9 +746,8 @@ class OffloadEngine:
             self._recorder = None
 
     def emulate_drafter(self, drafter: nn.Module) -> None:
-        """On an emulated device, make every forward of ``drafter`` take the device's ``draft_ms`` at least; its
-        forwards over a prompt (more than `PREFILL_TOKENS` rows: the catch-up after the target's prefill, outside
-        the decode time) are counted apart, as the target's prefills are."""
+        """On an emulated device, make every forward of ``drafter`` advance the virtual clock by the device's
+        ``draft_ms`` (`Timeline.drafted`; its CPU time is recorded for information only)."""
         timeline = self.timeline
         if timeline is None:
             return
@@ -759,9 +757,8 @@ class OffloadEngine:
             started[0] = time.perf_counter()
             rows[0] = args[0].shape[-1] if args and isinstance(args[0], torch.Tensor) else 1  # input_ids [B, T]
 
-        def end(*_) -> None:  # reset_stats() replaces the timeline's Overlaps
-            overlap = timeline.drafter_prefill if rows[0] > PREFILL_TOKENS else timeline.drafter
-            overlap.finish(started[0], timeline.model.draft_ms)
+        def end(*_) -> None:
+            timeline.drafted(rows[0], time.perf_counter() - started[0])
 
         self._hooks += [drafter.register_forward_pre_hook(begin), drafter.register_forward_hook(end)]
 

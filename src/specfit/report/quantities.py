@@ -29,10 +29,10 @@ METRICS = {
     "h2d_per_token": Quantity("H2D/token", ".1f"),
     "draft_ms_per_cycle": Quantity("Draft ms/cycle", ".1f", timing=True),
     "verify_ms_per_cycle": Quantity("Verify ms/cycle", ".1f", timing=True),
-    "select_ms_per_cycle": Quantity("Select ms/cycle", ".2f", timing=True),
+    "select_ms_per_cycle": Quantity("Host ms/cycle (mean)", ".2f", timing=True),
     "commit_ms_per_cycle": Quantity("Commit ms/cycle", ".2f", timing=True),
-    "select_ms_median": Quantity("Selection ms/cycle (median)", ".2f", timing=True),
-    "select_share_pct": Quantity("Selection share of decode time (%)", ".2f", timing=True),
+    "select_ms_median": Quantity("Host ms/cycle (median)", ".2f", timing=True),
+    "select_share_pct": Quantity("Host share of decode time (%)", ".2f", timing=True),
     "n_requests": Quantity("Requests", "d"),
     "n_output_tokens": Quantity("Output tokens", "d"),
 }

@@ -118,7 +118,7 @@ class LearnedRoutes:
         self._routes: list[np.ndarray] = []  # [L, k] per node predicted this cycle
 
     def routes(self, cycle: Cycle, pool: CandidatePool) -> np.ndarray:
-        start = cycle.clock.now()
+        start = cycle.clock.wall()  # host work: wall time, on any clock
         if self._cycle is not cycle:
             self._cycle, self._routes = cycle, []
             self.cycles += 1
@@ -129,7 +129,7 @@ class LearnedRoutes:
                 self.predictor.to(x.device)
             self._routes.extend(self.predictor.routes(x).cpu().numpy())
             self.nodes += len(new)
-        self.seconds += cycle.clock.now() - start
+        self.seconds += cycle.clock.wall() - start
         return np.stack(self._routes)  # [n+1, L, k]
 
     def reset_counts(self) -> None:

@@ -20,7 +20,7 @@ import torch
 from specfit.models.eagle3 import Eagle3Drafter
 from specfit.records import in_flight_fractions, pool_columns, resident_ids
 from specfit.selection.pool import CandidatePool
-from specfit.speculative.cycle import Cycle, Stopwatch
+from specfit.speculative.cycle import Cycle, Stopwatch, VirtualClock
 from specfit.speculative.draft import DraftState, draft_level, new_draft_state, sync
 from specfit.speculative.methods import Decision, Method
 from specfit.speculative.verify import Target, Verdict
@@ -48,6 +48,13 @@ def h2d_transfers(engine) -> int:
     return engine.h2d_transfers if engine is not None else 0
 
 
+def clock_for(model, engine) -> Stopwatch:
+    """A request's clock: the emulated device's virtual one, else wall time (synchronized on a GPU)."""
+    if engine is not None and engine.timeline is not None:
+        return VirtualClock(engine.timeline)
+    return Stopwatch(torch.cuda.synchronize if model.device.type == "cuda" else None)
+
+
 class Session:
     """One request's decoding state and its cycles; every part of a cycle is timed into the ``times`` it is given.
 
@@ -58,7 +65,7 @@ class Session:
                  request_id: int = 0, engine=None):
         self.drafter, self.prompt_ids, self.limits, self.request_id = drafter, prompt_ids, limits, request_id
         self.target = Target(model, engine, drafter.aux_layer_ids if drafter is not None else None)
-        self.clock = Stopwatch(torch.cuda.synchronize if model.device.type == "cuda" else None)
+        self.clock = clock_for(model, engine)
         self.state: DraftState | None = None
         self.output: list[int] = []  # output tokens so far; the last is the next cycle's root
         self.cycles = 0  # cycles committed

@@ -247,7 +247,7 @@ def summarize(loaded: Loaded, spec: StreamSpec, prompts: list[dict], requests: p
     metrics.update(
         method=spec.method.name, slots=spec.slots, slot_rows_allocated=slot_rows(engine),
         link_emulated=engine.link_emulated, timing_label=engine.timing_label, resumed=resumes,
-        device=engine.stats().get("device"),  # an emulated device: modelled vs CPU time, overruns, copy stall
+        device=engine.stats().get("device"),  # an emulated device: its virtual clock (modelled time, host work)
         prefetch=engine.stats()["prefetch"],  # copies a prefetching method issued and how each was settled
         experts_per_token=engine.num_layers * engine.top_k,  # an AR cycle's expert union
     )

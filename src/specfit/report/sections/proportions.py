@@ -1,5 +1,5 @@
-"""On an emulated device: the toy's cost proportions measured by the decode runs beside the GPU's (Tables 2-3), the
-with-cache fit's R², and how often the CPU overran the device's model (docs/device.md)."""
+"""On an emulated device: the toy's cost proportions measured by the decode runs beside the GPU's (Tables 2-3), and the
+with-cache fit's R² (docs/device.md)."""
 
 from specfit.paper_device import NAMES, PROPORTIONS, REQUESTS, paper_proportions, proportion_met, run_proportions
 from specfit.report.page import MISSING, Section, fmt, note, table
@@ -7,21 +7,11 @@ from specfit.report.scope import Scope
 from specfit.report.verdict import Outcome, at_least
 
 R2_GOAL = 0.9  # the with-cache NNLS fit of the paper's model
-OVERRUN_GOAL = 0.01  # share of forwards whose CPU time overran the model
 
 
 def shown(key: str, value: float) -> str:
     """A share as a percentage, a ratio as it is."""
     return fmt(100 * value, ".1f") + "%" if key.endswith("share") else fmt(value, ".2f")
-
-
-def added(counted: list[dict]) -> str:
-    """The CPU time beyond the model (`specfit.device.Overlap.excess_s`) over the modelled time, in percent; a dash
-    for counters written before they had both."""
-    modelled = sum(c.get("modelled_s", 0.0) for c in counted)
-    if not modelled or any("excess_s" not in c for c in counted):
-        return MISSING
-    return f"+{100 * sum(c['excess_s'] for c in counted) / modelled:.2f}%"
 
 
 def goal(o: Outcome | None) -> str:
@@ -33,7 +23,7 @@ def section(s: Scope) -> Section | None:
     emulate = s.spec["devices"][s.device].get("emulate")
     if emulate is None:
         return None
-    sec = Section(f"The emulated {emulate['name']}: proportions and overruns")
+    sec = Section(f"The emulated {emulate['name']}: proportions")
     sec.notes.append(note("proportions", device=s.device, name=emulate["name"]))
     for pw, w in s.stand_ins.items():
         runs = {k: r for k, r in s.paper_runs(w).items() if k[0] != "specfit"}
@@ -56,24 +46,7 @@ def section(s: Scope) -> Section | None:
     fit = s.i.calibration.get((s.model, s.device, "cache"))
     rows = [("r2", f"with-cache NNLS fit of the paper's model, R² (goal ≥ {R2_GOAL})",
              MISSING if fit is None else fmt(fit["r2"], ".3f"), None if fit is None else at_least(fit["r2"], R2_GOAL))]
-    devices = [m["device"] for r in s.runs if (m := s.i.metrics.get(r)) and m.get("device")]
-    parts = {"target": "decode target forwards", "drafter": "drafter forwards of the decode cycles",
-             "prefill": "prefill forwards (outside the decode time; no goal)",
-             "drafter_prefill": "drafter forwards over a prompt (outside the decode time; no goal)"}
-    for part, what in parts.items():
-        counted = [d[part] for d in devices if part in d]  # runs before a prefill split count it with the rest
-        forwards, over = sum(c["forwards"] for c in counted), sum(c["overruns"] for c in counted)
-        share, timed = over / forwards if forwards else None, not part.endswith("prefill")  # timed: in decode time
-        rows.append((f"overruns-{part}", f"{what} whose CPU time overran the model, all runs" + (
-                         f" (goal < {100 * OVERRUN_GOAL:.0f}%); the time the overruns added to their modelled time"
-                         if timed else ""),
-                     MISSING if share is None else f"{100 * share:.2f}% ({over} of {forwards})" + (
-                         f"; {added(counted)}" if timed else ""),
-                     Outcome.of(share < OVERRUN_GOAL) if timed and share is not None else None))
-    decode = [d[part] for d in devices for part in ("target", "drafter") if part in d]
-    rows.append(("overrun-time", "what the overruns added to the modelled time of all decode forwards (target and "
-                 "drafter), all runs: what they can move a throughput by", added(decode) if decode else MISSING, None))
-    sec.tables.append(table(s.id("device-checks"), f"The emulated {emulate['name']}: fit and overruns, "
+    sec.tables.append(table(s.id("device-checks"), f"The emulated {emulate['name']}: fit, "
                             f"{s.model} / {s.device}", [
         ("Check", lambda r: r[1]), ("This run", lambda r: r[2]), ("Goal met", lambda r: goal(r[3]))], rows,
         key=lambda r: r[0]))
