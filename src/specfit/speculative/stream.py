@@ -250,6 +250,7 @@ def summarize(loaded: Loaded, spec: StreamSpec, prompts: list[dict], requests: p
         device=engine.stats().get("device"),  # an emulated device: its virtual clock (modelled time, host work)
         prefetch=engine.stats()["prefetch"],  # copies a prefetching method issued and how each was settled
         experts_per_token=engine.num_layers * engine.top_k,  # an AR cycle's expert union
+        experts_executed=engine.stats()["demand"],  # the per-layer unions of every forward, summed (prefill included)
     )
     atlas, learned = loaded.atlas, loaded.learned
     if atlas is not None:  # pool nodes (roots included) of this process's requests; missed: a fallback's routes
