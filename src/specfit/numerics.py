@@ -16,8 +16,8 @@ four toy targets with four sha256 on one machine (AVX-512 or AVX2, 1 or 2 thread
 
 A stage that times forwards rather than trains (`for_timing`, which `specfit.stage.stage_main` calls for every stage
 but the toy's and the route predictor's training) then switches MKL to its ``AUTO`` branch: still the same results
-run to run on one CPU with one thread, at the speed of MKL's own kernels for it (on a Xeon the strict AVX2 branch
-made the drafter's head 3.7 times slower and its forwards overrun the emulated device's model; docs/device.md).
+run to run on one CPU with one thread, at the speed of MKL's own kernels for it (the strict AVX2 branch makes the
+drafter's head several times slower on some CPUs, and host work on the virtual clock is timed in these stages).
 
 A value already in the environment wins (``ATEN_CPU_CAPABILITY=avx512`` runs torch's AVX-512 kernels where the
 CPU has them: faster, and other weights; a ``MKL_CBWR`` set by the user stays in every stage). A CPU without AVX2

@@ -164,6 +164,13 @@ class Scope:
         return {(rule, mode): self.run(workload, method, slots) for rule, method in self.roles.by_rule().items()
                 for mode, slots in (("cache", self.main), ("nocache", 0))}
 
+    def paper_value(self, r: DecodeRun, key: str) -> float | None:
+        """The paper's figure (a metrics.json key) for the cell that run ``r`` stands for: the paper's three methods at
+        the main slots and without the cache, on the GPU this device stands for; None elsewhere."""
+        cells = self.paper.cells(self.paper_key(r.workload))
+        cell = next((c for c, run in self.paper_runs(r.workload).items() if run == r), None)
+        return None if cells is None or cell is None else cells[cell].get(key)
+
     def title(self, workload: str) -> str:
         """Where a table's numbers come from: model, device, workload and its subset label."""
         label = self.spec["workloads"][workload].get("subset_label", "")
