@@ -36,7 +36,7 @@ class LinkModel:
     @property
     def label(self) -> str:
         """How timings taken over this link are labelled wherever they are shown."""
-        clock = "virtual clock" if self.virtual else "waited"
+        clock = "virtual clock" if self.virtual else "wall clock"
         return (
             f"emulated link ({self.bandwidth_bytes_per_s / 1e9:.3g} GB/s, "
             f"{self.latency_s * 1e6:.3g} us latency, {clock})"
