@@ -1,1 +1,1 @@
-"""Benchmarks: commands that print figures measured now (``python -m specfit.bench {engine,link,select}``)."""
+"""Benchmarks: commands that print figures measured now (``python -m specfit.bench {engine,link,reproduce,select}``)."""

@@ -5,7 +5,7 @@ import sys
 
 from specfit import numerics
 
-BENCHMARKS = ("device", "engine", "link", "paired", "predictor", "proportions", "select", "spread",
+BENCHMARKS = ("device", "engine", "link", "paired", "predictor", "proportions", "reproduce", "select", "spread",
               "verdicts")
 
 
