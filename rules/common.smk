@@ -9,14 +9,18 @@ from specfit.workflow import (
     code_hash,
     decode_inputs as workflow_decode_inputs,
     decode_runs,
+    is_toy,
     paired_inputs as workflow_paired_inputs,
     reference_run,
     report_inputs as workflow_report_inputs,
     spec_json,
+    trained_toys,
 )
 
 CONDA_ENV = "../envs/specfit.yaml"
 RUNS = decode_runs(config)
+# the models the toy rules train (`toy: true`); none: the rules match no model (the shipped toy is a plain input)
+TRAINED_TOYS = "|".join(trained_toys(config)) or "(?!)"
 
 
 wildcard_constraints:
@@ -52,7 +56,7 @@ def drafter_dir(w):
 
 def tokenizer_dir(w):
     model = config["models"][w.model]
-    return paths.toy_model(w.model, "tokenizer") if model["toy"] else model["target"]
+    return paths.toy_model(w.model, "tokenizer") if is_toy(model) else model["target"]
 
 
 def questions_file(w):

@@ -1,5 +1,6 @@
-# The embedded toy pair, built by the workflow itself on CPU: tokenizer -> MoE target -> EAGLE-3 drafter.
-# Saved with save_pretrained under data/models/{model}/ and loaded exactly as real checkpoints.
+# A toy pair trained by the workflow itself on CPU: tokenizer -> MoE target -> EAGLE-3 drafter, for every model with
+# `toy: true` (TRAINED_TOYS); the shipped toy (`shipped: true`) is read as it is. Saved with save_pretrained under
+# data/models/{model}/ and loaded exactly as real checkpoints.
 
 
 rule toy_tokenizer:
@@ -9,6 +10,8 @@ rule toy_tokenizer:
         tokenizer=directory(paths.toy_model("{model}", "tokenizer")),
     log:
         paths.log("toy", "{model}", "tokenizer"),
+    wildcard_constraints:
+        model=TRAINED_TOYS,
     conda:
         CONDA_ENV
     params:
@@ -27,6 +30,8 @@ rule toy_target:
         target=directory(paths.toy_model("{model}", "target")),
     log:
         paths.log("toy", "{model}", "target"),
+    wildcard_constraints:
+        model=TRAINED_TOYS,
     conda:
         CONDA_ENV
     params:
@@ -45,6 +50,8 @@ rule toy_drafter:
         drafter=directory(paths.toy_model("{model}", "drafter")),
     log:
         paths.log("toy", "{model}", "drafter"),
+    wildcard_constraints:
+        model=TRAINED_TOYS,
     conda:
         CONDA_ENV
     params:

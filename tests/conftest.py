@@ -13,6 +13,7 @@ import yaml
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from specfit import paths
 from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
 from specfit.records import PROMPTS_SCHEMA
 from specfit.speculative.request import Limits
@@ -33,7 +34,7 @@ def questions_path() -> Path:
     from specfit.workflow import validate_config
 
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()),
-                             ROOT / "workflow/schemas/config.schema.yaml")
+                             ROOT / "workflow/schemas/config.schema.yaml", ROOT)
     source = config["spec_bench"]
     path = ROOT / source["path"]
     if not path.is_file():
@@ -48,9 +49,10 @@ def questions_path() -> Path:
 @pytest.fixture(scope="session")
 def workflow_copy(root, questions_path):
     """Make a runnable copy of the workflow in a folder: its rules, profiles and config with tests/smoke.yaml beside
-    as smoke.yaml, and the configured question.jsonl in place (a copy: a cluster job may not see this checkout)."""
+    as smoke.yaml, the shipped toy (config.yaml defines it), and the configured question.jsonl in place (a copy: a
+    cluster job may not see this checkout)."""
     def copy(workdir: Path) -> Path:
-        for name in ("workflow", "rules", "envs"):
+        for name in ("workflow", "rules", "envs", paths.toy_dir(paths.SHIPPED_TOY)):
             shutil.copytree(root / name, workdir / name)
         shutil.copy(root / "config.yaml", workdir / "config.yaml")
         shutil.copy(root / "tests" / "smoke.yaml", workdir / "smoke.yaml")

@@ -6,6 +6,7 @@ tests/compat/test_compat_generate.py; the workflow's own toy below when it has b
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -137,16 +138,28 @@ def test_oracle_methods_are_refused_naming_the_deployable_alternative():
 
 
 def test_missing_workflow_outputs_name_their_snakemake_target(tmp_path):
-    """A config whose calibration and predictor were never made: the message names the file to ask Snakemake for."""
+    """A config whose calibration and predictor were never made: the message names the file to ask Snakemake for,
+    or for the shipped toy the command that restores it."""
     (tmp_path / "workflow/schemas").mkdir(parents=True)
     (tmp_path / SCHEMA).write_text((ROOT / SCHEMA).read_text())
     (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    with pytest.raises(SpecFitError, match=r"'models\.toy\.shipped': the shipped toy's manifest .* is missing"):
+        Decoder.from_config("toy", "cpu-a100", "ar", configfile=tmp_path / "config.yaml")
+    (tmp_path / paths.SHIPPED_MANIFEST).parent.mkdir(parents=True)
+    shutil.copy(ROOT / paths.SHIPPED_MANIFEST, tmp_path / paths.SHIPPED_MANIFEST)
     calibration = paths.calibration("toy", "cpu-a100", "cache")
     with pytest.raises(SpecFitError, match=rf"no calibration of toy on cpu-a100 at .*: make it with "
                                            rf"`snakemake --cores 1 {calibration}`"):
         Decoder.from_config("toy", "cpu-a100", "specfit-learned", configfile=tmp_path / "config.yaml")
-    with pytest.raises(SpecFitError, match=r"no toy target for toy at .*`snakemake --cores 1 data/models/toy/target`"):
+    with pytest.raises(SpecFitError, match=r"no shipped toy target at .*: restore the shipped files with "
+                                           r"`git checkout -- data/models/toy`"):
         Decoder.from_config("toy", "cpu-a100", "ar", configfile=tmp_path / "config.yaml")
+    (tmp_path / "mytoy.yaml").write_text("models: {mytoy: {target: data/models/mytoy/target, drafter: "
+                                         "data/models/mytoy/drafter, toy: true, main_slots: {cpu-a100: 4}}}\n")
+    with pytest.raises(SpecFitError, match=r"no toy target for mytoy at .*`snakemake --cores 1 "
+                                           r"data/models/mytoy/target`"):
+        Decoder.from_config("mytoy", "cpu-a100", "ar", configfile=tmp_path / "config.yaml",
+                            overlays=[tmp_path / "mytoy.yaml"])
     for name in (paths.toy_model("toy", "target"), paths.toy_model("toy", "drafter"), calibration):
         (tmp_path / name).mkdir(parents=True)
     with pytest.raises(SpecFitError, match=rf"no route predictor for toy at .*`snakemake --cores 1 "

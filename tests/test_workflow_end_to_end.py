@@ -61,10 +61,13 @@ def test_every_run_is_lossless_against_ar(workflow):
         assert metrics["n_requests"] == 2 and metrics["link_emulated"] is True
         if config["devices"][run.device]["emulate"] is None:
             assert "emulated link" in metrics["timing_label"] and metrics["device"] is None
-        else:  # the emulated A100: every target forward waited to its modelled time (the smoke toy is tiny)
-            assert metrics["timing_label"] == "emulated A100 (expert execution + link), CPU compute overlapped"
-            target = metrics["device"]["target"]
-            assert target["forwards"] > 0 and target["modelled_s"] > 0 and target["overruns"] <= target["forwards"]
+        else:  # the emulated A100: the virtual clock moved by the modelled forwards and the host work
+            assert metrics["timing_label"] == "emulated A100, virtual clock"
+            device = metrics["device"]
+            target = device["target"]
+            assert device["clock"] == "virtual" and target["forwards"] > 0 and target["modelled_s"] > 0
+            modelled = sum(device[k]["modelled_s"] for k in ("target", "prefill", "drafter", "drafter_prefill"))
+            assert modelled + device["host_s"] >= metrics["ms_per_cycle"] * metrics["cycles"] / 1e3 - 1e-9
             assert (metrics["device"]["drafter"]["forwards"] > 0) == (run.method != "ar")
         if method_rule(config, run.method) == "ar" and run.slots == 0:
             assert metrics["lossless"] is None  # the reference itself
@@ -80,10 +83,10 @@ def test_report_tables_match_the_metrics(workflow):
     tables = md_tables((out / "report.md").read_text())
     checked = 0
     for workload in config["workloads"]:
-        header, rows = find(tables, f"Counters per verification cycle, toy / cpu-a100link, {workload}")
+        header, rows = find(tables, f"Counters per verification cycle, smoke / cpu-a100link, {workload}")
         for row in rows:
             slots = 0 if row[1] == "No" else int(re.fullmatch(r"Yes \((\d+)\)", row[1]).group(1))
-            metrics = json.loads((workdir / f"data/decode/toy/cpu-a100link/{workload}/{row[0]}/slots{slots}"
+            metrics = json.loads((workdir / f"data/decode/smoke/cpu-a100link/{workload}/{row[0]}/slots{slots}"
                                   / "metrics.json").read_text())
             for h, cell in zip(header[2:], row[2:]):
                 key = key_of(h)
@@ -95,25 +98,25 @@ def test_report_tables_match_the_metrics(workflow):
     # the prefetching methods' section (issue 21) on the emulated A100, whose runs the smoke config holds
     md = (out / "report.md").read_text()
     assert "\n### Beyond the paper: prefetch while drafting\n" in md
-    for part, record in paths.TOY_RECORDS.items():  # the rule declares the toy's folders: their weights' sha256
-        sha256 = json.loads((workdir / paths.toy_model("toy", part) / record).read_text())["sha256"]
-        assert f"**Weights of toy {part}**: sha256 {sha256}; trained on " in md
+    for part, record in paths.TOY_RECORDS.items():  # the rule declares the trained toy's folders: their weights' sha256
+        sha256 = json.loads((workdir / paths.toy_model("smoke", part) / record).read_text())["sha256"]
+        assert f"**Weights of smoke {part}**: sha256 {sha256}; trained on " in md
 
 
 def test_theory_and_calibration_outputs(workflow):
     workdir, config = workflow
     for workload in ("summarization", "gsm8k"):
-        table = json.loads((workdir / f"data/theory/toy/cpu-a100link/{workload}.json").read_text())
+        table = json.loads((workdir / f"data/theory/smoke/cpu-a100link/{workload}.json").read_text())
         assert table["recorded_selection_differs_pct"] == 0.0  # the selector reproduces every recorded choice
         assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
     # beyond the paper: specfit-ca's pools under its cache-aware cost, with the residency each cycle recorded
     # and the exact-route specfit-prefetch's under the same cost, with the copies in flight each cycle recorded
     for path in ("cpu-a100link/gsm8k.specfit-ca", "cpu-a100/gsm8k.specfit-prefetch-atlas"):
-        table = json.loads((workdir / f"data/theory/toy/{path}.json").read_text())
+        table = json.loads((workdir / f"data/theory/smoke/{path}.json").read_text())
         assert table["cost"] == "cache_aware" and table["recorded_selection_differs_pct"] == 0.0, path
         assert 0.0 <= table["gap_pct"] <= table["bound_pct"] + 1e-9
     for mode in ("cache", "nocache"):
-        fit = json.loads((workdir / f"data/calibration/toy/cpu-a100link/{mode}.json").read_text())
+        fit = json.loads((workdir / f"data/calibration/smoke/cpu-a100link/{mode}.json").read_text())
         assert len(fit["b"]) == 8 and fit["beta"] >= 0 and fit["r2"] is not None
         assert fit["n_points"] == 2 * 8 * 2  # 2 states (cycles 0 and 2 of question 401) x 8 sizes x 2 trees
 
@@ -129,7 +132,7 @@ def test_incremental_reruns(workflow, tmp_path):
     # specfit at slots 0/2/4 x workloads on the link, 0/4 on gsm8k on the emulated A100; not specfit-noisy
     assert jobs["decode"] == 7 and jobs["atlas"] == 6 and jobs["paired"] == 1
     runs = yaml.safe_load((workdir / "smoke.yaml").read_text())["runs"]
-    runs.append({"models": ["toy"], "devices": ["cpu-a100link"], "workloads": ["summarization"],
+    runs.append({"models": ["smoke"], "devices": ["cpu-a100link"], "workloads": ["summarization"],
                  "methods": ["eagle3"], "slots": [1]})
     (workdir / "slots1.yaml").write_text(yaml.safe_dump({"runs": runs}))
     assert scheduled(workdir, "slots1.yaml") == {"decode": 1, "report": 1}  # a new cache size: only its run
@@ -140,7 +143,7 @@ def test_paired_bench_times_two_methods_in_one_process(workflow):
     outputs' identity."""
     workdir, _ = workflow
     proc = subprocess.run([sys.executable, "-m", "specfit.bench", "paired", "--configfile", "smoke.yaml",
-                           "--cell", "toy/cpu-a100link/gsm8k/4", "--methods", "ar", "specfit-ca", "--repeats", "1"],
+                           "--cell", "smoke/cpu-a100link/gsm8k/4", "--methods", "ar", "specfit-ca", "--repeats", "1"],
                           cwd=workdir, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "emulated link" in proc.stdout and "outputs identical: 2 of 2" in proc.stdout

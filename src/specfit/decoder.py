@@ -31,10 +31,12 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
+from specfit import paths
 from specfit.errors import SpecFitError
 from specfit.metrics import stream_metrics
 from specfit.models.checkpoint import read_config
 from specfit.models.loading import eos_ids
+from specfit.models.shipped import restore
 from specfit.records import CYCLE_SCHEMA
 from specfit.speculative.config import ROUTED_RULES, MethodConfig, route_source
 from specfit.speculative.methods import build_method
@@ -260,11 +262,15 @@ def compare(decoder: Decoder, prompt: str | Sequence[int], max_new_tokens: int |
 
 def _check_outputs(config: dict, model: str, device: str, inputs: dict, root: Path) -> None:
     """The workflow outputs a method reads (``inputs``, relative to ``root``) must be there: a missing one is named
-    with the Snakemake target that makes it (nothing is defaulted)."""
+    with the Snakemake target that makes it (nothing is defaulted), the shipped toy's with the command restoring it."""
     what = {"coefficients": f"no calibration of {model} on {device}", "predictor": f"no route predictor for {model}"}
-    if config["models"][model].get("toy"):
+    entry = config["models"][model]
+    if entry["toy"]:
         what.update(target=f"no toy target for {model}", drafter=f"no toy drafter for {model}")
+    if entry["shipped"]:
+        what.update(target="no shipped toy target", drafter="no shipped toy drafter")
     for name, why in what.items():
         if name in inputs and not (root / inputs[name]).exists():
-            raise SpecFitError(f"{why} at {root / inputs[name]}: make it with `snakemake --cores 1 {inputs[name]}` "
-                               "(in the workflow root)")
+            fix = (restore(Path(paths.toy_dir(paths.SHIPPED_TOY))) if entry["shipped"] and name in ("target", "drafter")
+                   else f"make it with `snakemake --cores 1 {inputs[name]}`")
+            raise SpecFitError(f"{why} at {root / inputs[name]}: {fix} (in the workflow root)")

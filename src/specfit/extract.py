@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from specfit.errors import SpecFitError
 from specfit.io import atomic_path, write_parquet
+from specfit.models import shipped
 from specfit.models.checkpoint import check_tokenizer
 from specfit.questions import describe_source, load_questions, load_source
 from specfit.records import PROMPTS_SCHEMA
@@ -89,7 +90,9 @@ def build_prompts(questions: list[dict], tokenizer, spec: dict) -> tuple[dict, l
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     from transformers import AutoTokenizer
 
-    check_tokenizer(inputs["tokenizer"], f"models.{spec['model']}.target")  # else transformers gives an empty one
+    key = f"models.{spec['model']}.target"
+    shipped.verify(inputs["tokenizer"], key)  # the shipped toy's files against its manifest
+    check_tokenizer(inputs["tokenizer"], key)  # else transformers gives an empty one
     questions = load_workload(spec, inputs)
     tokenizer = AutoTokenizer.from_pretrained(inputs["tokenizer"], local_files_only=True)
     rows, skipped = build_prompts(questions, tokenizer, spec)

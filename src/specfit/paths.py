@@ -7,7 +7,7 @@ find files through them. Torch-free, so that ``snakemake -n`` stays fast.
 ::
 
     data/prompts/{model}/{workload}.parquet                           extract
-    data/models/{model}/{tokenizer,target,drafter}/                   toy models
+    data/models/{model}/{tokenizer,target,drafter}/                   toy models (data/models/toy/SHIPPED.json: shipped)
     data/calibration/{model}/{device}/{cache}.json, .points.parquet   calibrate
     data/atlas/{model}/{device}/{workload}/{method}-{cache}/          atlas
     data/predictor/{model}/                                           predictor (learned routes)
@@ -43,9 +43,20 @@ def prompts(model: str, workload: str) -> str:
     return f"data/prompts/{model}/{workload}.parquet"
 
 
+def toy_dir(model: str) -> str:
+    """The folder of a toy model: its parts' folders (`toy_model`) and, for the shipped toy, their manifest."""
+    return f"data/models/{model}"
+
+
 def toy_model(model: str, part: str) -> str:
     """The folder of a toy model's ``part``: tokenizer, target or drafter."""
-    return f"data/models/{model}/{part}"
+    return f"{toy_dir(model)}/{part}"
+
+
+# the toy shipped in the repository: the model named so (config `shipped: true`), and beside its parts' folders its
+# manifest, the sha256 of every file and what trained them (specfit.models.shipped)
+SHIPPED_TOY = "toy"
+SHIPPED_MANIFEST = f"{toy_dir(SHIPPED_TOY)}/SHIPPED.json"
 
 
 # the file in a trained toy part's folder that records its training (steps, time, numerics, sha256 of the weights)

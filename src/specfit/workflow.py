@@ -9,6 +9,7 @@ import copy
 import hashlib
 import itertools
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,9 +63,11 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"config key {where!r}: {error.message}" + (f" (expected: {expected})" if expected else "")
 
 
-def validate_config(config: dict, schema_path: str | Path) -> dict:
+def validate_config(config: dict, schema_path: str | Path, root: str | Path | None = ".") -> dict:
     """Validate ``config`` in place against the schema, fill defaults, check cross references; return it.
 
+    ``root``: the workflow root (Snakemake's working directory), where the files a config must find at load are
+    looked for (`_check_files`: the shipped toy's manifest); None checks no file.
     A config that does not follow the schema or names something it does not define raises `SpecFitError`."""
     schema = yaml.safe_load(Path(schema_path).read_text())
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
@@ -72,22 +75,26 @@ def validate_config(config: dict, schema_path: str | Path) -> dict:
     if errors:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(_describe(e) for e in errors))
     _check_references(config)
+    if root is not None:
+        _check_files(config, Path(root))
     return config
 
 
 SCHEMA = "workflow/schemas/config.schema.yaml"  # relative to the workflow root, as the Snakefile finds it
 
 
-def load_config(path: str | Path = "config.yaml", schema: str | Path = SCHEMA, *overlays: str | Path) -> dict:
+def load_config(path: str | Path = "config.yaml", schema: str | Path = SCHEMA, *overlays: str | Path,
+                check_files: bool = True) -> dict:
     """A config file with ``overlays`` merged over it as Snakemake's ``--configfile`` merges them (nested mappings
     update, anything else is replaced), validated and with its defaults filled, as the workflow sees it (for
-    benchmarks and tools run from the workflow root)."""
+    benchmarks and tools run from the workflow root). The config file's folder is the workflow root, where
+    ``check_files`` looks for the files the config must find at load (`validate_config`)."""
     from snakemake.utils import update_config  # the merge --configfile does; imported here, as only this needs it
 
     config = yaml.safe_load(Path(path).read_text())
     for overlay in overlays:
         update_config(config, yaml.safe_load(Path(overlay).read_text()))
-    return validate_config(config, schema)
+    return validate_config(config, schema, Path(path).parent if check_files else None)
 
 
 def _check_references(config: dict) -> None:
@@ -104,12 +111,7 @@ def _check_references(config: dict) -> None:
         for field in ("models", "devices", "workloads", "methods"):
             problems += [f"config key 'paired.cells.{i}.{field}' names {name!r}, which is not defined under '{field}'"
                          for name in block[field] if name not in config[field]]
-    for name, model in config["models"].items():
-        if model.get("toy"):
-            for part in ("target", "drafter"):
-                want = f"data/models/{name}/{part}"
-                if model[part].rstrip("/") != want:
-                    problems.append(f"config key 'models.{name}.{part}': a toy model is built at {want!r}")
+    problems += _check_toys(config)
     for run in (*config["runs"], *config["paired"]["cells"]):
         for model, device in itertools.product(run["models"], run["devices"]):
             if device not in config["models"].get(model, {}).get("main_slots", {device: 0}):
@@ -150,6 +152,57 @@ def _check_references(config: dict) -> None:
                         "under 'methods'")
     if problems:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
+
+
+def _check_toys(config: dict) -> list[str]:
+    """A toy the rules train (``toy: true``) lives in its own name's folders, never the shipped toy's; the shipped toy
+    (``shipped: true``) is the model named `paths.SHIPPED_TOY`, read from its folders; no model is both."""
+    problems = []
+    shipped_folders = {part: paths.toy_model(paths.SHIPPED_TOY, part) for part in ("target", "drafter")}
+    for name, model in config["models"].items():
+        folders = {part: os.path.normpath(model[part]) for part in ("target", "drafter")}
+        if model["toy"] and model["shipped"]:
+            problems.append(f"config key 'models.{name}': `toy: true` (the toy rules train it) and `shipped: true` "
+                            "(the toy the repository ships) exclude each other")
+        elif model["toy"]:
+            for part, folder in folders.items():
+                if folder != paths.toy_model(name, part):
+                    problems.append(f"config key 'models.{name}.{part}': a toy model is built at "
+                                    f"{paths.toy_model(name, part)!r}")
+            if name == paths.SHIPPED_TOY or set(folders.values()) & set(shipped_folders.values()):
+                problems.append(f"config key 'models.{name}.toy': a toy to train named {name!r}, whose folders are "
+                                f"the shipped toy's ({paths.toy_dir(paths.SHIPPED_TOY)}/): training would "
+                                "overwrite it; pick another model name for a toy of your own (docs/toy.md)")
+        elif model["shipped"]:
+            if name != paths.SHIPPED_TOY:
+                problems.append(f"config key 'models.{name}.shipped': the shipped toy is the model named "
+                                f"{paths.SHIPPED_TOY!r}; name it so, or set `toy: true` to train a toy named {name!r}")
+            for part, folder in shipped_folders.items():
+                if folders[part] != folder:
+                    problems.append(f"config key 'models.{name}.{part}': the shipped toy's {part} is {folder!r}")
+    return problems
+
+
+def _check_files(config: dict, root: Path) -> None:
+    """The files a config must find before any job: the shipped toy's manifest (the toy's folders are plain inputs,
+    which Snakemake checks, and the manifest checks their contents when a stage loads them)."""
+    manifest = root / paths.SHIPPED_MANIFEST
+    problems = [f"config key 'models.{name}.shipped': the shipped toy's manifest {manifest} is missing: restore the "
+                f"shipped toy with `git checkout -- {manifest.parent}` (docs/toy.md)"
+                for name, model in config["models"].items() if model["shipped"] and not manifest.is_file()]
+    if problems:
+        raise SpecFitError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def is_toy(entry: dict) -> bool:
+    """Whether a model (its config entry) has a toy's folders (`specfit.paths.toy_model`: a tokenizer folder beside
+    target and drafter, and their training records): one the toy rules train (``toy: true``) or the shipped one."""
+    return bool(entry.get("toy") or entry.get("shipped"))
+
+
+def trained_toys(config: dict) -> list[str]:
+    """The models the toy rules train (``toy: true``); the shipped toy is read as it is."""
+    return [name for name, model in config["models"].items() if model.get("toy")]
 
 
 # --------------------------------------------------------------------------------------------- the matrix
@@ -325,10 +378,11 @@ def theory_file(config: dict, run: DecodeRun) -> str:
 def report_inputs(config: dict) -> dict[str, list[str]]:
     """Every file the report reads (the report rule's inputs, by the stage's input names): each run's metrics and
     requests, the fits and their points, the theory, the paired timings, the toy pair's folders (the report shows the
-    sha256 of their training records) and the learned route predictors decode runs read (folders: the report reads
-    their metrics.json)."""
+    sha256 of their training records) with the shipped toy's manifest (and the commit and CPU it names), and the
+    learned route predictors decode runs read (folders: the report reads their metrics.json)."""
     runs = decode_runs(config)
     pairs = sorted({(r.model, r.device) for r in runs})
+    toys = [m for m in sorted({r.model for r in runs}) if is_toy(config["models"][m])]
     return {
         "metrics": [r.file("metrics.json") for r in runs],
         "requests": [r.file("requests.parquet") for r in runs],
@@ -336,8 +390,8 @@ def report_inputs(config: dict) -> dict[str, list[str]]:
         "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
         "theory": sorted({theory_file(config, r) for r in theory_runs(config)}),
         "paired": [paths.paired(*cell, "requests.parquet") for cell in paired_cells(config)],
-        "models": [paths.toy_model(m, part) for m in sorted({r.model for r in runs})
-                   if config["models"][m].get("toy") for part in paths.TOY_RECORDS],
+        "models": [*(paths.toy_model(m, part) for m in toys for part in paths.TOY_RECORDS),
+                   *(paths.SHIPPED_MANIFEST for m in toys if config["models"][m].get("shipped"))],
         "predictor": sorted({p for r in runs if (p := decode_inputs(config, r).get("predictor"))}),
     }
 

@@ -1,6 +1,7 @@
 """Config validation at load: typos and wrong types stop the workflow with the key named."""
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,13 @@ from specfit.workflow import (
     theory_runs,
     validate_config,
 )
+
+
+@pytest.fixture(autouse=True)
+def in_root(root, monkeypatch):
+    """Validation looks for the files a config names (the shipped toy's manifest) in the working directory, as
+    Snakemake runs: the workflow root."""
+    monkeypatch.chdir(root)
 
 
 @pytest.fixture()
@@ -213,3 +221,44 @@ def test_a_bad_emulated_device_is_named_at_load(config, schema, edit, message):
     edit(config["devices"]["cpu-a100"])
     with pytest.raises(SpecFitError, match=message):
         validate_config(config, schema)
+
+
+TRAINED = {"target": "data/models/mytoy/target", "drafter": "data/models/mytoy/drafter", "toy": True,
+           "main_slots": {"cpu-a100": 4}}
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda models: models["toy"].update(toy=True),
+     r"'models\.toy': `toy: true` \(the toy rules train it\) and `shipped: true` .* exclude each other"),
+    (lambda models: models["toy"].update(shipped=False, toy=True),
+     r"'models\.toy\.toy': a toy to train named 'toy', whose folders are the shipped toy's \(data/models/toy/\): "
+     r"training would overwrite it; pick another model name"),
+    (lambda models: models.update(mytoy={**TRAINED, "target": "data/models/toy/target"}),
+     r"'models\.mytoy\.target': a toy model is built at 'data/models/mytoy/target'\n.*'models\.mytoy\.toy': .*"
+     r"whose folders are the shipped toy's"),
+    (lambda models: models.update(other={**models["toy"]}),
+     r"'models\.other\.shipped': the shipped toy is the model named 'toy'"),
+    (lambda models: models["toy"].update(drafter="data/models/toy/drafter-v2"),
+     r"'models\.toy\.drafter': the shipped toy's drafter is 'data/models/toy/drafter'"),
+])
+def test_the_shipped_toy_is_never_retrained_or_renamed(config, schema, edit, message):
+    """A model both trained and shipped, a toy to train under the shipped toy's name or in its folders, and the
+    shipped toy under another name or folder are refused at load, naming the key."""
+    edit(config["models"])
+    with pytest.raises(SpecFitError, match=message):
+        validate_config(config, schema)
+
+
+def test_a_toy_of_your_own_trains_under_another_name(config, schema):
+    config["models"]["mytoy"] = TRAINED
+    validate_config(config, schema)
+    assert (config["models"]["mytoy"]["shipped"], config["models"]["toy"]["toy"]) == (False, False)
+
+
+def test_a_shipped_toy_without_its_manifest_is_refused(config, schema, tmp_path):
+    toy = tmp_path / "data/models/toy"
+    with pytest.raises(SpecFitError, match=re.escape(f"'models.toy.shipped': the shipped toy's manifest "
+                                                     f"{toy}/SHIPPED.json is missing: restore the shipped toy with "
+                                                     f"`git checkout -- {toy}`")):
+        validate_config(copy.deepcopy(config), schema, tmp_path)
+    validate_config(config, schema, None)  # a file check asked for by nobody

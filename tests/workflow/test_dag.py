@@ -9,12 +9,38 @@ def run(root, *args):
                           timeout=300)
 
 
-def test_dry_run_lists_every_stage(root):
+STAGES = ("extract", "calibrate", "atlas", "predictor", "decode", "theory", "report")
+TOY_RULES = ("toy_tokenizer", "toy_target", "toy_drafter")
+
+
+def jobs(stdout: str) -> list[tuple[str, str]]:
+    """A dry run's jobs: each one's rule and its block of lines from ``rule <name>:`` on."""
+    found = []
+    for block in stdout.split("\n\n"):
+        lines = block.splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith(("rule ", "localrule "))), None)
+        if start is not None:
+            found.append((lines[start].split()[1].rstrip(":"), "\n".join(lines[start:])))
+    return found
+
+
+def test_dry_run_lists_every_stage_and_trains_no_toy(root):
+    """config.yaml reads the shipped toy: its DAG, even forced, holds every stage and no training of the toy."""
     proc = run(root, "snakemake", "-n", "reports/all", "--forceall")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for rule in ("toy_tokenizer", "toy_target", "toy_drafter", "extract", "calibrate", "atlas", "predictor", "decode",
-                 "theory", "report"):
-        assert f"rule {rule}:" in proc.stdout, rule
+    rules = {rule for rule, _ in jobs(proc.stdout)}
+    assert set(STAGES) <= rules and not rules & set(TOY_RULES), rules
+    assert "data/models/toy/target" in proc.stdout  # an input, read as it is
+
+
+def test_smoke_dry_run_trains_its_own_toy(root):
+    """tests/smoke.yaml trains a toy under its own name: the toy rules stay in CI's DAG, for that model only."""
+    proc = run(root, "snakemake", "-n", "reports/all", "--forceall", "--configfile", "tests/smoke.yaml")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    toy_jobs = [(rule, block) for rule, block in jobs(proc.stdout) if rule in TOY_RULES]
+    assert sorted(rule for rule, _ in toy_jobs) == sorted(TOY_RULES)
+    assert all("wildcards: model=smoke" in block for _, block in toy_jobs)
+    assert set(STAGES) <= {rule for rule, _ in jobs(proc.stdout)}
 
 
 def test_cluster_profile_plans_gpu_jobs(root):

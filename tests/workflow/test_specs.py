@@ -28,8 +28,8 @@ STAGES = ("specfit.extract", "specfit.toy.tokenizer", "specfit.toy.target", "spe
           "specfit.theory", "specfit.report")
 EVALUATED = [*range(242, 321, 2), *range(401, 481)]  # summarization's and gsm8k's ids (calibration's are gsm8k's)
 A100_LINK = {"bandwidth_gbps": 0.175, "latency_us": 50}
-RTX4090 = {"name": "RTX 4090", "fixed_ms": 13.03, "token_ms": 0.2962, "expert_ms": 1.145, "copy_ms": 1.308,
-           "draft_ms": 2.131}
+RTX4090 = {"name": "RTX 4090", "fixed_ms": 98.12, "token_ms": 2.23, "expert_ms": 8.624, "copy_ms": 9.847,
+           "draft_ms": 16.05}
 SMOKE_LINK = {"bandwidth_gbps": 4.0, "latency_us": 20}
 SPECFIT = {"name": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"}
 
@@ -51,15 +51,15 @@ def test_extract(config, smoke):
         "sha256": "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"}
     assert specs.extract(config, "toy", "gsm8k") == {
         "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 12}
-    assert specs.extract(smoke, "toy", "summarization") == {
-        "model": "toy", "question_ids": list(range(242, 321, 2)), "limit_tokens": 2048, "max_requests": 2}
+    assert specs.extract(smoke, "smoke", "summarization") == {
+        "model": "smoke", "question_ids": list(range(242, 321, 2)), "limit_tokens": 2048, "max_requests": 2}
     assert specs.extract(config, "toy", "calibration") == {
         "model": "toy", "question_ids": [401, 402, 403], "limit_tokens": 512, "max_requests": None}
-    assert specs.extract(smoke, "toy", "calibration")["question_ids"] == [401]
+    assert specs.extract(smoke, "smoke", "calibration")["question_ids"] == [401]
     assert specs.extract(config, "toy", "predictor") == {
         "model": "toy", "question_ids": [*range(241, 320, 2), *range(321, 341)], "limit_tokens": 1024,
         "max_requests": None}
-    assert specs.extract(smoke, "toy", "predictor")["question_ids"] == list(range(321, 327))
+    assert specs.extract(smoke, "smoke", "predictor")["question_ids"] == list(range(321, 327))
 
 
 def test_extract_names_a_workload_of_another_dataset(config):
@@ -94,7 +94,7 @@ def test_calibrate(config, smoke):
         "link": None, "emulate": RTX4090, "coefficients": "fit", "slots": 8,
         "protocol": {"cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2, "limit_tokens": 512}, "seed": 0}
     assert specs.calibrate(config, "toy", "cpu-4090", "nocache")["slots"] == 0
-    smoke_fit = specs.calibrate(smoke, "toy", "cpu-a100link", "cache")
+    smoke_fit = specs.calibrate(smoke, "smoke", "cpu-a100link", "cache")
     assert (smoke_fit["link"], smoke_fit["slots"]) == (SMOKE_LINK, 4)
     assert smoke_fit["protocol"] == {"cycle_boundaries": [0, 2], "sizes": 8, "repeats": 1, "limit_tokens": 512}
 
@@ -106,8 +106,8 @@ def test_decode(config, smoke):
         "limit_tokens": 2048, "max_new_tokens": 128, "seed": 0}
     # a method entry as it is written (the stage fills the defaults): AR sets nothing
     assert specs.decode(config, "toy", "cpu-a100link", "gsm8k", "ar", 0)["method"] == {"name": "ar"}
-    assert specs.decode(smoke, "toy", "cpu-a100link", "gsm8k", "specfit-learned", "4") == {
-        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
+    assert specs.decode(smoke, "smoke", "cpu-a100link", "gsm8k", "specfit-learned", "4") == {
+        "model": "smoke", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
         "link": SMOKE_LINK, "emulate": None, "method": {**SPECFIT, "routes": "learned"}, "slots": 4,
         "limit_tokens": 512, "max_new_tokens": 12, "seed": 0}
 
@@ -137,8 +137,8 @@ def test_predictor(config, smoke):
         "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "limit_tokens": 1024,
         "max_new_tokens": 64, "k_max": 7, "max_depth": 5, "top_k_expand": 2, "validation_requests": 8,
         "steps": 1500, "batch_size": 512, "lr": 0.003, "seed": 0, "threads": 2}
-    assert specs.predictor_device(smoke, "toy") == "cpu-a100"
-    smoke_spec = specs.predictor(smoke, "toy")
+    assert specs.predictor_device(smoke, "smoke") == "cpu-a100"
+    smoke_spec = specs.predictor(smoke, "smoke")
     assert (smoke_spec["max_new_tokens"], smoke_spec["validation_requests"], smoke_spec["steps"]) == (8, 2, 40)
 
 
@@ -148,9 +148,9 @@ def test_theory(config, smoke):
     assert specs.theory(config, "toy", "cpu-a100link", "gsm8k") == {
         "beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 128,
         "cost": "paper"}
-    assert specs.theory_run(smoke, "toy", "cpu-a100link", "gsm8k", "specfit-ca") == DecodeRun(
-        "toy", "cpu-a100link", "gsm8k", "specfit-ca", 4)
-    assert specs.theory(smoke, "toy", "cpu-a100link", "gsm8k", "specfit-ca") == {
+    assert specs.theory_run(smoke, "smoke", "cpu-a100link", "gsm8k", "specfit-ca") == DecodeRun(
+        "smoke", "cpu-a100link", "gsm8k", "specfit-ca", 4)
+    assert specs.theory(smoke, "smoke", "cpu-a100link", "gsm8k", "specfit-ca") == {
         "beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 12,
         "cost": "cache_aware"}
 
@@ -177,8 +177,8 @@ def test_paired(config, smoke):
         "5.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-nocache/atlas.parquet",
         "6.coefficients": "data/calibration/toy/cpu-a100/cache.json",
         "6.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-noisy-cache/atlas.parquet"}
-    assert specs.paired(smoke, "toy", "cpu-a100", "gsm8k")["repeats"] == 1
-    assert paired_cells(smoke) == [("toy", "cpu-a100", "gsm8k")]
+    assert specs.paired(smoke, "smoke", "cpu-a100", "gsm8k")["repeats"] == 1
+    assert paired_cells(smoke) == [("smoke", "cpu-a100", "gsm8k")]
 
 
 def test_report(config):
@@ -187,27 +187,29 @@ def test_report(config):
     assert report["runs"] == config["runs"] and report["devices"]["cpu-a100link"]["link"] == A100_LINK
 
 
-def test_report_inputs(smoke):
+def test_report_inputs(config, smoke):
     """The report rule's inputs (`specfit.workflow.report_inputs`): every run's metrics and requests, both fits and
-    their points per (model, device), each theory file once, the paired cells, the toy's folders and the one learned
-    route predictor the learned methods read."""
+    their points per (model, device), each theory file once, the paired cells, the toy's folders (the smoke config's
+    trained toy, config.yaml's shipped one) and the one learned route predictor the learned methods read."""
     inputs = report_inputs(smoke)
     runs = decode_runs(smoke)
     assert sorted(inputs) == ["calibration", "metrics", "models", "paired", "points", "predictor", "requests", "theory"]
     assert inputs["metrics"] == [r.file("metrics.json") for r in runs]
     assert inputs["requests"] == [r.file("requests.parquet") for r in runs]
-    assert inputs["calibration"] == [f"data/calibration/toy/{d}/{c}.json" for d in ("cpu-a100", "cpu-a100link")
+    assert inputs["calibration"] == [f"data/calibration/smoke/{d}/{c}.json" for d in ("cpu-a100", "cpu-a100link")
                                      for c in ("cache", "nocache")]
-    assert inputs["points"] == [f"data/calibration/toy/{d}/{c}.points.parquet" for d in ("cpu-a100", "cpu-a100link")
-                                for c in ("cache", "nocache")]
+    assert inputs["points"] == [f"data/calibration/smoke/{d}/{c}.points.parquet"
+                                for d in ("cpu-a100", "cpu-a100link") for c in ("cache", "nocache")]
     # SpecFit's pools per workload at the main slots; beyond the paper, each exact-route cache-aware method's beside
     assert inputs["theory"] == [
-        "data/theory/toy/cpu-a100/gsm8k.json", "data/theory/toy/cpu-a100/gsm8k.specfit-prefetch-atlas.json",
-        "data/theory/toy/cpu-a100link/gsm8k.json", "data/theory/toy/cpu-a100link/gsm8k.specfit-ca.json",
-        "data/theory/toy/cpu-a100link/summarization.json"]
-    assert inputs["paired"] == ["data/paired/toy/cpu-a100/gsm8k/requests.parquet"]
-    assert inputs["models"] == ["data/models/toy/target", "data/models/toy/drafter"]
-    assert inputs["predictor"] == [paths.predictor("toy")]
+        "data/theory/smoke/cpu-a100/gsm8k.json", "data/theory/smoke/cpu-a100/gsm8k.specfit-prefetch-atlas.json",
+        "data/theory/smoke/cpu-a100link/gsm8k.json", "data/theory/smoke/cpu-a100link/gsm8k.specfit-ca.json",
+        "data/theory/smoke/cpu-a100link/summarization.json"]
+    assert inputs["paired"] == ["data/paired/smoke/cpu-a100/gsm8k/requests.parquet"]
+    assert inputs["models"] == ["data/models/smoke/target", "data/models/smoke/drafter"]
+    assert inputs["predictor"] == [paths.predictor("smoke")]
+    assert report_inputs(config)["models"] == ["data/models/toy/target", "data/models/toy/drafter",
+                                               "data/models/toy/SHIPPED.json"]
 
 
 def test_no_stage_runs_the_specs():
@@ -262,9 +264,9 @@ def test_every_job_gets_its_builders_spec(root, overlays):
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = [shlex.split(line.partition(": ")[2]) for line in proc.stdout.splitlines()
                 if line.startswith("Shell command: python -m specfit.")]
-    # config.yaml: 67 jobs, and issue 21's 8 prefetching decodes, 2 atlases and 2 theory jobs, and 2 paired cells;
-    # smoke: 49, and 4 + 1 + 1, and 1 paired cell
-    assert len(commands) == (81 if not overlays else 56)
+    # config.yaml: 64 jobs (no toy training: the shipped toy is read), 8 prefetching decodes, 2 atlases and 2 theory
+    # jobs, and 2 paired cells; smoke: 49 (its toy's 3 training jobs among them), and 4 + 1 + 1, and 1 paired cell
+    assert len(commands) == (78 if not overlays else 56)
     for argv in commands:
         module, argv = argv[2], argv[3:argv.index(">")]
         spec = json.loads(argv[argv.index("--spec") + 1])

@@ -2,8 +2,9 @@
 
 Every check that can be made from the ``config.json`` files and the safetensors headers runs before any weight
 is read (`check_checkpoints`): loading Qwen3-30B-A3B and offloading its experts takes minutes, and a wrong path,
-a partial download or a drafter for another model should not cost them. Each error names the config.yaml key
-that set the folder (``models.<name>.target`` / ``.drafter``). Nothing here touches the Hugging Face hub.
+a partial download or a drafter for another model should not cost them. The shipped toy's files are checked against
+its manifest first (`specfit.models.shipped.verify`). Each error names the config.yaml key that set the folder
+(``models.<name>.target`` / ``.drafter``). Nothing here touches the Hugging Face hub.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import torch
 
 from specfit.errors import SpecFitError
+from specfit.models import shipped
 from specfit.models.checkpoint import check_tokenizer, read_config, tensor_shapes, weight_files
 from specfit.models.eagle3 import DRAFTER_KEY, Eagle3Drafter
 from specfit.models.precision import apply_logits_dtype
@@ -41,7 +43,9 @@ def _num_experts(config: dict) -> int:
 
 
 def check_target(path, key: str = TARGET_KEY) -> dict:
-    """The target's ``config.json``, after checking it is an MoE with all its weight shards and a tokenizer."""
+    """The target's ``config.json``, after checking it is an MoE with all its weight shards and a tokenizer (and, for
+    the shipped toy, every file against its manifest)."""
+    shipped.verify(path, key)
     config = read_config(path, "target model", key)
     if _num_experts(config) == 0:
         raise SpecFitError(
@@ -58,8 +62,10 @@ def check_drafter(path, target_config: dict, key: str = DRAFTER_KEY) -> dict:
 
     ``target_config``: the target's ``config.json`` (or a loaded config's ``to_dict()``). Checks the speculators
     format and options (`specfit.models.eagle3.check_config`), the hidden size, the vocabulary, the tapped layers
-    and every tensor's name and shape in the safetensors headers. No weight is read.
+    and every tensor's name and shape in the safetensors headers, and the shipped toy's files against its manifest.
+    No weight is read.
     """
+    shipped.verify(path, key)
     config = Eagle3Drafter.read_config(path, key)
     tc = _text_config(target_config)
     layer = config["transformer_layer_config"]

@@ -52,8 +52,8 @@ def write(spec: dict, inputs: dict, folder: Path) -> list[Part]:
     figures = Figures(folder / "figures")
     page = [part for model in spec["models"] if any(r.model == model for r in data.runs)
             for part in parts(ModelScope(data, figures, model))]
-    render({"title": "SpecFit reproduction report", "provenance": provenance(spec, data.toy), "parts": page,
-            "emulated": EMULATED, "intervals": interval_note(data.seed)}, folder)
+    render({"title": "SpecFit reproduction report", "provenance": provenance(spec, data.toy, data.shipped),
+            "parts": page, "emulated": EMULATED, "intervals": interval_note(data.seed)}, folder)
     return page
 
 

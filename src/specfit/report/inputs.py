@@ -22,6 +22,7 @@ from specfit.stage import paths_of
 from specfit.workflow import (
     DecodeRun,
     decode_runs,
+    is_toy,
     method_config,
     method_rule,
     paired_cells,
@@ -55,6 +56,7 @@ PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "tr
 
 INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "paired", "models")  # list inputs
 TOY_REQUIRED = ("sha256",)  # the toy's folders (declared as folders): the key their paths.TOY_RECORDS must have
+SHIPPED_REQUIRED = ("commit", "cpu")  # the shipped toy's manifest (paths.SHIPPED_MANIFEST, specfit.models.shipped)
 # the paired stage's requests.parquet (specfit.paired.SCHEMA): the columns the paired ratios read
 PAIRED_COLUMNS = ("side", "round", *REQUEST_COLUMNS)
 
@@ -122,6 +124,7 @@ class Inputs:
     paired: dict[tuple[str, str, str], dict[str, list[dict]]] = field(default_factory=dict)  # cell -> side -> rows
     paired_cells: list[tuple[str, str, str]] = field(default_factory=list)  # the config's paired cells
     toy: dict[tuple[str, str], dict] = field(default_factory=dict)  # (model, part) -> its training record
+    shipped: dict[str, dict] = field(default_factory=dict)  # model -> the shipped toy's manifest (SHIPPED.json)
     _intervals: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -276,13 +279,17 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
                                    PAIRED_COLUMNS)) is not None:
             for row in table.to_pylist():  # request ids unique per round, as the bootstrap pairs them
                 paired.setdefault(cell, {}).setdefault(row["side"], []).append(intervals.round_id(row))
-    toy = {}
-    for model in sorted({r.model for r in runs if spec["models"][model].get("toy")}):
+    toy, shipped = {}, {}
+    for model in sorted({r.model for r in runs if is_toy(spec["models"][r.model])}):
         for part, record in paths.TOY_RECORDS.items():
             folder = files.path("models", paths.toy_model(model, part))
             if (data := _load_json(folder and f"{folder}/{record}", TOY_REQUIRED)) is not None:
                 toy[model, part] = data
+        if spec["models"][model].get("shipped"):
+            manifest = _load_json(files.path("models", paths.SHIPPED_MANIFEST), SHIPPED_REQUIRED)
+            if manifest is not None:
+                shipped[model] = manifest
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
     return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, paired, cells,
-                  toy)
+                  toy, shipped)

@@ -53,9 +53,19 @@ def trained(record: dict) -> str:
     return f"sha256 {record['sha256']}; trained on {n.get('cpu', 'an unrecorded CPU')}" + (f" ({how})" if how else "")
 
 
-def provenance(spec: dict, toy: dict[tuple[str, str], dict]) -> list[tuple[str, str]]:
-    """The page's provenance block; ``toy``: (model, part) -> the toy part's training record (`Inputs.toy`)."""
+def shipped_by(manifest: dict) -> str:
+    """The shipped toy's manifest (SHIPPED.json) as provenance: the commit and the CPU that trained it."""
+    cpu = manifest["cpu"]
+    flags = ", ".join(cpu.get("flags") or [])
+    return (f"trained at commit {manifest['commit']} on {cpu.get('model_name') or 'an unrecorded CPU'}"
+            + (f" ({flags})" if flags else ""))
+
+
+def provenance(spec: dict, toy: dict[tuple[str, str], dict], shipped: dict[str, dict]) -> list[tuple[str, str]]:
+    """The page's provenance block; ``toy``: (model, part) -> the toy part's training record (`Inputs.toy`);
+    ``shipped``: model -> the shipped toy's manifest (`Inputs.shipped`)."""
     rows = [("Config hash (sha256 of the spec, sorted keys)", config_hash(spec)), ("Git commit", git_commit())]
+    rows += [(f"Shipped toy {model}", shipped_by(manifest)) for model, manifest in shipped.items()]
     rows += [(f"Weights of {model} {part}", trained(record)) for (model, part), record in toy.items()]
     rows += [(f"{name} version", v) for name, v in versions().items()]
     rows += [(f"Device {d}", d_spec.get("label") or d) for d, d_spec in spec["devices"].items()]

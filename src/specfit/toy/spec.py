@@ -44,5 +44,5 @@ def toy_spec(part: str, config: dict | None = None, **overrides) -> dict:
         if key in overrides:
             config[top] = overrides.pop(key)
     config.setdefault("toy", {}).setdefault(part, {}).update(overrides)
-    validate_config(config, SCHEMA)
+    validate_config(config, SCHEMA, ROOT)
     return specs.toy(config, part)
