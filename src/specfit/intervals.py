@@ -12,14 +12,18 @@ same ids for both runs (a paired bootstrap), so that a prompt that is slow for b
 throughputs together instead of widening the interval.
 
 Two runs timed in different processes also differ by what the machine did meanwhile, which resampling requests
-cannot see: the toy's 41 decode jobs run twice on the same calibration (``snakemake --forcerun decode``, 2 cores,
-otherwise quiet) gave throughputs whose log ratio had a standard deviation of 0.036 (`PROCESS_SPREAD`; an earlier
-pair of full DAG runs gave 0.022; ``python -m specfit.bench spread`` measures a machine's). That is the spread of
-jobs whose time an emulated device models (76 job pairs of two such pairs of runs: 0.034). Jobs the CPU times
-itself (a link-only emulation, or a CPU without a link) move three times as much: 0.10 over the 6 such job pairs
-(`CPU_SPREAD`). A ratio between processes widens its interval by the spread of its runs (`process_spread`), in
-quadrature on the log scale (``spread``); a ratio timed in one process (`specfit.bench.paired`) does not. On a GPU
-the spread is not measured here; `PROCESS_SPREAD` stands for it.
+cannot see. How much depends on the clock (``python -m specfit.bench spread`` measures a machine's):
+
+- on an emulated device's virtual clock only the host work is measured, so the same jobs run twice move by the
+  jitter of selection and route prediction: `VIRTUAL_SPREAD`, the standard deviation of the log ratio of 17 decode
+  jobs of the emulated A100 run twice (once beside other work, once on a quiet machine);
+- a job whose every timing the CPU takes itself (a link-only emulation, or a CPU without a link) moves far more:
+  `CPU_SPREAD`, measured over such job pairs on the wall-clock device;
+- on a GPU the spread is not measured here; `PROCESS_SPREAD` stands for it (what jobs of an emulated device moved
+  when it ran on the wall clock, before the virtual clock).
+
+A ratio between processes widens its interval by the spread of its runs (`process_spread`), in quadrature on the log
+scale (``spread``); a ratio timed in one process (`specfit.paired`) does not.
 
 Everything is deterministic for a given ``seed`` (one `numpy.random.Generator`).
 """
@@ -34,7 +38,8 @@ import numpy as np
 
 N_BOOT = 2000
 LEVEL = 0.95
-PROCESS_SPREAD = 0.036  # sd of log(TPS run 2 / TPS run 1) of one decode job in two processes (see the docstring)
+VIRTUAL_SPREAD = 0.0002  # sd of log(TPS run 2 / TPS run 1) of one decode job in two processes, virtual clock
+PROCESS_SPREAD = 0.036  # the same for a GPU: what the wall-clock emulated device's jobs moved (see the docstring)
 CPU_SPREAD = 0.10  # the same for a job whose timings the CPU takes itself (no device model)
 ROUND = 100_000  # a request repeated in round r counts as r * ROUND + its request id (`round_id`)
 CHUNK = 4_000_000  # resampled indices drawn at a time (bounds memory on streams of many requests)
@@ -46,10 +51,17 @@ def cpu_timed(metrics: Mapping) -> bool:
     return metrics.get("device") is None and not str(metrics.get("timing_label", "")).startswith("cuda")
 
 
+def virtual(metrics: Mapping) -> bool:
+    """Whether a run's metrics.json comes from an emulated device's virtual clock."""
+    return (metrics.get("device") or {}).get("clock") == "virtual"
+
+
 def process_spread(*metrics: Mapping) -> float:
     """The spread between processes of a ratio of runs with these metrics.json: `CPU_SPREAD` when any is CPU-timed,
-    else `PROCESS_SPREAD`."""
-    return CPU_SPREAD if any(cpu_timed(m) for m in metrics) else PROCESS_SPREAD
+    `VIRTUAL_SPREAD` when all are on a virtual clock, else `PROCESS_SPREAD`."""
+    if any(cpu_timed(m) for m in metrics):
+        return CPU_SPREAD
+    return VIRTUAL_SPREAD if metrics and all(virtual(m) for m in metrics) else PROCESS_SPREAD
 
 
 def round_id(row: Mapping) -> dict:

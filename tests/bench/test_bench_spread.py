@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from specfit.bench.spread import log_ratios, main
-from specfit.intervals import CPU_SPREAD, PROCESS_SPREAD
+from specfit.intervals import CPU_SPREAD, VIRTUAL_SPREAD
 
 
 def write(root, job, tps, extra=0):
     path = root / job / "metrics.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    device = {"label": "emulated A100"} if "/cpu-a100/" in f"/{job}/" else None  # an emulated device's run
+    device = {"label": "emulated A100", "clock": "virtual"} if "/cpu-a100/" in f"/{job}/" else None  # emulated
     path.write_text(json.dumps({"tps_dec": tps, "cycles": extra, "device": device}))
 
 
@@ -35,10 +35,11 @@ def test_log_ratios_of_the_jobs_run_in_both(tmp_path, capsys):
     assert f"3 decode jobs run in both: log(TPS {b} / TPS {a}) mean {x.mean():+.4f}, standard deviation " \
            f"{x.std(ddof=1):.4f}" in out
     lines = out.splitlines()
-    assert lines[1] == f"  emulated device or GPU: 0 jobs, too few for a standard deviation (assumed: {PROCESS_SPREAD})"
+    assert lines[1] == (f"  emulated device, virtual clock: 0 jobs, too few for a standard deviation (assumed: "
+                        f"{VIRTUAL_SPREAD})")
     sd = x.std(ddof=1)
-    assert lines[2] == f"  timed by the CPU itself: 3 jobs, standard deviation {sd:.4f} (assumed: {CPU_SPREAD})"
-    assert lines[3].split() == ["toy/cpu/gsm8k/ar/slots0", f"{np.log(1.1):+.4f}"]
+    assert lines[3] == f"  timed by the CPU itself: 3 jobs, standard deviation {sd:.4f} (assumed: {CPU_SPREAD})"
+    assert lines[4].split() == ["toy/cpu/gsm8k/ar/slots0", f"{np.log(1.1):+.4f}"]
 
 
 def test_the_spread_of_each_timing_regime(tmp_path, capsys):
@@ -51,8 +52,9 @@ def test_the_spread_of_each_timing_regime(tmp_path, capsys):
     main([str(a), str(b)])
     lines = capsys.readouterr().out.splitlines()
     device, cpu = np.std([0.01, -0.03], ddof=1), np.std([0.1, -0.2], ddof=1)
-    assert lines[1].startswith(f"  emulated device or GPU: 2 jobs, standard deviation {device:.4f}")
-    assert lines[2].startswith(f"  timed by the CPU itself: 2 jobs, standard deviation {cpu:.4f}")
+    assert lines[1].startswith(f"  emulated device, virtual clock: 2 jobs, standard deviation {device:.4f}")
+    assert lines[2].startswith("  GPU: 0 jobs")
+    assert lines[3].startswith(f"  timed by the CPU itself: 2 jobs, standard deviation {cpu:.4f}")
 
 
 def test_two_runs_of_the_same_jobs_are_needed(tmp_path):

@@ -79,11 +79,12 @@ def test_claims_and_proportions_on_an_emulated_device(tree):
     assert "emulated A100, virtual clock" in md
 
 
-def test_no_proportions_on_a_link_only_device(tree):
+def test_no_proportions_and_no_claims_on_a_link_only_device(tree):
     spec = tiny_spec()
     fake_root(tree, spec)
     _, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
-    assert not [t for t in tables if t.startswith("proportions/")] and "claims/toy/cpu-a100link" in tables
+    assert not [t for t in tables if t.startswith("proportions/")]
+    assert "claims/toy/cpu-a100link" not in tables  # the wall clock: no verdicts
 
 
 def test_claims_of_a_paired_cell_come_from_one_process(tree):
@@ -139,7 +140,7 @@ def test_the_sweep_claim_is_judged_on_the_gain_at_its_ends(tree):
     _, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
     row = rows(tables[f"claims/toy/{DEVICE}"])["gain-grows/summarization"]
     ends = [written["requests", runs[k]] for k in (("specfit", 0), ("eagle3", 0), ("specfit", 4), ("eagle3", 4))]
-    ci = ratio_of_ratios(*ends, seed=0, spread=2 ** 0.5 * intervals.PROCESS_SPREAD)
+    ci = ratio_of_ratios(*ends, seed=0, spread=2 ** 0.5 * intervals.VIRTUAL_SPREAD)  # four jobs on a virtual clock
     assert row[2].endswith("; 0 over 48: 1.08×")
     assert row[3].endswith(f"; 0 over 4: {x_text(ci)}")
     assert row[3].startswith(f"4: {x_text(ratio_of(written, runs['specfit', 4], runs['eagle3', 4]))}, 2: ")

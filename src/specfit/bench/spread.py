@@ -3,8 +3,8 @@
 ``A`` and ``B`` are two copies of the workflow's ``data/decode`` folder from two runs of the same decode jobs (e.g.
 ``snakemake --cores 1 reports/all --forcerun decode`` after copying ``data/decode`` aside). For every job both
 hold, the log ratio of its decode TPS (metrics.json's ``tps_dec``) in B over A; it prints each job's, their mean,
-standard deviation and largest, then the standard deviation of the jobs an emulated device (or a GPU) timed and of
-those the CPU timed itself. These are what `specfit.intervals.PROCESS_SPREAD` and `CPU_SPREAD` stand for: the
+standard deviation and largest, then the standard deviation of the jobs an emulated device's virtual clock timed,
+of a GPU's and of those the CPU timed itself. These are what `specfit.intervals.VIRTUAL_SPREAD`, `PROCESS_SPREAD` and `CPU_SPREAD` stand for: the
 spread a ratio of two runs timed in different processes carries on top of the bootstrap over requests.
 
     python -m specfit.bench spread /tmp/run1/data/decode data/decode
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specfit.intervals import CPU_SPREAD, PROCESS_SPREAD, cpu_timed
+from specfit.intervals import CPU_SPREAD, PROCESS_SPREAD, VIRTUAL_SPREAD, cpu_timed, virtual
 
 
 def cpu_timed_jobs(a: Path, jobs) -> set[str]:
@@ -52,7 +52,9 @@ def main(argv=None) -> None:
           f"deviation {x.std(ddof=1):.4f} (PROCESS_SPREAD: {PROCESS_SPREAD}), largest |log ratio| "
           f"{np.abs(x).max():.4f}")
     cpu = cpu_timed_jobs(args.a, ratios)
-    for name, jobs, assumed in (("emulated device or GPU", set(ratios) - cpu, PROCESS_SPREAD),
+    on_virtual = {job for job in ratios if virtual(json.loads((args.a / job / "metrics.json").read_text()))}
+    for name, jobs, assumed in (("emulated device, virtual clock", on_virtual, VIRTUAL_SPREAD),
+                                ("GPU", set(ratios) - cpu - on_virtual, PROCESS_SPREAD),
                                 ("timed by the CPU itself", cpu, CPU_SPREAD)):
         y = np.array([ratios[j] for j in sorted(jobs)])
         sd = f"standard deviation {y.std(ddof=1):.4f}" if len(y) > 1 else "too few for a standard deviation"

@@ -155,5 +155,5 @@ def note(name: str, /, **values) -> str:
 
 
 def interval_note(seed: int) -> str:
-    return note("intervals", n_boot=intervals.N_BOOT, seed=seed, spread=intervals.PROCESS_SPREAD,
-                cpu_spread=intervals.CPU_SPREAD)
+    return note("intervals", n_boot=intervals.N_BOOT, seed=seed, virtual_spread=intervals.VIRTUAL_SPREAD,
+                spread=intervals.PROCESS_SPREAD, cpu_spread=intervals.CPU_SPREAD)

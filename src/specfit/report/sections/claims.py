@@ -20,6 +20,9 @@ RATIOS = (
 
 
 def section(s: Scope) -> Section | None:
+    device = s.spec["devices"][s.device]
+    if device.get("emulate") is None and device.get("torch_device") != "cuda":
+        return None  # the CPU's own regime (a link-only device, the wall clock): shown, never a verdict
     if s.roles.specfit is None or not s.stand_ins:
         return None
     sec = Section("The paper's claims, confronted")
