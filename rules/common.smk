@@ -10,7 +10,6 @@ from specfit.workflow import (
     decode_inputs as workflow_decode_inputs,
     decode_runs,
     is_toy,
-    paired_inputs as workflow_paired_inputs,
     reference_run,
     report_inputs as workflow_report_inputs,
     spec_json,
@@ -94,10 +93,6 @@ def decode_inputs(w):
     if reference is not None:
         inputs["reference"] = reference.file("requests.parquet")
     return inputs
-
-
-def paired_inputs(w):
-    return workflow_paired_inputs(config, w.model, w.device, w.workload)
 
 
 def atlas_inputs(w):

@@ -91,7 +91,7 @@ def test_noisy_runs_whose_interval_spans_one_tie():
 
 
 def test_a_spread_between_processes_widens_the_interval_in_quadrature():
-    """A run 3% faster on every request: faster in one process; timed in two processes whose log ratio has sd
+    """A run 3% faster on every request: faster with no spread; timed in two processes whose log ratio has sd
     PROCESS_SPREAD, the interval is value * exp(±1.96 * PROCESS_SPREAD) (the bootstrap's own width is 0), so 1.03
     becomes a tie."""
     slow = stream(np.random.default_rng(6))

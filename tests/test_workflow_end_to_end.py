@@ -125,26 +125,13 @@ def test_incremental_reruns(workflow, tmp_path):
     workdir, _ = workflow
     assert scheduled(workdir) == {}  # after a full run, nothing to do
     (workdir / "k6.yaml").write_text("methods: {specfit: {k_max: 6}}\n")
-    # one method's parameter: its atlases and runs, the paired cell it is a side of, the theory over them and the
-    # report; nothing else
+    # one method's parameter: its atlases and runs, the theory over them and the report; nothing else
     jobs = scheduled(workdir, "k6.yaml")
-    assert set(jobs) == {"atlas", "decode", "paired", "theory", "report"}, jobs
+    assert set(jobs) == {"atlas", "decode", "theory", "report"}, jobs
     # specfit at slots 0/2/4 x workloads on the link, 0/4 on gsm8k on the emulated A100; not specfit-noisy
-    assert jobs["decode"] == 7 and jobs["atlas"] == 6 and jobs["paired"] == 1
+    assert jobs["decode"] == 7 and jobs["atlas"] == 6
     runs = yaml.safe_load((workdir / "smoke.yaml").read_text())["runs"]
     runs.append({"models": ["smoke"], "devices": ["cpu-a100link"], "workloads": ["summarization"],
                  "methods": ["eagle3"], "slots": [1]})
     (workdir / "slots1.yaml").write_text(yaml.safe_dump({"runs": runs}))
     assert scheduled(workdir, "slots1.yaml") == {"decode": 1, "report": 1}  # a new cache size: only its run
-
-
-def test_paired_bench_times_two_methods_in_one_process(workflow):
-    """`python -m specfit.bench paired` reads the workflow's files and prints both TPS, the paired ratio and the
-    outputs' identity."""
-    workdir, _ = workflow
-    proc = subprocess.run([sys.executable, "-m", "specfit.bench", "paired", "--configfile", "smoke.yaml",
-                           "--cell", "smoke/cpu-a100link/gsm8k/4", "--methods", "ar", "specfit-ca", "--repeats", "1"],
-                          cwd=workdir, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "emulated link" in proc.stdout and "outputs identical: 2 of 2" in proc.stdout
-    assert "specfit-ca / ar: " in proc.stdout and "paired bootstrap over 2 requests" in proc.stdout

@@ -22,8 +22,8 @@ cannot see. How much depends on the clock (``python -m specfit.bench spread`` me
 - on a GPU the spread is not measured here; `PROCESS_SPREAD` stands for it (what jobs of an emulated device moved
   when it ran on the wall clock, before the virtual clock).
 
-A ratio between processes widens its interval by the spread of its runs (`process_spread`), in quadrature on the log
-scale (``spread``); a ratio timed in one process (`specfit.paired`) does not.
+A ratio of two runs widens its interval by the spread between their processes (`process_spread`), in quadrature on
+the log scale (``spread``).
 
 Everything is deterministic for a given ``seed`` (one `numpy.random.Generator`).
 """
@@ -41,7 +41,6 @@ LEVEL = 0.95
 VIRTUAL_SPREAD = 0.0002  # sd of log(TPS run 2 / TPS run 1) of one decode job in two processes, virtual clock
 PROCESS_SPREAD = 0.036  # the same for a GPU: what the wall-clock emulated device's jobs moved (see the docstring)
 CPU_SPREAD = 0.10  # the same for a job whose timings the CPU takes itself (no device model)
-ROUND = 100_000  # a request repeated in round r counts as r * ROUND + its request id (`round_id`)
 CHUNK = 4_000_000  # resampled indices drawn at a time (bounds memory on streams of many requests)
 
 
@@ -62,12 +61,6 @@ def process_spread(*metrics: Mapping) -> float:
     if any(cpu_timed(m) for m in metrics):
         return CPU_SPREAD
     return VIRTUAL_SPREAD if metrics and all(virtual(m) for m in metrics) else PROCESS_SPREAD
-
-
-def round_id(row: Mapping) -> dict:
-    """A request of a repeated round (``row["round"]``) as the paired bootstrap pairs it: its request id made
-    unique per round, so that each (round, request) is paired with the same (round, request) of another run."""
-    return {**row, "request_id": row["round"] * ROUND + row["request_id"]}
 
 
 def decode_sums(requests: Iterable[Mapping]) -> tuple[np.ndarray, np.ndarray]:
@@ -158,8 +151,8 @@ def ratio_interval(num_requests: Iterable[Mapping], den_requests: Iterable[Mappi
     """TPS_dec(num) / TPS_dec(den) on the request ids both runs hold, with a paired percentile bootstrap.
 
     Each resample draws request ids with replacement and recomputes both runs' throughputs on those ids.
-    ``spread``: the standard deviation of the log ratio between the two runs' processes (`PROCESS_SPREAD` for runs
-    timed apart, 0 in one process), added to each side's log half-width in quadrature at the interval's level.
+    ``spread``: the standard deviation of the log ratio between the two runs' processes (`process_spread`; 0: none),
+    added to each side's log half-width in quadrature at the interval's level.
     Returns {"value", "low", "high", "n", "verdict"}: verdict "faster" when low > 1, "slower" when
     high < 1, else "tie". With one common request the interval is the value, widened by ``spread``.
     """

@@ -22,7 +22,6 @@ from __future__ import annotations
 CACHE_MODES = ("cache", "nocache")
 RUN_FILES = ("requests.parquet", "cycles.parquet", "metrics.json")  # what a decode run writes
 ATLAS_FILES = ("atlas.parquet", *RUN_FILES)  # what an atlas build writes (its own run's records as diagnostics)
-PAIRED_FILES = ("requests.parquet", "metrics.json")  # what the paired stage writes
 REPORT = "reports/all"
 
 
@@ -94,11 +93,6 @@ def decode_dir(model: str, device: str, workload: str, method: str, slots) -> st
 def decode(model: str, device: str, workload: str, method: str, slots, name: str) -> str:
     """A file of a decode run (`RUN_FILES`)."""
     return f"{decode_dir(model, device, workload, method, slots)}/{_one_of(name, RUN_FILES)}"
-
-
-def paired(model: str, device: str, workload: str, name: str) -> str:
-    """A file of a paired cell's timing (`specfit.paired`, `PAIRED_FILES`)."""
-    return f"data/paired/{model}/{device}/{workload}/{_one_of(name, PAIRED_FILES)}"
 
 
 def theory(model: str, device: str, workload: str, method: str | None = None) -> str:

@@ -17,8 +17,6 @@ from specfit.workflow import (
     decode_runs,
     evaluated_question_ids,
     method_config,
-    paired_runs,
-    paired_side,
     predictor_question_ids,
     theory_cost,
     theory_file,
@@ -122,14 +120,6 @@ def generate(config: dict, model: str, device: str, method: str, slots: int, lim
     return _stream(config, model, device, limits, method, int(slots), dev["link"], dev["emulate"])
 
 
-def paired(config: dict, model: str, device: str, workload: str) -> dict:
-    """Rule paired: each side's name and decode spec (`decode`; `specfit.workflow.paired_runs`), and the rounds."""
-    runs = paired_runs(config, model, device, workload)
-    return {"names": [paired_side(r.method, r.slots) for r in runs],
-            "sides": [decode(config, r.model, r.device, r.workload, r.method, r.slots) for r in runs],
-            "repeats": config["paired"]["repeats"]}
-
-
 def atlas(config: dict, model: str, device: str, workload: str, method: str, cache: str | None = None) -> dict:
     """Rule atlas: the method's stream with the slots of the device's with-cache runs (the most its memory is
     known to hold; routes do not depend on what the cache holds) and without the emulated link or device: the build
@@ -192,4 +182,4 @@ def theory(config: dict, model: str, device: str, workload: str, method: str | N
 
 def report(config: dict) -> dict:
     """Rule report: what the report names and groups runs by."""
-    return {k: config[k] for k in ("workloads", "models", "devices", "methods", "runs", "paired", "seed")}
+    return {k: config[k] for k in ("workloads", "models", "devices", "methods", "runs", "seed")}

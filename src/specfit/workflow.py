@@ -107,12 +107,8 @@ def _check_references(config: dict) -> None:
                         f"config key 'runs.{i}.{field}' names {name!r}, which is not defined under "
                         f"'{field}' (defined: {', '.join(config[field])})"
                     )
-    for i, block in enumerate(config["paired"]["cells"]):
-        for field in ("models", "devices", "workloads", "methods"):
-            problems += [f"config key 'paired.cells.{i}.{field}' names {name!r}, which is not defined under '{field}'"
-                         for name in block[field] if name not in config[field]]
     problems += _check_toys(config)
-    for run in (*config["runs"], *config["paired"]["cells"]):
+    for run in config["runs"]:
         for model, device in itertools.product(run["models"], run["devices"]):
             if device not in config["models"].get(model, {}).get("main_slots", {device: 0}):
                 problems.append(
@@ -276,8 +272,8 @@ def evaluated_question_ids(config: dict) -> list[int]:
 
 
 def decode_inputs(config: dict, run: DecodeRun) -> dict[str, str]:
-    """The files a decode run reads, by the stage's input names (the decode rule's inputs; `specfit.bench.paired`):
-    prompts, `method_inputs`, and for a method that selects by atlas routes its atlas."""
+    """The files a decode run reads, by the stage's input names (the decode rule's inputs): prompts,
+    `method_inputs`, and for a method that selects by atlas routes its atlas."""
     inputs = {"prompts": paths.prompts(run.model, run.workload),
               **method_inputs(config, run.model, run.device, run.method, run.slots)}
     if method_rule(config, run.method) in ROUTED_RULES and not method_config(config, run.method).route_source.learned:
@@ -307,41 +303,6 @@ def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:
            and method_rule(config, r.method) == "ar"]
     reference = min(ars, key=lambda r: r.slots, default=None)
     return None if reference == run else reference
-
-
-PAIRED_SHARED = ("prompts", "target", "drafter")  # the paired stage's inputs every side reads; the rest: <j>.<name>
-
-
-def paired_cells(config: dict) -> list[tuple[str, str, str]]:
-    """(model, device, workload) of every cell whose sides the paired stage times in one process."""
-    return sorted({combo for block in config["paired"]["cells"]
-                   for combo in itertools.product(block["models"], block["devices"], block["workloads"])})
-
-
-def paired_runs(config: dict, model: str, device: str, workload: str) -> list[DecodeRun]:
-    """A paired cell's sides, as the decode runs they stand for: each block's methods × slots that names the cell,
-    in the config's order."""
-    runs = {}
-    for block in config["paired"]["cells"]:
-        if model in block["models"] and device in block["devices"] and workload in block["workloads"]:
-            for method, slots in itertools.product(block["methods"], block["slots"]):
-                runs.setdefault(DecodeRun(model, device, workload, method, slots), None)
-    return list(runs)
-
-
-def paired_side(method: str, slots: int) -> str:
-    """How a side of a paired cell is named in its rows and metrics (`specfit.paired`): ``method@slots``."""
-    return f"{method}@{slots}"
-
-
-def paired_inputs(config: dict, model: str, device: str, workload: str) -> dict[str, str]:
-    """The paired stage's inputs (`specfit.paired`): prompts, target and drafter, and each side's own as
-    ``<j>.<name>``."""
-    out = {}
-    for j, run in enumerate(paired_runs(config, model, device, workload)):
-        for name, path in decode_inputs(config, run).items():
-            out[name if name in PAIRED_SHARED else f"{j}.{name}"] = path
-    return out
 
 
 # The cost model each theory run's Table 5 is computed under (`specfit.theory`), by the rule of its method: the
@@ -377,7 +338,7 @@ def theory_file(config: dict, run: DecodeRun) -> str:
 
 def report_inputs(config: dict) -> dict[str, list[str]]:
     """Every file the report reads (the report rule's inputs, by the stage's input names): each run's metrics and
-    requests, the fits and their points, the theory, the paired timings, the toy pair's folders (the report shows the
+    requests, the fits and their points, the theory, the toy pair's folders (the report shows the
     sha256 of their training records) with the shipped toy's manifest (and the commit and CPU it names), and the
     learned route predictors decode runs read (folders: the report reads their metrics.json)."""
     runs = decode_runs(config)
@@ -389,7 +350,6 @@ def report_inputs(config: dict) -> dict[str, list[str]]:
         "calibration": [paths.calibration(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
         "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
         "theory": sorted({theory_file(config, r) for r in theory_runs(config)}),
-        "paired": [paths.paired(*cell, "requests.parquet") for cell in paired_cells(config)],
         "models": [*(paths.toy_model(m, part) for m in toys for part in paths.TOY_RECORDS),
                    *(paths.SHIPPED_MANIFEST for m in toys if config["models"][m].get("shipped"))],
         "predictor": sorted({p for r in runs if (p := decode_inputs(config, r).get("predictor"))}),

@@ -50,7 +50,6 @@ def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE
                   "slots": list(slots)}],
         "calibration": {"question_ids": [401, 402, 403], "cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2},
         "theory": {"beta_multiplier": 2.0},
-        "paired": {"repeats": 2, "cells": []},  # as the schema's defaults give it
         "seed": 0,
     }
 

@@ -3,14 +3,10 @@
 
 import json
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from report_fakes import fake_root, tiny_spec
 from report_md import build, ratio_of, ratio_of_ratios, rows, x_text
 
-from specfit import intervals, paths, report
-from specfit.intervals import round_id
-from specfit.paired import SCHEMA
+from specfit import intervals
 from specfit.paper import paper_results
 from specfit.paper_device import paper_proportions
 from specfit.report.verdict import Verdict, confronted
@@ -87,43 +83,6 @@ def test_no_proportions_and_no_claims_on_a_link_only_device(tree):
     assert "claims/toy/cpu-a100link" not in tables  # the wall clock: no verdicts
 
 
-def test_claims_of_a_paired_cell_come_from_one_process(tree):
-    """On a cell the config pairs, the TPS claims read the paired stage's rows (a paired bootstrap over (round,
-    request), no between-process spread) and say so; the sweep and Table 5 claims keep their own sources; a paired
-    cell whose file is missing falls back to the decode runs and names the file."""
-    spec, written = emulated_tree(tree)
-    spec["paired"] = {"repeats": 2, "cells": [{"models": ["toy"], "devices": [DEVICE], "workloads": ["gsm8k"]}]}
-    out = tree / "reports" / "all"
-    _, tables = build(spec, report_inputs(spec), out)  # the paired file is declared but not written yet
-    claims = rows(tables[f"claims/toy/{DEVICE}"])
-    assert claims["vanilla-eagle3/gsm8k"][5] == "separate decode jobs"
-    section = next(s for p in report.write(spec, report_inputs(spec), out) for s in p.sections
-                   if s.title == "The paper's claims, confronted")
-    assert paths.paired("toy", DEVICE, "gsm8k", "requests.parquet") in section.missing
-
-    # the paired rows: each side's seconds from its decode run's, scaled per side and round (made-up timings)
-    runs = {(r.method, r.slots): r for r in written if hasattr(r, "file")}
-    scale = {("ar", 0): 1.0, ("eagle3", 0): 0.7, ("specfit", 0): 0.72, ("ar", 4): 0.8, ("eagle3", 4): 0.55,
-             ("specfit", 4): 0.5}
-    rows_ = [{"side": f"{m}@{x}", "slots": x, "round": rnd, **r,
-              "t_request_s": r["t_request_s"] * scale[m, x] * (1.0 + 0.01 * rnd)}
-             for (m, x), run in runs.items() if (m, x) in scale for rnd in (0, 1)
-             for r in written["requests", run]]
-    path = tree / paths.paired("toy", DEVICE, "gsm8k", "requests.parquet")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows_, schema=SCHEMA), path)
-    _, tables = build(spec, report_inputs(spec), out)
-    claims = rows(tables[f"claims/toy/{DEVICE}"])
-    side = {}
-    for r in rows_:
-        side.setdefault(r["side"], []).append(round_id(r))
-    for key, num, den in (("vanilla-eagle3", "eagle3@0", "ar@0"), ("specfit-eagle3-cache", "specfit@4", "eagle3@4"),
-                          ("specfit-ar-nocache", "specfit@4", "ar@0"), ("specfit-ar-cache", "specfit@4", "ar@4")):
-        ci = intervals.ratio_interval(side[num], side[den], seed=0)  # spread 0: one process
-        assert claims[f"{key}/gsm8k"][3] == x_text(ci) and claims[f"{key}/gsm8k"][5] == "one process (paired)"
-    assert claims["table5/gsm8k"][5] == "recorded pools"
-
-
 def sweep_tree(tree, speeds):
     """Summarization on the emulated A100 at 4, 2 and 0 slots (the sweep claim's ends: 4, the main slots, and 0)."""
     spec, written = emulated_tree(tree, tiny_spec(slots=(0, 2, 4), devices=(DEVICE,), workload="summarization"),
@@ -144,29 +103,4 @@ def test_the_sweep_claim_is_judged_on_the_gain_at_its_ends(tree):
     assert row[2].endswith("; 0 over 48: 1.08×")
     assert row[3].endswith(f"; 0 over 4: {x_text(ci)}")
     assert row[3].startswith(f"4: {x_text(ratio_of(written, runs['specfit', 4], runs['eagle3', 4]))}, 2: ")
-    assert ci["low"] > 1.0 and row[4] == "confirmed" and row[5] == "separate decode jobs"
-
-
-def test_the_sweep_claim_from_one_process(tree):
-    """With the four ends in a paired cell, the growth of the gain is timed there: no between-process spread."""
-    speeds = {("specfit", 4): 6.0, ("eagle3", 4): 5.0, ("specfit", 2): 5.5, ("eagle3", 2): 5.0,
-              ("specfit", 0): 3.3, ("eagle3", 0): 3.0}
-    spec, written, runs = sweep_tree(tree, speeds)
-    spec["paired"] = {"repeats": 1, "cells": [{"models": ["toy"], "devices": [DEVICE], "workloads": ["summarization"]}]}
-    ends = (("specfit", 0), ("eagle3", 0), ("specfit", 4), ("eagle3", 4))
-    # the paired rows: the decode runs' requests, SpecFit 20% faster without the cache than its decode run
-    rows_ = [{"side": f"{m}@{x}", "slots": x, "round": 0, **r,
-              "t_request_s": r["t_request_s"] / (1.2 if (m, x) == ("specfit", 0) else 1.0)}
-             for (m, x) in ends for r in written["requests", runs[m, x]]]
-    path = tree / paths.paired("toy", DEVICE, "summarization", "requests.parquet")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows_, schema=SCHEMA), path)
-    _, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
-    row = rows(tables[f"claims/toy/{DEVICE}"])["gain-grows/summarization"]
-    side = {}
-    for r in rows_:
-        side.setdefault(r["side"], []).append(round_id(r))
-    ci = ratio_of_ratios(*(side[f"{m}@{x}"] for m, x in ends), seed=0)  # spread 0
-    assert row[3].endswith(f"; 0 over 4: {x_text(ci)}")
-    assert ci["low"] > 1.0 and row[4] == "confirmed"  # the gain 1.2x at 4 slots, 1.32x without a cache
-    assert row[5] == "one process (paired) and separate decode jobs"  # the gain at 2 slots is not paired
+    assert ci["low"] > 1.0 and row[4] == "confirmed"

@@ -70,13 +70,6 @@ def test_run_naming_an_undefined_method(config, schema):
         validate_config(config, schema)
 
 
-@pytest.mark.parametrize("field, name", [("devices", "h100"), ("methods", "medusa")])
-def test_a_paired_cell_names_what_the_config_defines(config, schema, field, name):
-    config["paired"]["cells"][0][field].append(name)
-    with pytest.raises(SpecFitError, match=rf"'paired\.cells\.0\.{field}' names '{name}'"):
-        validate_config(config, schema)
-
-
 def test_missing_main_slots_for_a_device(config, schema):
     del config["models"]["toy"]["main_slots"]["cpu-4090"]
     with pytest.raises(SpecFitError, match=r"main_slots' has no entry for device 'cpu-4090'"):

@@ -113,11 +113,10 @@ def rows(path: Path, columns=None) -> list[dict]:
 
 def reads_fitted_coefficients(name: str, methods: dict) -> bool:
     """Outputs whose choices follow the calibration's fit, itself a fit to timings: the calibration itself, every
-    atlas (a SpecFit variant's trajectory), the decode runs of a method whose selection rule reads the cost, and the
-    paired cells (SpecFit is a side of each)."""
+    atlas (a SpecFit variant's trajectory) and the decode runs of a method whose selection rule reads the cost."""
     parts = Path(name).parts
-    return parts[1] in ("calibration", "atlas", "paired") or (parts[1] == "decode"
-                                                             and methods[parts[5]]["rule"] not in ("ar", "eagle3"))
+    return parts[1] in ("calibration", "atlas") or (parts[1] == "decode"
+                                                    and methods[parts[5]]["rule"] not in ("ar", "eagle3"))
 
 
 def test_outputs_equal_the_local_run(smoke):
@@ -136,9 +135,8 @@ def test_outputs_equal_the_local_run(smoke):
     exact = [name for name in ours if not reads_fitted_coefficients(name, methods)]
     assert any("/ar/" in name for name in exact) and any("/eagle3/" in name for name in exact)
     assert [name for name in exact if rows(ours[name]) != rows(theirs[name])] == []
-    requests = [name for name in ours if name.startswith(("data/decode/", "data/paired/"))
-                and name.endswith("requests.parquet")]
-    tokens = ["request_id", "question_id", "output_ids", "n_output"]  # a paired cell's: per side and round, in order
+    requests = [name for name in ours if name.startswith("data/decode/") and name.endswith("requests.parquet")]
+    tokens = ["request_id", "question_id", "output_ids", "n_output"]
     assert [name for name in requests if rows(ours[name], tokens) != rows(theirs[name], tokens)] == []
     weights = sorted(p.relative_to(workdir) for p in (workdir / "data/models").rglob("*.safetensors"))
     assert weights

@@ -17,15 +17,12 @@ from specfit.workflow import (
     code_closure,
     decode_runs,
     load_config,
-    paired_cells,
-    paired_inputs,
-    paired_runs,
     report_inputs,
 )
 
 STAGES = ("specfit.extract", "specfit.toy.tokenizer", "specfit.toy.target", "specfit.toy.drafter",
-          "specfit.calibrate", "specfit.atlas", "specfit.predictor", "specfit.decode", "specfit.paired",
-          "specfit.theory", "specfit.report")
+          "specfit.calibrate", "specfit.atlas", "specfit.predictor", "specfit.decode", "specfit.theory",
+          "specfit.report")
 EVALUATED = [*range(242, 321, 2), *range(401, 481)]  # summarization's and gsm8k's ids (calibration's are gsm8k's)
 A100_LINK = {"bandwidth_gbps": 0.175, "latency_us": 50}
 RTX4090 = {"name": "RTX 4090", "fixed_ms": 98.12, "token_ms": 2.23, "expert_ms": 8.624, "copy_ms": 9.847,
@@ -155,45 +152,19 @@ def test_theory(config, smoke):
         "cost": "cache_aware"}
 
 
-def test_paired(config, smoke):
-    """A paired cell's sides are the union of the blocks naming it (the paper's three methods with and without the
-    cache, the sweep's slot counts, noisy routes), each with the decode rule's spec and its own inputs
-    (``<j>.<name>``) beside the shared ones."""
-    assert paired_cells(config) == [("toy", "cpu-a100", "gsm8k"), ("toy", "cpu-a100", "summarization")]
-    runs = paired_runs(config, "toy", "cpu-a100", "gsm8k")
-    assert [(r.method, r.slots) for r in runs] == [("ar", 12), ("ar", 0), ("eagle3", 12), ("eagle3", 0),
-                                                   ("specfit", 12), ("specfit", 0), ("specfit-noisy", 12)]
-    assert [(r.method, r.slots) for r in paired_runs(config, "toy", "cpu-a100", "summarization")][6:] == [
-        ("eagle3", 6), ("eagle3", 3), ("specfit", 6), ("specfit", 3)]
-    spec = specs.paired(config, "toy", "cpu-a100", "gsm8k")
-    assert spec == {"repeats": 2, "sides": [specs.decode(config, *r.__dict__.values()) for r in runs],
-                    "names": ["ar@12", "ar@0", "eagle3@12", "eagle3@0", "specfit@12", "specfit@0", "specfit-noisy@12"]}
-    assert paired_inputs(config, "toy", "cpu-a100", "gsm8k") == {
-        "prompts": "data/prompts/toy/gsm8k.parquet", "target": "data/models/toy/target",
-        "drafter": "data/models/toy/drafter",
-        "4.coefficients": "data/calibration/toy/cpu-a100/cache.json",
-        "4.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-cache/atlas.parquet",
-        "5.coefficients": "data/calibration/toy/cpu-a100/nocache.json",
-        "5.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-nocache/atlas.parquet",
-        "6.coefficients": "data/calibration/toy/cpu-a100/cache.json",
-        "6.atlas": "data/atlas/toy/cpu-a100/gsm8k/specfit-noisy-cache/atlas.parquet"}
-    assert specs.paired(smoke, "smoke", "cpu-a100", "gsm8k")["repeats"] == 1
-    assert paired_cells(smoke) == [("smoke", "cpu-a100", "gsm8k")]
-
-
 def test_report(config):
     report = specs.report(config)
-    assert sorted(report) == ["devices", "methods", "models", "paired", "runs", "seed", "workloads"]
+    assert sorted(report) == ["devices", "methods", "models", "runs", "seed", "workloads"]
     assert report["runs"] == config["runs"] and report["devices"]["cpu-a100link"]["link"] == A100_LINK
 
 
 def test_report_inputs(config, smoke):
     """The report rule's inputs (`specfit.workflow.report_inputs`): every run's metrics and requests, both fits and
-    their points per (model, device), each theory file once, the paired cells, the toy's folders (the smoke config's
+    their points per (model, device), each theory file once, the toy's folders (the smoke config's
     trained toy, config.yaml's shipped one) and the one learned route predictor the learned methods read."""
     inputs = report_inputs(smoke)
     runs = decode_runs(smoke)
-    assert sorted(inputs) == ["calibration", "metrics", "models", "paired", "points", "predictor", "requests", "theory"]
+    assert sorted(inputs) == ["calibration", "metrics", "models", "points", "predictor", "requests", "theory"]
     assert inputs["metrics"] == [r.file("metrics.json") for r in runs]
     assert inputs["requests"] == [r.file("requests.parquet") for r in runs]
     assert inputs["calibration"] == [f"data/calibration/smoke/{d}/{c}.json" for d in ("cpu-a100", "cpu-a100link")
@@ -205,7 +176,6 @@ def test_report_inputs(config, smoke):
         "data/theory/smoke/cpu-a100/gsm8k.json", "data/theory/smoke/cpu-a100/gsm8k.specfit-prefetch-atlas.json",
         "data/theory/smoke/cpu-a100link/gsm8k.json", "data/theory/smoke/cpu-a100link/gsm8k.specfit-ca.json",
         "data/theory/smoke/cpu-a100link/summarization.json"]
-    assert inputs["paired"] == ["data/paired/smoke/cpu-a100/gsm8k/requests.parquet"]
     assert inputs["models"] == ["data/models/smoke/target", "data/models/smoke/drafter"]
     assert inputs["predictor"] == [paths.predictor("smoke")]
     assert report_inputs(config)["models"] == ["data/models/toy/target", "data/models/toy/drafter",
@@ -238,7 +208,6 @@ JOBS = {
     "specfit.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
     "specfit.predictor": (specs.predictor, [paths.predictor("{model}")]),
     "specfit.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
-    "specfit.paired": (specs.paired, [paths.paired(*W, "requests.parquet")]),
 }
 
 
@@ -265,8 +234,8 @@ def test_every_job_gets_its_builders_spec(root, overlays):
     commands = [shlex.split(line.partition(": ")[2]) for line in proc.stdout.splitlines()
                 if line.startswith("Shell command: python -m specfit.")]
     # config.yaml: 64 jobs (no toy training: the shipped toy is read), 8 prefetching decodes, 2 atlases and 2 theory
-    # jobs, and 2 paired cells; smoke: 49 (its toy's 3 training jobs among them), and 4 + 1 + 1, and 1 paired cell
-    assert len(commands) == (78 if not overlays else 56)
+    # jobs; smoke: 49 (its toy's 3 training jobs among them), and 4 + 1 + 1
+    assert len(commands) == (76 if not overlays else 55)
     for argv in commands:
         module, argv = argv[2], argv[3:argv.index(">")]
         spec = json.loads(argv[argv.index("--spec") + 1])

@@ -5,8 +5,7 @@ import sys
 
 from specfit import numerics
 
-BENCHMARKS = ("device", "engine", "link", "paired", "predictor", "proportions", "reproduce", "select", "spread",
-              "verdicts")
+BENCHMARKS = ("device", "engine", "link", "predictor", "proportions", "reproduce", "select", "spread", "verdicts")
 
 
 def main(argv: list[str] | None = None) -> None:

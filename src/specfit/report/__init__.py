@@ -4,7 +4,7 @@ declares (`specfit.report.inputs`). Timings over an emulated link say so; a miss
 note, a malformed one is an error; every decode TPS and ratio carries its bootstrap interval (`specfit.intervals`).
 
 spec: the config slice it shows (workloads, models, devices, methods, runs, seed)
-inputs: metrics, requests, calibration, points, theory, predictor, paired, models (the toy's folders): lists, one
+inputs: metrics, requests, calibration, points, theory, predictor, models (the toy's folders): lists, one
     --in flag per file
 outputs: report (a folder)
 """

@@ -25,8 +25,6 @@ from specfit.workflow import (
     is_toy,
     method_config,
     method_rule,
-    paired_cells,
-    paired_side,
     theory_cost,
     theory_file,
     theory_runs,
@@ -54,11 +52,9 @@ PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "tr
                       "pool_nodes_timed", "torch_device", "training")
 
 
-INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "paired", "models")  # list inputs
+INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "models")  # list inputs
 TOY_REQUIRED = ("sha256",)  # the toy's folders (declared as folders): the key their paths.TOY_RECORDS must have
 SHIPPED_REQUIRED = ("commit", "cpu")  # the shipped toy's manifest (paths.SHIPPED_MANIFEST, specfit.models.shipped)
-# the paired stage's requests.parquet (specfit.paired.SCHEMA): the columns the paired ratios read
-PAIRED_COLUMNS = ("side", "round", *REQUEST_COLUMNS)
 
 
 def _key(path: str) -> str:
@@ -121,8 +117,6 @@ class Inputs:
     paper: dict
     requests: dict[DecodeRun, list[dict]] = field(default_factory=dict)  # present runs only
     predictor: dict[str, dict] = field(default_factory=dict)  # model -> its learned route predictor's metrics.json
-    paired: dict[tuple[str, str, str], dict[str, list[dict]]] = field(default_factory=dict)  # cell -> side -> rows
-    paired_cells: list[tuple[str, str, str]] = field(default_factory=list)  # the config's paired cells
     toy: dict[tuple[str, str], dict] = field(default_factory=dict)  # (model, part) -> its training record
     shipped: dict[str, dict] = field(default_factory=dict)  # model -> the shipped toy's manifest (SHIPPED.json)
     _intervals: dict = field(default_factory=dict, repr=False)
@@ -157,25 +151,6 @@ class Inputs:
     def request_speedup(self, num: DecodeRun | None, den: DecodeRun | None) -> Estimate | None:
         """TPS_req(num) / TPS_req(den), prefill included (Eq. 10), with the same paired bootstrap as `speedup`."""
         return self.tps_ratio((num,), (den,), "tps_req", whole_requests)
-
-    def missing_paired(self, model: str, device: str, workload: str) -> list[str]:
-        """The paired timing of a cell the config pairs, when the report lacks it."""
-        cell = (model, device, workload)
-        lacking = cell in self.paired_cells and cell not in self.paired
-        return [paths.paired(*cell, "requests.parquet")] if lacking else []
-
-    def paired_ratio(self, num: tuple[DecodeRun, ...], den: tuple[DecodeRun, ...]) -> Estimate | None:
-        """Π TPS(num) / Π TPS(den) timed in one process (`specfit.paired`): a paired bootstrap over (round, request)
-        and no between-process spread; None unless the runs are sides of one cell's paired timing."""
-        cells = {(r.model, r.device, r.workload) for r in (*num, *den)}
-        sides = self.paired.get(next(iter(cells)), {}) if len(cells) == 1 else {}
-        rows = [sides.get(paired_side(r.method, r.slots)) for r in (*num, *den)]
-        if None in rows:
-            return None
-        ci = self._interval(("paired", num, den), paths.paired(*cells.pop(), "requests.parquet"),
-                            lambda: intervals.products_ratio_interval(rows[:len(num)], rows[len(num):],
-                                                                      seed=self.seed))
-        return est(ci["value"], ci)
 
     def tps_ratio(self, num: tuple, den: tuple, key: str = "tps_dec", rows_of=lambda rows: rows) -> Estimate | None:
         """Π metrics.json ``key`` of the num runs over Π of the den runs (each its own decode job); the interval
@@ -273,12 +248,6 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
         folder = files.path("predictor", paths.predictor(model))
         if (data := _load_json(folder and f"{folder}/{PREDICTOR_METRICS}", PREDICTOR_REQUIRED)) is not None:
             predictor[model] = data
-    paired, cells = {}, paired_cells(spec) if "paired" in spec else []
-    for cell in cells:
-        if (table := _load_columns(files.path("paired", paths.paired(*cell, "requests.parquet")),
-                                   PAIRED_COLUMNS)) is not None:
-            for row in table.to_pylist():  # request ids unique per round, as the bootstrap pairs them
-                paired.setdefault(cell, {}).setdefault(row["side"], []).append(intervals.round_id(row))
     toy, shipped = {}, {}
     for model in sorted({r.model for r in runs if is_toy(spec["models"][r.model])}):
         for part, record in paths.TOY_RECORDS.items():
@@ -291,5 +260,5 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
                 shipped[model] = manifest
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
-    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, paired, cells,
-                  toy, shipped)
+    return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, toy,
+                  shipped)

@@ -2,12 +2,11 @@
 and one verdict (`verdict.confronted`): confirmed, refuted or a tie. Whatever the direction, it is the run's finding;
 on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md)."""
 
-from specfit.report.page import Section, fmt, interval_note, note, table, tagged
+from specfit.report.page import Estimate, Section, fmt, interval_note, note, table, tagged
 from specfit.report.quantities import x_cell
 from specfit.report.scope import Scope, slot_order
 from specfit.report.verdict import Verdict, confronted
 
-ONE_PROCESS, SEPARATE = "one process (paired)", "separate decode jobs"  # how a claim's ratio was timed
 # key, claim, numerator cell, denominator cell: (method rule, cache mode), as the paper's cells and this run's are keyed
 RATIOS = (
     ("vanilla-eagle3", "Vanilla EAGLE-3 against AR, both without the cache", ("eagle3", "nocache"), ("ar", "nocache")),
@@ -29,29 +28,24 @@ def section(s: Scope) -> Section | None:
     sec.notes.append(note("claims_rule"))
     rows = []
     for pw, w in s.stand_ins.items():
-        sec.missing += s.i.missing_paired(s.model, s.device, w)
         rows += (ratio_claims(s, sec, pw, w) + noisy_claim(s, sec, pw, w) + sweep_claim(s, sec, pw, w)
                  + theory_claim(s, pw, w))
     if rows:
         sec.tables.append(table(s.id("claims"), tagged(f"The paper's claims on {s.model} / {s.device}",
                                                        s.link_emulated), [
             ("Workload", lambda r: r[1]), ("Claim", lambda r: r[2]), ("Paper", lambda r: r[3]),
-            (tagged("This run", s.link_emulated), lambda r: r[4]), ("Verdict", lambda r: str(r[5])),
-            ("Timed", lambda r: r[6])],
+            (tagged("This run", s.link_emulated), lambda r: r[4]), ("Verdict", lambda r: str(r[5]))],
             rows, key=lambda r: r[0]))
         sec.notes.append(interval_note(s.i.seed))
     return sec if sec.tables or sec.missing else None
 
 
-def timed_ratio(s: Scope, sec: Section, num, den) -> tuple:
-    """TPS(num) / TPS(den) (or, given tuples of runs, the ratio of their products) and how it was timed: in one
-    process where the cell's paired timing has every side (`specfit.paired`), else from the decode runs (their
-    missing files go to the section's)."""
+def ratio(s: Scope, sec: Section, num, den) -> Estimate | None:
+    """TPS(num) / TPS(den) (or, given tuples of runs, the ratio of their products) from the decode runs
+    (`specfit.report.inputs.Inputs.tps_ratio`); their missing files go to the section's."""
     num, den = (x if isinstance(x, tuple) else (x,) for x in (num, den))
-    if (e := s.i.paired_ratio(num, den)) is not None:
-        return e, ONE_PROCESS
     sec.missing += s.i.missing([*num, *den]) + s.i.missing_requests([*num, *den])
-    return s.i.tps_ratio(num, den), SEPARATE
+    return s.i.tps_ratio(num, den)
 
 
 def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
@@ -62,11 +56,11 @@ def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
         num, den = runs[a], runs[b]
         if num not in s.runs or den not in s.runs:
             continue
-        e, timed = timed_ratio(s, sec, num, den)
+        e = ratio(s, sec, num, den)
         p = paper[a]["tps_dec"] / paper[b]["tps_dec"]
         direction = Verdict.of(p, p)  # the paper's ratio has no interval: its direction
         rows.append((f"{key}/{w}", w, claim, f"{p:.2f}× ({direction})", x_cell(e),
-                     confronted(direction, None if e is None else e.verdict), timed))
+                     confronted(direction, None if e is None else e.verdict)))
     return rows
 
 
@@ -76,11 +70,10 @@ def noisy_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
     noisy = [m for m in s.roles.noisy if s.run(w, m, s.main) in s.runs]
     if routes is None or not noisy:
         return []
-    e, timed = timed_ratio(s, sec, s.run(w, noisy[0], s.main), s.run(w, s.roles.specfit, s.main))
+    e = ratio(s, sec, s.run(w, noisy[0], s.main), s.run(w, s.roles.specfit, s.main))
     p = routes["simulated_60pct_speedup"] / routes["exact_routes_speedup"]
     return [(f"noisy-routes/{w}", w, f"SpecFit with 60%-accurate routes ({noisy[0]}) against exact routes",
-             f"{p:.3f}× ({Verdict.TIE})", x_cell(e), confronted(Verdict.TIE, None if e is None else e.verdict),
-             timed)]
+             f"{p:.3f}× ({Verdict.TIE})", x_cell(e), confronted(Verdict.TIE, None if e is None else e.verdict))]
 
 
 def sweep_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
@@ -94,20 +87,17 @@ def sweep_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
     sweep = s.paper.sweep(pw, 4)
     if sweep is None or len(slots) < 3 or slots[-1] != 0 or slots[0] != s.main:
         return []
-    timed = [timed_ratio(s, sec, s.run(w, fit, x), s.run(w, eagle, x)) for x in slots]
+    measured = [ratio(s, sec, s.run(w, fit, x), s.run(w, eagle, x)) for x in slots]
     # (SpecFit / EAGLE-3 at 0) / (SpecFit / EAGLE-3 at main) = (SpecFit at 0 * EAGLE-3 at main) / (the other two)
-    growth, growth_timed = timed_ratio(s, sec, (s.run(w, fit, 0), s.run(w, eagle, s.main)),
-                                       (s.run(w, eagle, 0), s.run(w, fit, s.main)))
+    growth = ratio(s, sec, (s.run(w, fit, 0), s.run(w, eagle, s.main)), (s.run(w, eagle, 0), s.run(w, fit, s.main)))
     verdict = confronted(Verdict.FASTER, None if growth is None else growth.verdict)
-    shown = ", ".join(f"{x}: {x_cell(g)}" for x, (g, _) in zip(slots, timed, strict=True))
+    shown = ", ".join(f"{x}: {x_cell(g)}" for x, g in zip(slots, measured, strict=True))
     shown += f"; 0 over {s.main}: {x_cell(growth)}"
     gains = dict(zip(sweep["slots"], sweep["specfit_gain_pct"]))
     paper = ", ".join(f"{x}: {1 + g / 100:.2f}×" for x, g in gains.items())
     paper += f"; 0 over {sweep['slots'][0]}: {(1 + gains[0] / 100) / (1 + gains[sweep['slots'][0]] / 100):.2f}×"
-    how = {t for _, t in timed} | {growth_timed}
     return [(f"gain-grows/{w}", w, "SpecFit's gain over EAGLE-3 grows as the cache shrinks (slots: gain; the gain "
-             "without a cache over the gain at the main slots decides)", paper, shown, verdict,
-             how.pop() if len(how) == 1 else f"{ONE_PROCESS} and {SEPARATE}")]
+             "without a cache over the gain at the main slots decides)", paper, shown, verdict)]
 
 
 def theory_claim(s: Scope, pw: str, w: str) -> list[tuple]:
@@ -121,4 +111,4 @@ def theory_claim(s: Scope, pw: str, w: str) -> list[tuple]:
     return [(f"table5/{w}", w, "Ratio selection within 1% of λ* and within the bound of Eq. 7 (Table 5)",
              f"{paper['gap_pct_of_lambda']:.2f}% ≤ {paper['bound_pct_of_lambda']:.2f}%",
              f"{fmt(t['gap_pct'], '.2f')}% ≤ {fmt(t['bound_pct'], '.2f')}%",
-             Verdict.CONFIRMED if holds else Verdict.REFUTED, "recorded pools")]
+             Verdict.CONFIRMED if holds else Verdict.REFUTED)]
