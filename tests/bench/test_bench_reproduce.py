@@ -15,7 +15,7 @@ OUTPUTS = {0: [5, 6, 7, 2], 1: [8, 9, 2]}  # request id -> output ids
 VERDICTS = {"vanilla-eagle3/gsm8k": "confirmed", "specfit-eagle3-cache/gsm8k": "tie"}
 
 
-def write_job(folder, tps, outputs=OUTPUTS, experts=True):
+def write_job(folder, tps, outputs=OUTPUTS, experts=True, label="emulated A100, virtual clock"):
     """One decode job: two requests of two cycles each, the second cycle accepting one of two selected nodes."""
     folder.mkdir(parents=True)
     requests = [{"request_id": i, "question_id": 400 + i, "output_ids": ids, "n_output": len(ids), "t_request_s": 1.0,
@@ -24,7 +24,7 @@ def write_job(folder, tps, outputs=OUTPUTS, experts=True):
     cycles = [{"request_id": i, "cycle": c, "selected": [1, 2] if c else [], "accepted": c} for i in outputs
               for c in (0, 1)]  # the columns job_record reads; the others null
     pq.write_table(pa.Table.from_pylist(cycles, schema=CYCLE_SCHEMA), folder / "cycles.parquet")
-    metrics = {"tps_dec": tps, "tps_dec_low": 0.9 * tps, "tps_dec_high": 1.1 * tps, "timing_label": "virtual clock"}
+    metrics = {"tps_dec": tps, "tps_dec_low": 0.9 * tps, "tps_dec_high": 1.1 * tps, "timing_label": label}
     if experts:
         metrics["experts_executed"] = 40
     (folder / "metrics.json").write_text(json.dumps(metrics))
@@ -51,7 +51,7 @@ def test_a_job_record_holds_its_counters_and_hashes(tmp_path):
     assert r["outputs_sha256"] == hashlib.sha256(json.dumps([[0, [5, 6, 7, 2]], [1, [8, 9, 2]]]).encode()).hexdigest()
     assert r["request_sha256"]["1"] == hashlib.sha256(b"[8, 9, 2]").hexdigest()
     assert (r["tps_dec"], r["tps_dec_low"], r["tps_dec_high"], r["timing_label"]) == (12.5, 0.9 * 12.5, 1.1 * 12.5,
-                                                                                       "virtual clock")
+                                                                                       "emulated A100, virtual clock")
     write_job(tmp_path / "old", 12.5, experts=False)
     assert job_record(tmp_path / "old")["counters"]["experts_executed"] is None
 
@@ -87,13 +87,14 @@ def test_identical_runs_reproduce(tmp_path, capsys):
     for c in result["jobs"].values():
         assert c["counters_identical"] and c["outputs_identical"] and c["within_1pct"]
         assert c["tps_rel_diff"] == 0.0 and c["first_divergence"] is None and c["counters_differing"] == []
-    assert result["summary"] == {"jobs_compared": 2, "outputs_identical": [2, 2], "counters_identical": [2, 2],
-                                 "tps_within_1pct": [2, 2], "largest_abs_tps_diff": 0.0, "verdicts_identical": [2, 2]}
+    assert result["summary"] == {"jobs_compared": 2, "jobs_virtual": 2, "outputs_identical": [2, 2],
+                                 "counters_identical": [2, 2], "tps_within_1pct": [2, 2], "largest_abs_tps_diff": 0.0,
+                                 "verdicts_identical": [2, 2]}
     assert result["verdicts_changed"] == {} and result["jobs_missing"] == [] and result["verdicts_missing"] == []
     main(["--reference", str(tmp_path / "toy.json"), "--decode", str(decode), "--tables", str(tables)])
     out = capsys.readouterr().out
     assert "all 2 verdicts identical" in out
-    assert "  every TPS within 1%: yes (2 / 2 jobs, largest |difference| 0.00%)" in out
+    assert "  every TPS within 1%: yes (2 / 2 virtual-clock jobs, largest |difference| 0.00%)" in out
 
 
 def test_a_tps_two_percent_off(tmp_path, capsys):
@@ -112,9 +113,25 @@ def test_a_tps_two_percent_off(tmp_path, capsys):
         main(["--reference", str(tmp_path / "toy.json"), "--decode", str(decode), "--tables", str(tables)])
     assert e.value.code == 1
     out = capsys.readouterr().out
-    assert "  every TPS within 1%: no (1 / 2 jobs, largest |difference| 2.00%)" in out
+    assert "  every TPS within 1%: no (1 / 2 virtual-clock jobs, largest |difference| 2.00%)" in out
     row = next(line for line in out.splitlines() if line.startswith("toy/cpu-a100/gsm8k/specfit/slots12"))
     assert row.split()[-3:] == ["20.400", "20.000", "+2.00%"]
+
+
+def test_a_wall_clock_job_is_shown_without_a_goal(tmp_path, capsys):
+    """A link-only device's job (the CPU's own regime) moves with the machine: shown, not held to the goals."""
+    link = "toy/cpu-a100link/gsm8k/ar/slots12"
+    for root, tps in ((tmp_path / "ref", 50.0), (tmp_path / "run", 46.0)):
+        write_run(root)
+        write_job(root / "decode" / link, tps, label="emulated link (0.175 GB/s, 50 us latency, wall clock)")
+    reference = write_reference(tmp_path / "ref" / "decode", tmp_path / "ref" / "tables.json", tmp_path / "toy.json")
+    result = compare(reference, collect(tmp_path / "run" / "decode"), claim_verdicts(tmp_path / "run" / "tables.json"))
+    assert result["jobs"][link]["tps_rel_diff"] == pytest.approx(-0.08) and not result["jobs"][link]["virtual"]
+    assert result["summary"]["tps_within_1pct"] == [2, 2] and result["summary"]["jobs_virtual"] == 2
+    main(["--reference", str(tmp_path / "toy.json"), "--decode", str(tmp_path / "run" / "decode"), "--tables",
+          str(tmp_path / "run" / "tables.json")])  # no SystemExit: every goal met
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(link))
+    assert row.endswith("-8.00%  (wall clock: no goal)")
 
 
 def test_a_changed_output_names_its_request(tmp_path, capsys):
@@ -189,4 +206,5 @@ def test_a_counter_that_differs_where_the_outputs_are_identical(tmp_path, capsys
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("toy/cpu-a100/gsm8k/ar/"))
     assert row.split()[1:3] == ["no", "(experts_executed)"]
-    assert "  every counter identical where the outputs are: no (1 / 2 jobs with identical outputs)" in out
+    assert ("  every counter identical where the outputs are: no (1 / 2 virtual-clock jobs with identical outputs)"
+            in out)
