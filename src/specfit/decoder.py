@@ -131,8 +131,10 @@ class Decoder:
         root = configfile.parent
         if not configfile.is_file():
             raise SpecFitError(f"no config at {configfile}: run from the workflow root or give --configfile")
-        config = load_config(configfile, root / SCHEMA, *overlays)
+        config = load_config(configfile, root / SCHEMA, *overlays, check_files=False)
         _known("model", model, list(config["models"]), "--model")
+        if config["models"][model]["shipped"]:  # the shipped toy's manifest, which its loading checks against
+            config = load_config(configfile, root / SCHEMA, *overlays)
         _known("device", device, list(config["devices"]), "--device")
         if method not in config["methods"]:  # an oracle is named as one below
             _known("method", method, method_names(config), "--method", "the config's deployable methods are")
