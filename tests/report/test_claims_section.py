@@ -71,6 +71,14 @@ def test_claims_and_proportions_on_an_emulated_device(tree):
     assert props["copy_share"][3] == "–"  # shown beside the paper's, no goal
     checks = rows(tables[f"device-checks/toy/{DEVICE}"])
     assert list(checks) == ["r2"]  # nothing overruns a virtual clock
+    # the paper's own milliseconds: its cells beside the runs that stand for them
+    counters, cells = tables[f"counters/toy/{DEVICE}/gsm8k"], paper_results()["counters"]["a100"]["gsm8k"]
+    assert counters.header[-2:] == ["Paper a100 ms/cycle", "Paper a100 committed"]
+    for run, row in rows(counters).items():
+        cell = cells[run.method]["no_cache" if run.slots == 0 else "cache"]
+        assert row[-2:] == [f"{cell['ms_per_cycle']:.1f}", f"{cell['committed']:.2f}"]
+    throughput = rows(tables[f"throughput/toy/{DEVICE}/gsm8k"])
+    assert throughput[runs["specfit", 4]][-1] == f"{paper['specfit']['cache']:.2f}"
     assert checks["r2"][1:] == ["0.970", "met"]
     assert "emulated A100, virtual clock" in md
 

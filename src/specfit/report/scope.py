@@ -164,6 +164,13 @@ class Scope:
         return {(rule, mode): self.run(workload, method, slots) for rule, method in self.roles.by_rule().items()
                 for mode, slots in (("cache", self.main), ("nocache", 0))}
 
+    @property
+    def at_paper_scale(self) -> bool:
+        """Whether this device's timings read beside the paper's milliseconds: an emulated GPU (the paper's own units)
+        or a GPU; a CPU's own regime (a link-only device, the wall clock) does not."""
+        device = self.spec["devices"][self.device]
+        return device.get("emulate") is not None or device.get("torch_device") == "cuda"
+
     def paper_value(self, r: DecodeRun, key: str) -> float | None:
         """The paper's figure (a metrics.json key) for the cell that run ``r`` stands for: the paper's three methods at
         the main slots and without the cache, on the GPU this device stands for; None elsewhere."""

@@ -40,7 +40,7 @@ def workload(s: Scope, sec: Section, w: str) -> bool:
     eagle = s.roles.eagle3
     counters = [metric(s.i.metrics, k, emulated, ar=lambda r: method_rule(s.spec, r.method) == "ar") for k in KEYS]
     paper = [(f"Paper {s.gpu} {name}", lambda r, k=key, f=spec: fmt(s.paper_value(r, k), f)) for name, key, spec in (
-        ("ms/cycle", "ms_per_cycle", ".1f"), ("committed", "committed_per_cycle", ".2f"))] if s.gpu else []
+        ("ms/cycle", "ms_per_cycle", ".1f"), ("committed", "committed_per_cycle", ".2f"))] if s.at_paper_scale else []
     sec.tables.append(table(s.id("counters", w), tagged(f"Counters per verification cycle, {s.title(w)}", emulated),
                             [METHOD, CACHE, *counters, *paper], present))
     sec.tables.append(table(s.id("transfers", w), f"Tokens per transfer, {s.title(w)}", [

@@ -32,7 +32,8 @@ def workload(s: Scope, sec: Section, w: str) -> None:
         METHOD, CACHE, (column("tps_dec", emulated), lambda r: tps_cell(s.i.tps(r))),
         metric(s.i.metrics, "tps_req", emulated),
         (tagged("Speedup over AR without cache", emulated), lambda r: x_cell(s.i.speedup(r, ar))),
-        *([(f"Paper {s.gpu} decode TPS", lambda r: fmt(s.paper_value(r, "tps_dec"), ".2f"))] if s.gpu else [])],
+        *([(f"Paper {s.gpu} decode TPS", lambda r: fmt(s.paper_value(r, "tps_dec"), ".2f"))] if s.at_paper_scale
+          else [])],
         present))
     gains(s, sec, w, emulated)
 
