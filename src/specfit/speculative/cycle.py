@@ -30,8 +30,6 @@ class Stopwatch:
     and from any section that encloses it.
     """
 
-    clock = "wall"
-
     def __init__(self, sync: Callable[[], None] | None = None):
         self._sync = sync or (lambda: None)
         self.excluded_s = 0.0
@@ -62,8 +60,6 @@ class Stopwatch:
 class VirtualClock(Stopwatch):
     """The emulated device's virtual clock (`specfit.device.Timeline`): forwards advance it by their modelled time;
     a section of `HOST_SECTIONS` advances it by its measured wall time, less what it excluded. Nothing sleeps."""
-
-    clock = "virtual"
 
     def __init__(self, timeline):
         super().__init__()
