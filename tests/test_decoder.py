@@ -1,4 +1,4 @@
-"""The decoder as a library (issue 20): every deployable method decodes AR's tokens, streaming gives generate's
+"""The decoder as a library: every deployable method decodes AR's tokens, streaming gives generate's
 text, a generation's figures are its decode run's, and oracles and missing workflow outputs are refused by name.
 
 The tiny random pair of conftest.py here; the Qwen3-30B-A3B fakes through the config and the CLI in

@@ -1,4 +1,4 @@
-"""The learned route predictor (issue 13): its shapes, its reproducible training, and SpecFit decoding with it,
+"""The learned route predictor: its shapes, its reproducible training, and SpecFit decoding with it,
 lossless, without an atlas and without querying the target."""
 
 import json

@@ -95,7 +95,7 @@ def test_report_tables_match_the_metrics(workflow):
                 assert cell == expected, (workload, row[0], slots, key)
                 checked += 1
     assert checked > 0
-    # the prefetching methods' section (issue 21) on the emulated A100, whose runs the smoke config holds
+    # the prefetching methods' section on the emulated A100, whose runs the smoke config holds
     md = (out / "report.md").read_text()
     assert "\n### Beyond the paper: prefetch while drafting\n" in md
     for part, record in paths.TOY_RECORDS.items():  # the rule declares the trained toy's folders: their weights' sha256

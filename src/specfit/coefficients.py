@@ -1,5 +1,5 @@
 """SpecFit's cycle-time model T̂(S) = b_|S| + β·F(S) (Eq. 4): the NNLS fit and the paper's presets; and the
-cache-aware model T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) (issue 12), fitted by NNLS from the same probes.
+cache-aware model T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) (specfit-ca's cost), fitted by NNLS from the same probes.
 
 M(S) counts the experts of the per-layer union (root + S) that the layer's cache does not hold when the verify
 forward starts (the copies it makes: the engine loads each missing expert once per forward), H(S) the resident

@@ -95,7 +95,7 @@ POINTS_SCHEMA = pa.schema([
     ("y_ms", pa.float64()),  # mean of the repeats
     ("y_repeats_ms", pa.list_(pa.float64())),
     ("pred_ms", pa.float64()),  # T̂ = b_k + β·F of the paper model, fitted on y_ms (the means)
-    # the cache-aware model (issue 12), from the offload engine's counters of the verify forward, summed over layers:
+    # specfit-ca's cache-aware model, from the offload engine's counters of the verify forward, summed over layers:
     ("misses", pa.int64()),  # experts of the union copied in the first repeat (M); misses + hits == F
     ("hits", pa.int64()),  # experts of the union resident in the first repeat (H)
     ("misses_repeats", pa.list_(pa.int64())),  # M of every repeat, in the order of y_repeats_ms

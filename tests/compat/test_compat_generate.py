@@ -1,5 +1,5 @@
 """`specfit generate` on the Qwen3-30B-A3B fakes, as a user runs it from a workflow root with
-config.qwen3-30b-a3b.yaml (issue 20): every deployable method prints AR's output, the text streams as --json
+config.qwen3-30b-a3b.yaml: every deployable method prints AR's output, the text streams as --json
 records it, and bad input is one line and exit status 2."""
 
 from __future__ import annotations

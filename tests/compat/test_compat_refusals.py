@@ -1,6 +1,6 @@
 """Checkpoints the real users may hold, accepted or refused by name before any weight is read.
 
-Issue 11, item 5: the drafter is checked against the target from both config.json files and the safetensors
+The drafter is checked against the target from both config.json files and the safetensors
 headers before the target loads, and errors name the real config key (models.qwen3-30b-a3b.*). Item 6: the
 speculators options norm_output, norm_before_fc, fc_norm and several decoder layers run; what SpecFit does not
 implement (or a checkpoint in another format) is refused with the option's / format's name.
@@ -143,7 +143,7 @@ def test_a_target_whose_weights_miss_tensors_is_refused(target_dir, copy_of):
 
 
 def test_a_target_whose_config_leaves_tensors_unused_is_refused_naming_them(target_dir, copy_of):
-    """A config of 2 layers over the checkpoint's 4 would load a truncated model, with a warning only (issue 20)."""
+    """A config of 2 layers over the checkpoint's 4 would load a truncated model, with a warning only."""
     target = copy_of(target_dir)
     edit_config(target, num_hidden_layers=2)
     with pytest.raises(SpecFitError, match=rf"{TARGET_KEY}.* tensors its config.json does not use "
@@ -194,7 +194,7 @@ def test_the_options_change_what_the_drafter_computes(target_dir, tmp_path):
     (dict(norm_before_fc=True, fc_norm=True), "sets both norm_before_fc and fc_norm"),
     (dict(norm_before_lm_head=True), "sets norm_before_lm_head: true, an option SpecFit's EAGLE-3 drafter does not"),
     (dict(speculators_model_type="dflash"), "is a speculators 'dflash' checkpoint"),
-    # booleans only (issue 20): "false" would read as true, 1 would go unnoticed as an unknown option
+    # booleans only: "false" would read as true, 1 would go unnoticed as an unknown option
     (dict(norm_output="false"), 'sets norm_output: "false"; a drafter option is a JSON boolean'),
     (dict(norm_before_lm_head=1), "sets norm_before_lm_head: 1; a drafter option is a JSON boolean"),
 ])

@@ -106,7 +106,7 @@ def fake_metrics(rng, run, spec, rows) -> dict:
 
 
 def cycle_parts(run, spec, m: dict) -> dict:
-    """The metrics.json keys of issue 12 (select and commit ms per cycle, cycles that drafted nothing), from an rng
+    """The later metrics.json keys (select and commit ms per cycle, cycles that drafted nothing), from an rng
     of the run's own so that the other fake numbers stay as they were."""
     rng = np.random.default_rng(zlib.crc32(run.path.encode()))
     ar = method_rule(spec, run.method) == "ar"
@@ -116,8 +116,8 @@ def cycle_parts(run, spec, m: dict) -> dict:
 
 
 def cache_aware_fit(device: str, mode: str) -> dict:
-    """The calibration JSON's cache-aware keys (issue 12), from an rng of their own so that the other fake numbers
-    stay as they were; the with-cache fit meets the R² goal on the first device only."""
+    """The calibration JSON's cache-aware keys (specfit-ca's cost), from an rng of their own so that the other fake
+    numbers stay as they were; the with-cache fit meets the R² goal on the first device only."""
     rng = np.random.default_rng(zlib.crc32(f"cache-aware {device} {mode}".encode()))
     cache = mode == "cache"
     r2 = (0.95 if device == DEVICE else 0.75) if cache else 0.9

@@ -1,5 +1,5 @@
-"""Beyond the paper: learned routes (issue 13). Exact, learned and simulated noisy routes side by side per cell,
-the issue's four goals, the predictor's own table, and a missing predictor metrics.json."""
+"""Beyond the paper: learned routes. Exact, learned and simulated noisy routes side by side per cell,
+its four goals, the predictor's own table, and a missing predictor metrics.json."""
 
 import json
 import math
@@ -124,7 +124,7 @@ def test_exact_learned_and_noisy_side_by_side(learned):
 def test_goals_per_cell_and_the_verdict(learned):
     _spec, written, md, tables, html = learned
     t = tables[GOALS]
-    assert t.caption == f"specfit-learned against the issue's goals per cell, toy / {DEVICE} [{EMULATED}]"
+    assert t.caption == f"specfit-learned against their goals per cell, toy / {DEVICE} [{EMULATED}]"
     assert t.header == ["Workload", "Cache", f"specfit-learned / specfit (×) [{EMULATED}]", "≥ 98% of specfit",
                       f"specfit / eagle3 (×) [{EMULATED}]", f"specfit-learned / eagle3 (×) [{EMULATED}]",
                       "Faster than eagle3 where specfit is", f"Predictor share of cycle time (%) [{EMULATED}]",
@@ -142,7 +142,7 @@ def test_goals_per_cell_and_the_verdict(learned):
          x_text(ratio_of(written, learned0, run_of("eagle3", 0))),
          "not required (exact routes slower than EAGLE-3)", "7.50", "no"]]
     text = section(md)
-    assert "Issue 13's goals, toy / cpu-a100link: 2 of 4 met; not met: goals 2 and 4." in text
+    assert "The learned routes' goals, toy / cpu-a100link: 2 of 4 met; not met: goals 2 and 4." in text
     assert ("Goal 1, route accuracy ≥ 60%: met. Held-out route accuracy 71.2% over 1,216 draft nodes of 8 held-out "
             "requests (chance 12.5%); per layer: layer 0 81.0%, layer 1 55.0%, layer 2 77.0%; below 60% in layer 1."
             in text)

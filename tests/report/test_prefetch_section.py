@@ -1,5 +1,5 @@
-"""Beyond the paper: the prefetching methods (issue 21) per cell (workload × slots) beside their selves without
-prefetch, specfit-ca, EAGLE-3 and AR, against the issue's goal, and what their prefetches did."""
+"""Beyond the paper: the prefetching methods per cell (workload × slots) beside their selves without
+prefetch, specfit-ca, EAGLE-3 and AR, against its goal, and what their prefetches did."""
 
 import json
 

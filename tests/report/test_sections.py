@@ -135,8 +135,9 @@ def test_theory_calibration_and_lossless(built):
     assert cells["n_points"] == ["144 / 288", "144 / 288"]
     assert cells["drafting"] == ["0.600 / 0.450 / 0.090"] * 2
     assert cells["goal"] == ["met (R² 0.950)", "–"]
-    assert (f"Goal of issue 12, toy / {DEVICE}: the cache-aware model explains the with-cache probe times with "
-            "R² ≥ 0.9 on the probe means (the points of the paper model's R²): met (R² 0.950; b + β F: 0.970).") in (
+    assert (f"Goal of the cache-aware cost, toy / {DEVICE}: the cache-aware model explains the with-cache probe "
+            "times with R² ≥ 0.9 on the probe means (the points of the paper model's R²): met (R² 0.950; "
+            "b + β F: 0.970).") in (
         out / "report.md").read_text()
 
     t = tables[f"lossless/toy/{DEVICE}"]

@@ -1,5 +1,5 @@
 """Beyond the paper: specfit-ca beside AR, EAGLE-3 and the paper's SpecFit per cell (workload × slots), against
-issue 12's goal, and where the time went in the cells that miss it."""
+the cache-aware cost's goal, and where the time went in the cells that miss it."""
 
 import json
 import re

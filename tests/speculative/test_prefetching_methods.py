@@ -1,4 +1,4 @@
-"""Prefetching methods (issue 21): specfit-prefetch and eagle3-prefetch copy their subtree's predicted experts while
+"""Prefetching methods: specfit-prefetch and eagle3-prefetch copy their subtree's predicted experts while
 the drafter drafts; outputs stay AR's, EAGLE-3's trees stay EAGLE-3's, the cost sees what the prefetch bought."""
 
 import copy

@@ -93,7 +93,7 @@ def test_decode_matrix(config, schema):
     validate_config(config, schema)
     runs = decode_runs(config)
     assert len(runs) == len(set(runs)) == 41
-    # the prefetching methods (issue 21) beside specfit-prefetch's self without prefetch, on the A100 at the main slots
+    # the prefetching methods beside specfit-prefetch's self without prefetch, on the A100 at the main slots
     prefetching = ("specfit-ca-learned", "specfit-prefetch", "specfit-prefetch-atlas", "eagle3-prefetch")
     assert {(r.device, r.workload, r.method, r.slots) for r in runs if r.method in prefetching} == {
         ("cpu-a100", w, m, 12) for w in ("summarization", "gsm8k") for m in prefetching}

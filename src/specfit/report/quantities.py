@@ -37,7 +37,7 @@ METRICS = {
     "n_output_tokens": Quantity("Output tokens", "d"),
 }
 DRAFT_KEYS = ("draft_nodes_per_cycle", "draft_ms_per_cycle", *SPLIT_KEYS)  # AR: a dash, as in the paper
-# issue 12's, absent from metrics.json written before it (a dash), beside SPLIT_KEYS (absent before the split)
+# the cycle's host and commit times and its undrafted cycles: a dash in metrics.json written before them
 LATER_KEYS = ("select_ms_per_cycle", "commit_ms_per_cycle", "cycles_without_draft")
 # the keys specfit.speculative.stream adds to those of stream_metrics
 LINK_EMULATED, TIMING_LABEL, LOSSLESS, RESUMED = "link_emulated", "timing_label", "lossless", "resumed"

@@ -76,7 +76,7 @@ def stand_ins(spec: dict, runs, roles: Roles, model: str, device: str) -> dict[s
 @dataclass
 class Cell:
     """One workload × slots of a method beyond the paper: the run of each role beside it (None: not in the config's
-    matrix), the ratios between them and the verdict on each of the issue's goals."""
+    matrix), the ratios between them and the verdict on each of its goals."""
 
     workload: str
     slots: int

@@ -365,7 +365,7 @@ class Prefetching:
 @register_method("specfit-prefetch")
 class SpecFitPrefetch(Prefetching, SpecFitCA):
     """specfit-ca that prefetches, after each drafted level it drafts on from, the predicted experts of the subtree it
-    would verify now (`Prefetching`; beyond the paper, issue 21).
+    would verify now (`Prefetching`; beyond the paper).
 
     Its cost is specfit-ca's, read again after every level, so selection, the depth rule and the skipping rule see
     what the prefetch already bought: the residency is the engine's at that level, and an expert whose prefetched
@@ -403,7 +403,7 @@ class SpecFitPrefetch(Prefetching, SpecFitCA):
 
 @register_method("eagle3-prefetch")
 class Eagle3Prefetch(Prefetching, Eagle3):
-    """EAGLE-3 that prefetches its fixed tree (the SP-MoE pattern; beyond the paper, issue 21): after each drafted
+    """EAGLE-3 that prefetches its fixed tree (the SP-MoE pattern; beyond the paper): after each drafted
     level but the last, the experts of the k_max most probable nodes so far, predicted by its route source
     (`Prefetching`); the verified tree is EAGLE-3's. Coefficients give the drafting time that budgets the copies.
     """

@@ -1,5 +1,5 @@
 """The calibration fit T(S) = b_|S| + β F(S) (Appendix B) beside the paper's coefficients, the cache-aware model
-T(S) = b_|S| + β_miss M(S) + β_hit H(S) (issue 12) fitted on the same probes, and the probes' scatter."""
+T(S) = b_|S| + β_miss M(S) + β_hit H(S) (specfit-ca's cost) fitted on the same probes, and the probes' scatter."""
 
 from specfit import paths
 from specfit.report.figures import calibration_scatter, slug
@@ -7,7 +7,7 @@ from specfit.report.page import MISSING, Section, fmt, note, table, tagged
 from specfit.report.scope import Scope
 from specfit.report.verdict import at_least
 
-R2_GOAL = 0.9  # issue 12: the cache-aware model with the cache, R² on the probe means
+R2_GOAL = 0.9  # the cache-aware model with the cache, R² on the probe means
 NAMES = {"cache": "With cache", "nocache": "Without cache"}
 
 

@@ -1,5 +1,5 @@
-"""Beyond the paper: learned routes (``routes: learned``, issue 13). Per cell (workload × slots) of a learned-route
-run: SpecFit with exact (``atlas``), learned and simulated noisy routes beside EAGLE-3, judged against the issue's
+"""Beyond the paper: learned routes (``routes: learned``). Per cell (workload × slots) of a learned-route
+run: SpecFit with exact (``atlas``), learned and simulated noisy routes beside EAGLE-3, judged against its
 goals (route accuracy ≥ 60%; decode TPS ≥ 98% of exact routes, a tie counts; faster than EAGLE-3 wherever exact
 routes are, a tie does not; the predictor ≤ 5% of a cycle); then the predictor at this model's size and at the
 paper's model's, beside the paper's estimate (section 4.6)."""
@@ -67,7 +67,7 @@ def judge(i: Inputs, c: Cell) -> None:
 
 def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bool, atlas: str, eagle: str
                ) -> list[str]:
-    """The verdict on the issue's four goals together, then on each (worded in templates/notes.j2). Goal 1 is the
+    """The verdict on its four goals together, then on each (worded in templates/notes.j2). Goal 1 is the
     predictor's; goals 2-4 hold over the cells when every cell that requires one meets it."""
     states = [Verdict.NOT_JUDGED if predictor is None else at_least(predictor["route_accuracy"], ACCURACY_GOAL).verdict,
               *(overall([c.goals[key] for c in cells]).verdict for key in ("tps", "eagle3", "share"))]
@@ -128,7 +128,7 @@ def section(s: Scope) -> Section | None:
         (tagged(f"/ {atlas} (×)", emulated), lambda x: MISSING if x[1] in (x[0].runs["atlas"], x[0].runs["eagle3"])
          else x_cell(i.speedup(x[1], x[0].runs["atlas"]))),
         (share_header, lambda x: share(x[1]) if x[1] == x[0].runs["learned"] else MISSING)], rows, key=lambda x: x[1]))
-    sec.tables.append(table(s.id("learned-routes-goals"), tagged(f"{learned} against the issue's goals per cell, "
+    sec.tables.append(table(s.id("learned-routes-goals"), tagged(f"{learned} against their goals per cell, "
                                                                  f"{s.model} / {s.device}", emulated), [
         ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
         (tagged(f"{learned} / {atlas} (×)", emulated), lambda c: x_cell(c.ratios["atlas"])),

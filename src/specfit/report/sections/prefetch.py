@@ -1,6 +1,6 @@
-"""Beyond the paper: prefetch while drafting (rules ``specfit-prefetch`` and ``eagle3-prefetch``, issue 21). Per cell
+"""Beyond the paper: prefetch while drafting (rules ``specfit-prefetch`` and ``eagle3-prefetch``). Per cell
 (workload × slots) where a prefetching method ran: each method's decode TPS, the ratios that split a gain into
-prefetch and selection, the issue's goal, and per run where a cycle's time went and what its prefetches did
+prefetch and selection, its goal, and per run where a cycle's time went and what its prefetches did
 (`specfit.engine.offload.OffloadEngine.prefetch`: issued, used by the next forward, evicted unused, copy time
 hidden before the forward)."""
 
@@ -95,7 +95,7 @@ def section(s: Scope) -> Section | None:
     for c in cells:
         judge(s, c)
     label = {role: names[role] or role for role in ROLES}
-    sec.tables.append(table(s.id("prefetch"), tagged(f"Prefetching methods against the issue's goal per cell, "
+    sec.tables.append(table(s.id("prefetch"), tagged(f"Prefetching methods against its goal per cell, "
                                                      f"{s.model} / {s.device}", emulated), [
         ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
         *((tagged(f"{label[role]} Decode TPS", emulated), lambda c, role=role: tps_cell(i.tps(c.runs[role])))

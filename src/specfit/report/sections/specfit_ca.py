@@ -1,5 +1,5 @@
-"""Beyond the paper: the cache- and draft-aware SpecFit (rule ``specfit-ca``, issue 12) beside AR, EAGLE-3 and the
-paper's SpecFit in every cell (workload × slots) where it ran, judged against the issue's goal (`judge`) with the
+"""Beyond the paper: the cache- and draft-aware SpecFit (rule ``specfit-ca``) beside AR, EAGLE-3 and the
+paper's SpecFit in every cell (workload × slots) where it ran, judged against its goal (`judge`) with the
 paired bootstrap intervals; for a cell that misses it, where the time went and why, in words made from those numbers.
 """
 
@@ -49,7 +49,7 @@ def section(s: Scope) -> Section | None:
     for c in cells:
         judge(s, c)
     label = {role: names[role] or LABELS[role] for role in ROLES}
-    sec.tables.append(table(s.id("specfit-ca"), tagged(f"{ca} against the issue's goal per cell, {s.model} / "
+    sec.tables.append(table(s.id("specfit-ca"), tagged(f"{ca} against its goal per cell, {s.model} / "
                                                        f"{s.device}", emulated), [
         ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
         *((tagged(f"{label[role]} Decode TPS", emulated), lambda c, role=role: tps_cell(i.tps(c.runs[role])))
