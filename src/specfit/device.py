@@ -232,7 +232,7 @@ class Timeline:
         self.copy_stall_s = self.host_s = 0.0
 
     def as_dict(self) -> dict:
-        return {"label": self.model.label, "clock": "virtual", "target": self.target.as_dict(),
+        return {"label": self.model.label, "target": self.target.as_dict(),
                 "prefill": self.prefill.as_dict(), "drafter": self.drafter.as_dict(),
                 "drafter_prefill": self.drafter_prefill.as_dict(), "copy_stall_s": self.copy_stall_s,
                 "host_s": self.host_s}

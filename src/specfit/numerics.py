@@ -44,6 +44,11 @@ def cpuinfo(field: str) -> str | None:
         return None
 
 
+def cpu_name() -> str:
+    """This machine's CPU as /proc/cpuinfo names it (elsewhere `platform.processor`), "unknown" when neither says."""
+    return cpuinfo("model name") or platform.processor() or "unknown"
+
+
 def pinnable() -> bool:
     return (platform.machine().lower() in ("x86_64", "amd64")
             and REQUIRED_FLAGS <= set((cpuinfo("flags") or "").split()))
@@ -70,5 +75,5 @@ def described() -> dict:
     """What this process computes with: the CPU, torch's kernel capability, the pinning variables as set."""
     import torch  # here, not at the top: `pin` runs from specfit's __init__, which stays free of torch
 
-    return {"cpu": cpuinfo("model name") or platform.processor() or "unknown",
+    return {"cpu": cpu_name(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k) for k in PINNED}}

@@ -67,7 +67,7 @@ def validate_config(config: dict, schema_path: str | Path, root: str | Path | No
     """Validate ``config`` in place against the schema, fill defaults, check cross references; return it.
 
     ``root``: the workflow root (Snakemake's working directory), where the files a config must find at load are
-    looked for (`_check_files`: the shipped toy's manifest); None checks no file.
+    looked for (`check_shipped`: the shipped toy's manifest); None checks no file.
     A config that does not follow the schema or names something it does not define raises `SpecFitError`."""
     schema = yaml.safe_load(Path(schema_path).read_text())
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
@@ -76,7 +76,7 @@ def validate_config(config: dict, schema_path: str | Path, root: str | Path | No
         raise SpecFitError("invalid config:\n  " + "\n  ".join(_describe(e) for e in errors))
     _check_references(config)
     if root is not None:
-        _check_files(config, Path(root))
+        check_shipped(config, Path(root))
     return config
 
 
@@ -165,7 +165,7 @@ def _check_toys(config: dict) -> list[str]:
                 if folder != paths.toy_model(name, part):
                     problems.append(f"config key 'models.{name}.{part}': a toy model is built at "
                                     f"{paths.toy_model(name, part)!r}")
-            if name == paths.SHIPPED_TOY or set(folders.values()) & set(shipped_folders.values()):
+            if name == paths.SHIPPED_TOY:  # its folders, checked above, are then the shipped toy's
                 problems.append(f"config key 'models.{name}.toy': a toy to train named {name!r}, whose folders are "
                                 f"the shipped toy's ({paths.toy_dir(paths.SHIPPED_TOY)}/): training would "
                                 "overwrite it; pick another model name for a toy of your own (docs/toy.md)")
@@ -179,13 +179,15 @@ def _check_toys(config: dict) -> list[str]:
     return problems
 
 
-def _check_files(config: dict, root: Path) -> None:
-    """The files a config must find before any job: the shipped toy's manifest (the toy's folders are plain inputs,
-    which Snakemake checks, and the manifest checks their contents when a stage loads them)."""
+def check_shipped(config: dict, root: Path, models: Iterable[str] | None = None) -> None:
+    """The files a config must find before any job: the shipped toy's manifest, for ``models`` (default: every model
+    of the config) that are the shipped toy. Its folders are plain inputs, which Snakemake checks, and the manifest
+    checks their contents when a stage loads them."""
     manifest = root / paths.SHIPPED_MANIFEST
     problems = [f"config key 'models.{name}.shipped': the shipped toy's manifest {manifest} is missing: restore the "
                 f"shipped toy with `git checkout -- {manifest.parent}` (docs/toy.md)"
-                for name, model in config["models"].items() if model["shipped"] and not manifest.is_file()]
+                for name in (config["models"] if models is None else models)
+                if config["models"][name]["shipped"] and not manifest.is_file()]
     if problems:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(problems))
 

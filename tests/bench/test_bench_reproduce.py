@@ -15,7 +15,7 @@ OUTPUTS = {0: [5, 6, 7, 2], 1: [8, 9, 2]}  # request id -> output ids
 VERDICTS = {"vanilla-eagle3/gsm8k": "confirmed", "specfit-eagle3-cache/gsm8k": "tie"}
 
 
-def write_job(folder, tps, outputs=OUTPUTS, experts=True, label="emulated A100, virtual clock"):
+def write_job(folder, tps, outputs=OUTPUTS, experts=True, label="emulated A100, virtual clock", device=True):
     """One decode job: two requests of two cycles each, the second cycle accepting one of two selected nodes."""
     folder.mkdir(parents=True)
     requests = [{"request_id": i, "question_id": 400 + i, "output_ids": ids, "n_output": len(ids), "t_request_s": 1.0,
@@ -24,7 +24,8 @@ def write_job(folder, tps, outputs=OUTPUTS, experts=True, label="emulated A100, 
     cycles = [{"request_id": i, "cycle": c, "selected": [1, 2] if c else [], "accepted": c} for i in outputs
               for c in (0, 1)]  # the columns job_record reads; the others null
     pq.write_table(pa.Table.from_pylist(cycles, schema=CYCLE_SCHEMA), folder / "cycles.parquet")
-    metrics = {"tps_dec": tps, "tps_dec_low": 0.9 * tps, "tps_dec_high": 1.1 * tps, "timing_label": label}
+    metrics = {"tps_dec": tps, "tps_dec_low": 0.9 * tps, "tps_dec_high": 1.1 * tps, "timing_label": label,
+               "device": {"label": label} if device else None}  # an emulated device's record: its virtual clock
     if experts:
         metrics["experts_executed"] = 40
     (folder / "metrics.json").write_text(json.dumps(metrics))
@@ -123,7 +124,8 @@ def test_a_wall_clock_job_is_shown_without_a_goal(tmp_path, capsys):
     link = "toy/cpu-a100link/gsm8k/ar/slots12"
     for root, tps in ((tmp_path / "ref", 50.0), (tmp_path / "run", 46.0)):
         write_run(root)
-        write_job(root / "decode" / link, tps, label="emulated link (0.175 GB/s, 50 us latency, wall clock)")
+        write_job(root / "decode" / link, tps, label="emulated link (0.175 GB/s, 50 us latency, wall clock)",
+                  device=False)
     reference = write_reference(tmp_path / "ref" / "decode", tmp_path / "ref" / "tables.json", tmp_path / "toy.json")
     result = compare(reference, collect(tmp_path / "run" / "decode"), claim_verdicts(tmp_path / "run" / "tables.json"))
     assert result["jobs"][link]["tps_rel_diff"] == pytest.approx(-0.08) and not result["jobs"][link]["virtual"]

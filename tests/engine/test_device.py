@@ -120,7 +120,6 @@ def test_engine_on_the_device_changes_no_logit_and_advances_the_clock_by_the_mod
         model(torch.zeros(1, 17, dtype=torch.long))  # a prefill: counted apart
     assert engine.stats()["device"]["prefill"]["forwards"] == 1 and engine.stats()["device"]["target"]["forwards"] == 3
     assert stats["link_emulated"] and stats["timing_label"] == "emulated A100, virtual clock"
-    assert stats["device"]["clock"] == "virtual"
     engine.close()
 
 

@@ -62,6 +62,23 @@ def test_a_changed_missing_or_extra_file_is_refused_naming_it(tmp_path, tamper, 
         assert f"sha256 {actual[:12]}…, the manifest's {expected[:12]}…" in message
 
 
+def test_the_files_are_hashed_once_until_one_changes(tmp_path, monkeypatch):
+    """A stage checks and loads target and drafter (four calls): the files are hashed on the first; a file written
+    since (a new size or modification time) is hashed again and refused."""
+    from specfit.models import shipped
+
+    toy = fake_toy(tmp_path / "toy")
+    write_manifest(toy, PARTS)
+    hashed = []
+    monkeypatch.setattr(shipped, "sha256", lambda path, real=shipped.sha256: hashed.append(path) or real(path))
+    for part in ("target", "drafter", "target", "drafter"):
+        verify(toy / part, f"models.toy.{part}")
+    assert len(hashed) == len(FILES)  # every file once
+    (toy / "target/model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(SpecFitError, match="target/model.safetensors: sha256"):
+        verify(toy / "target", "models.toy.target")
+
+
 def test_folders_without_a_manifest_are_not_checked(tmp_path):
     """A trained toy (no manifest beside it) and a folder the manifest does not describe load as they are."""
     toy = fake_toy(tmp_path / "toy")

@@ -35,7 +35,7 @@ def emulated_tree(tree, spec=None, speeds=None):
         m = json.loads(path.read_text())
         m.update(drafted_levels_per_cycle=0.0 if run.method == "ar" else 4.0, h2d_per_cycle=3.0, experts_per_token=16,
                  timing_label="emulated A100, virtual clock",
-                 device={"clock": "virtual", "target": {"forwards": 100, "modelled_s": 1.0, "cpu_s": 0.1},
+                 device={"target": {"forwards": 100, "modelled_s": 1.0, "cpu_s": 0.1},
                          "drafter": {"forwards": 0 if run.method == "ar" else 400,
                                      "modelled_s": 0.0 if run.method == "ar" else 0.5, "cpu_s": 0.2}})
         path.write_text(json.dumps(m))

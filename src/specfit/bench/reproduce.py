@@ -22,13 +22,15 @@ import argparse
 import hashlib
 import json
 import os
-import platform
-import subprocess
 from pathlib import Path
 
 from specfit.bench.verdicts import read_tables
 from specfit.errors import SpecFitError
+from specfit.intervals import virtual
+from specfit.io import atomic_path
+from specfit.numerics import cpu_name
 from specfit.paths import REPORT, RUN_FILES
+from specfit.provenance import git_head
 from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, read_table
 
 REFERENCE = "reports/reference/toy.json"
@@ -64,7 +66,8 @@ def job_record(folder: str | os.PathLike) -> dict:
     }
     return {"counters": counters, "outputs_sha256": sha256([[i, ids] for i, ids in outputs.items()]),
             "request_sha256": {str(i): sha256(ids) for i, ids in outputs.items()},
-            **{k: metrics.get(k) for k in TPS_KEYS}, "timing_label": metrics.get("timing_label"), "outputs": outputs}
+            **{k: metrics.get(k) for k in TPS_KEYS}, "timing_label": metrics.get("timing_label"),
+            "virtual_clock": virtual(metrics), "outputs": outputs}
 
 
 def collect(decode_root: str | os.PathLike) -> dict[str, dict]:
@@ -95,35 +98,14 @@ def claim_verdicts(tables_json_path: str | os.PathLike) -> dict[str, str]:
     return out
 
 
-def cpu_model() -> str | None:
-    """This machine's CPU as /proc/cpuinfo names it (elsewhere: `platform.processor`)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or None
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
-
-
-def git_commit() -> str | None:
-    """The commit checked out here, None outside a git repository."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    except OSError:
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def write_reference(decode_root, tables_json, out_path) -> dict:
     """Write the reference file of a run: its jobs (without per-request outputs), its claims' verdicts and what made
     it; atomically. Returns what it wrote."""
     jobs = {job: {k: v for k, v in record.items() if k != "outputs"} for job, record in run_jobs(decode_root).items()}
     reference = {"jobs": jobs, "verdicts": claim_verdicts(tables_json),
-                 "made_with": {"cpu": cpu_model(), "commit": git_commit()}}
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(reference, sort_keys=True, indent=1) + "\n")
-    os.replace(tmp, out)
+                 "made_with": {"cpu": cpu_name(), "commit": git_head()}}
+    with atomic_path(out_path) as tmp:
+        tmp.write_text(json.dumps(reference, sort_keys=True, indent=1) + "\n")
     return reference
 
 
@@ -143,11 +125,6 @@ def first_divergence(reference: dict, this: dict) -> dict | None:
     return {"request_id": first, "position": position, "requests": differ}
 
 
-def on_virtual_clock(record: dict) -> bool:
-    """Whether a job's timings come from an emulated device's virtual clock (its timing label says so)."""
-    return "virtual clock" in str(record.get("timing_label", ""))
-
-
 def compare_job(reference: dict, this: dict) -> dict:
     """One job of this run against the reference's: counters (those both sides hold), outputs, decode TPS."""
     both = [k for k in COUNTERS if reference["counters"].get(k) is not None and this["counters"].get(k) is not None]
@@ -160,7 +137,7 @@ def compare_job(reference: dict, this: dict) -> dict:
             "outputs_identical": reference["outputs_sha256"] == this["outputs_sha256"],
             "first_divergence": divergence, "tps_dec": tps, "tps_dec_reference": ref_tps, "tps_rel_diff": rel,
             "within_1pct": rel is not None and abs(rel) <= TOLERANCE,
-            "virtual": on_virtual_clock(reference) and on_virtual_clock(this)}
+            "virtual": reference["virtual_clock"] and this["virtual_clock"]}
 
 
 def compare(reference: dict, jobs: dict[str, dict], verdicts: dict[str, str]) -> dict:
@@ -169,17 +146,17 @@ def compare(reference: dict, jobs: dict[str, dict], verdicts: dict[str, str]) ->
     summary against the goals."""
     ref_jobs, ref_verdicts = reference["jobs"], reference["verdicts"]
     per_job = {job: compare_job(ref_jobs[job], jobs[job]) for job in sorted(ref_jobs.keys() & jobs.keys())}
-    virtual = [c for c in per_job.values() if c["virtual"]]  # the goals' jobs
-    same_outputs = [c for c in virtual if c["outputs_identical"]]
-    timed = [c for c in virtual if c["tps_rel_diff"] is not None]
+    goal_jobs = [c for c in per_job.values() if c["virtual"]]  # timed on a virtual clock
+    same_outputs = [c for c in goal_jobs if c["outputs_identical"]]
+    timed = [c for c in goal_jobs if c["tps_rel_diff"] is not None]
     claims = sorted(ref_verdicts.keys() & verdicts.keys())
     changed = {k: [ref_verdicts[k], verdicts[k]] for k in claims if ref_verdicts[k] != verdicts[k]}
     summary = {
         "jobs_compared": len(per_job),
-        "jobs_virtual": len(virtual),
+        "jobs_virtual": len(goal_jobs),
         "outputs_identical": [sum(c["outputs_identical"] for c in per_job.values()), len(per_job)],
         "counters_identical": [sum(c["counters_identical"] for c in same_outputs), len(same_outputs)],
-        "tps_within_1pct": [sum(c["within_1pct"] for c in virtual), len(virtual)],
+        "tps_within_1pct": [sum(c["within_1pct"] for c in goal_jobs), len(goal_jobs)],
         "largest_abs_tps_diff": max((abs(c["tps_rel_diff"]) for c in timed), default=None),
         "verdicts_identical": [len(claims) - len(changed), len(claims)],
     }
@@ -249,7 +226,7 @@ def print_result(result: dict, made_with: dict) -> None:
     print(f"goals ({s['jobs_compared']} jobs compared, {s['jobs_virtual']} of them on a virtual clock):")
     for goal, met in goals(result).items():
         print(f"  {goal}: {yes(met)} ({counts[goal]})")
-    print(f"reference made on: {made_with.get('cpu')} (commit {made_with.get('commit')}); this machine: {cpu_model()}")
+    print(f"reference made on: {made_with.get('cpu')} (commit {made_with.get('commit')}); this machine: {cpu_name()}")
 
 
 def main(argv=None) -> None:

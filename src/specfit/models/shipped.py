@@ -20,6 +20,7 @@ from specfit.errors import SpecFitError
 MANIFEST = PurePath(paths.SHIPPED_MANIFEST).name  # found beside the part folders it describes
 SKIPPED = (".snakemake_timestamp",)  # Snakemake's marker in a directory output: not part of a model
 PREFIX = 12  # hex digits of a sha256 an error message shows
+_VERIFIED: set[tuple] = set()  # the file stamps `verify` found matching their manifest in this process
 
 
 def sha256(path: Path) -> str:
@@ -83,6 +84,12 @@ def verify(path: str | os.PathLike, key: str) -> None:
         return
     folder = path.parent
     present = part_files(folder, parts)
+    # a stage checks the target and the drafter, then loads each (four calls): the files hashed once per process, and
+    # again when any file's size or modification time changed since
+    stamp = (str(manifest_path.resolve()), manifest_path.stat().st_mtime_ns,
+             tuple((name, (st := (folder / name).stat()).st_size, st.st_mtime_ns) for name in present))
+    if stamp in _VERIFIED:
+        return
     expected = manifest["files"]
     problems = []
     for name in sorted(set(expected) | set(present)):
@@ -95,3 +102,4 @@ def verify(path: str | os.PathLike, key: str) -> None:
     if problems:
         raise SpecFitError(f"the shipped toy at {folder} (loaded as `{key}`) is not the one its manifest "
                            f"{manifest_path} lists:\n  " + "\n  ".join(problems) + f"\n{restore(folder)}")
+    _VERIFIED.add(stamp)

@@ -8,11 +8,11 @@ import datetime
 import hashlib
 import importlib.metadata
 import json
-import subprocess
 from pathlib import Path
 
 import jinja2
 
+from specfit.provenance import git_dirty, git_head
 from specfit.workflow import spec_json
 
 VERSIONS = ("specfit", "torch", "transformers", "snakemake", "numpy")
@@ -25,14 +25,10 @@ def config_hash(spec: dict) -> str:
 
 def git_commit(folder: str | Path = ".") -> str:
     """HEAD of the git tree ``folder`` lies in (the working directory: the workflow root), marked when dirty."""
-    try:
-        head = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    head = git_head(folder)
+    if head is None:
         return "unknown"
-    return f"{head} (dirty tree)" if dirty else head
+    return f"{head} (dirty tree)" if git_dirty(folder) else head
 
 
 def versions() -> dict[str, str]:

@@ -16,9 +16,7 @@ thread counts that differ from the training records' are refused.
 from __future__ import annotations
 
 import argparse
-import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from specfit import numerics, paths, specs
 from specfit.errors import SpecFitError
 from specfit.io import read_json
 from specfit.models.shipped import MANIFEST, SKIPPED, write_manifest
+from specfit.provenance import git_head
 from specfit.toy.spec import PARTS
 from specfit.workflow import SCHEMA, load_config
 
@@ -38,15 +37,15 @@ CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "a
 def this_cpu() -> dict:
     """This machine's CPU: its model name and which of `CPU_FLAGS` it has."""
     flags = set((numerics.cpuinfo("flags") or "").split())
-    return {"model_name": numerics.cpuinfo("model name") or platform.processor() or "unknown",
+    return {"model_name": numerics.cpu_name(),
             "flags": [f for f in CPU_FLAGS if f in flags]}
 
 
 def head_commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
+    head = git_head()
+    if head is None:
         raise SpecFitError("no git commit here to record (`git rev-parse HEAD` failed): give --commit")
-    return proc.stdout.strip()
+    return head
 
 
 def training_records(source: Path) -> dict[str, dict]:
