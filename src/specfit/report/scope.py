@@ -166,8 +166,8 @@ class Scope:
 
     @property
     def at_paper_scale(self) -> bool:
-        """Whether this device's timings read beside the paper's milliseconds: an emulated GPU (the paper's own units)
-        or a GPU; a CPU's own regime (a link-only device, the wall clock) does not."""
+        """Whether this device's timings read beside the paper's milliseconds and its claims: an emulated GPU (the
+        paper's own units) or a GPU; a CPU's own regime (a link-only device, the wall clock) does neither."""
         device = self.spec["devices"][self.device]
         return device.get("emulate") is not None or device.get("torch_device") == "cuda"
 

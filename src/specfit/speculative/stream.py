@@ -242,15 +242,15 @@ def summarize(loaded: Loaded, spec: StreamSpec, prompts: list[dict], requests: p
               resumes: list[dict], reference=None) -> dict:
     """The stream's metrics.json: `specfit.metrics.stream_metrics` with the engine's and the route sources'
     counters, and the lossless check against the ``reference`` AR run's requests (when given)."""
-    engine = loaded.engine
+    engine, stats = loaded.engine, loaded.engine.stats()
     metrics = stream_metrics(requests.to_pylist(), cycles, prompts, spec.seed)
     metrics.update(
         method=spec.method.name, slots=spec.slots, slot_rows_allocated=slot_rows(engine),
         link_emulated=engine.link_emulated, timing_label=engine.timing_label, resumed=resumes,
-        device=engine.stats().get("device"),  # an emulated device: its virtual clock (modelled time, host work)
-        prefetch=engine.stats()["prefetch"],  # copies a prefetching method issued and how each was settled
+        device=stats.get("device"),  # an emulated device: its virtual clock (modelled time, host work)
+        prefetch=stats["prefetch"],  # copies a prefetching method issued and how each was settled
         experts_per_token=engine.num_layers * engine.top_k,  # an AR cycle's expert union
-        experts_executed=engine.stats()["demand"],  # the per-layer unions of every forward, summed (prefill included)
+        experts_executed=stats["demand"],  # the per-layer unions of every forward, summed (prefill included)
     )
     atlas, learned = loaded.atlas, loaded.learned
     if atlas is not None:  # pool nodes (roots included) of this process's requests; missed: a fallback's routes

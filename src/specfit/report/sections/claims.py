@@ -19,8 +19,7 @@ RATIOS = (
 
 
 def section(s: Scope) -> Section | None:
-    device = s.spec["devices"][s.device]
-    if device.get("emulate") is None and device.get("torch_device") != "cuda":
+    if not s.at_paper_scale:
         return None  # the CPU's own regime (a link-only device, the wall clock): shown, never a verdict
     if s.roles.specfit is None or not s.stand_ins:
         return None
