@@ -18,8 +18,8 @@ rule calibrate:
         gpu_model=device_gpu_model,
     params:
         spec=spec(specs.calibrate),
-        code=code_hash("specfit.calibrate"),
+        code=code_hash("specfit.stages.calibrate"),
     shell:
-        "python -m specfit.calibrate --spec {params.spec:q} --in prompts={input.prompts:q} "
+        "python -m specfit.stages.calibrate --spec {params.spec:q} --in prompts={input.prompts:q} "
         "--in target={input.target:q} --in drafter={input.drafter:q} "
         "--out coefficients={output.coefficients:q} --out points={output.points:q} > {log:q} 2>&1"

@@ -1,20 +1,20 @@
-# Wildcard constraints, input functions and the rules' spec params. File names come from specfit.paths, the decode
-# matrix from specfit.workflow, each stage's spec from specfit.specs (all tested there).
+# Wildcard constraints, input functions and the rules' spec params. File names come from specfit.planning.paths, the decode
+# matrix from specfit.planning, each stage's spec from specfit.planning.specs (all tested there).
 import shlex
 
-from specfit import paths, specs
+from specfit.planning import paths, specs
 from specfit.questions import workload_file
-from specfit.workflow import (
+from specfit.planning.code import code_hash
+from specfit.planning.matrix import (
     DecodeRun,
-    code_hash,
     decode_inputs as workflow_decode_inputs,
     decode_runs,
     is_toy,
     reference_run,
     report_inputs as workflow_report_inputs,
-    spec_json,
     trained_toys,
 )
+from specfit.planning.specs import spec_json
 
 CONDA_ENV = "../envs/specfit.yaml"
 RUNS = decode_runs(config)
@@ -32,7 +32,7 @@ wildcard_constraints:
 
 
 def spec(build):
-    """A rule's `spec` param: ``build`` (a function of specfit.specs) of the config and the job's wildcards, as
+    """A rule's `spec` param: ``build`` (a function of specfit.planning.specs) of the config and the job's wildcards, as
     sorted JSON."""
 
     def params(w):
@@ -65,7 +65,7 @@ def questions_file(w):
 
 
 def job_device(w):
-    """The device a job runs on: its `device` wildcard, or the predictor's (specfit.specs.predictor_device)."""
+    """The device a job runs on: its `device` wildcard, or the predictor's (specfit.planning.specs.predictor_device)."""
     return config["devices"][w.get("device") or specs.predictor_device(config, w.model)]
 
 
@@ -78,7 +78,7 @@ def device_gpu_model(w):
 
 
 def in_flags(w, input):
-    """--in flags for a rule's inputs: one per path, a list input's name repeated (specfit.stage)."""
+    """--in flags for a rule's inputs: one per path, a list input's name repeated (specfit.planning.stage)."""
     flags = []
     for name, value in input.items():
         for path in [value] if isinstance(value, str) else value:

@@ -12,7 +12,7 @@ rule spec_bench:
     params:
         spec=spec_json(specs.spec_bench(config)),
     shell:
-        "python -m specfit.extract fetch --spec {params.spec:q} "
+        "python -m specfit.stages.spec_bench --spec {params.spec:q} "
         "--out questions={output.questions:q} > {log:q} 2>&1"
 
 
@@ -31,7 +31,7 @@ rule extract:
     params:
         spec=spec(specs.extract),
         inputs=in_flags,
-        code=code_hash("specfit.extract"),
+        code=code_hash("specfit.stages.extract"),
     shell:
-        "python -m specfit.extract --spec {params.spec:q} {params.inputs} "
+        "python -m specfit.stages.extract --spec {params.spec:q} {params.inputs} "
         "--out prompts={output.prompts:q} > {log:q} 2>&1"

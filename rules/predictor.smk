@@ -18,8 +18,8 @@ rule predictor:
         gpu_model=device_gpu_model,
     params:
         spec=spec(specs.predictor),
-        code=code_hash("specfit.predictor"),
+        code=code_hash("specfit.stages.predictor"),
     shell:
-        "python -m specfit.predictor --spec {params.spec:q} --in prompts={input.prompts:q} "
+        "python -m specfit.stages.predictor --spec {params.spec:q} --in prompts={input.prompts:q} "
         "--in target={input.target:q} --in drafter={input.drafter:q} "
         "--out predictor={output.predictor:q} > {log:q} 2>&1"

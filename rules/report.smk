@@ -14,7 +14,7 @@ rule report:
     params:
         spec=spec_json(specs.report(config)),
         inputs=in_flags,
-        code=code_hash("specfit.report"),
+        code=code_hash("specfit.stages.report"),
     shell:
-        "python -m specfit.report --spec {params.spec:q} {params.inputs} "
+        "python -m specfit.stages.report --spec {params.spec:q} {params.inputs} "
         "--out report={output.report:q} > {log:q} 2>&1"

@@ -13,14 +13,14 @@ rule theory:
     params:
         spec=spec(specs.theory),
         inputs=in_flags,
-        code=code_hash("specfit.theory"),
+        code=code_hash("specfit.stages.theory"),
     shell:
-        "python -m specfit.theory --spec {params.spec:q} {params.inputs} "
+        "python -m specfit.stages.theory --spec {params.spec:q} {params.inputs} "
         "--out theory={output.theory:q} > {log:q} 2>&1"
 
 
 # Beyond the paper: Table 5 on the pools specfit-ca or specfit-prefetch recorded, under their cache-aware cost
-# (specfit.specs.theory's "cost").
+# (specfit.planning.specs.theory's "cost").
 use rule theory as theory_cache_aware with:
     output:
         theory=paths.theory("{model}", "{device}", "{workload}", "{method}"),

@@ -16,9 +16,9 @@ rule toy_tokenizer:
         CONDA_ENV
     params:
         spec=spec_json(specs.toy(config, "tokenizer")),
-        code=code_hash("specfit.toy.tokenizer"),
+        code=code_hash("specfit.stages.toy_tokenizer"),
     shell:
-        "python -m specfit.toy.tokenizer --spec {params.spec:q} --in questions={input.questions:q} "
+        "python -m specfit.stages.toy_tokenizer --spec {params.spec:q} --in questions={input.questions:q} "
         "--out tokenizer={output.tokenizer:q} > {log:q} 2>&1"
 
 
@@ -36,9 +36,9 @@ rule toy_target:
         CONDA_ENV
     params:
         spec=spec_json(specs.toy(config, "target")),
-        code=code_hash("specfit.toy.target"),
+        code=code_hash("specfit.stages.toy_target"),
     shell:
-        "python -m specfit.toy.target --spec {params.spec:q} --in questions={input.questions:q} "
+        "python -m specfit.stages.toy_target --spec {params.spec:q} --in questions={input.questions:q} "
         "--in tokenizer={input.tokenizer:q} --out target={output.target:q} > {log:q} 2>&1"
 
 
@@ -56,7 +56,7 @@ rule toy_drafter:
         CONDA_ENV
     params:
         spec=spec_json(specs.toy(config, "drafter")),
-        code=code_hash("specfit.toy.drafter"),
+        code=code_hash("specfit.stages.toy_drafter"),
     shell:
-        "python -m specfit.toy.drafter --spec {params.spec:q} --in questions={input.questions:q} "
+        "python -m specfit.stages.toy_drafter --spec {params.spec:q} --in questions={input.questions:q} "
         "--in target={input.target:q} --out drafter={output.drafter:q} > {log:q} 2>&1"

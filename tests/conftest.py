@@ -13,9 +13,9 @@ import yaml
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from specfit import paths
 from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
-from specfit.records import PROMPTS_SCHEMA
+from specfit.planning import paths
+from specfit.results.records import PROMPTS_SCHEMA
 from specfit.speculative.request import Limits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +30,8 @@ def root() -> Path:
 def questions_path() -> Path:
     """The configured question.jsonl; missing, it is fetched from the pinned commit as the workflow would."""
     from specfit.errors import SpecFitError
-    from specfit.extract import fetch
-    from specfit.workflow import validate_config
+    from specfit.planning.config import validate_config
+    from specfit.stages.spec_bench import run as fetch
 
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()),
                              ROOT / "workflow/schemas/config.schema.yaml", ROOT)

@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from specfit import calibrate
 from specfit.selection import Pool, select_min_union
+from specfit.stages import calibrate
 
 PROTOCOL = {"question_ids": [10, 11], "cycle_boundaries": [0, 2], "sizes": 8, "repeats": 2, "limit_tokens": 60}
 
@@ -82,7 +82,7 @@ def test_probes_count_misses_and_hits(cache, fitted, fitted_nocache):
 def test_drafting_fit_in_the_json(fitted):
     """specfit-ca's drafting model: start + (levels - 1)·level over the probes that caught the drafter up (the
     states right after prefill have nothing to catch up on), and one timed selection."""
-    from specfit.coefficients import DraftCost, fit_drafting
+    from specfit.selection.coefficients import DraftCost, fit_drafting
 
     coefficients, points = fitted
     assert {p["caught_up"] == 0 for p in points} == {True, False}  # cycle 0 states: none; later ones: the commits
@@ -116,7 +116,7 @@ def test_cache_aware_fit_in_the_json(cache, fitted, fitted_nocache):
     y, pred = np.array([p["y_ms"] for p in points]), np.array([p["pred_ca_ms"] for p in points])
     assert ca["r2_means"] == pytest.approx(1 - np.sum((y - pred) ** 2) / np.sum((y - y.mean()) ** 2))
     # the paper's model keeps its fit on the probe means
-    from specfit.coefficients import fit_nnls
+    from specfit.selection.coefficients import fit_nnls
 
     paper = fit_nnls([p["k"] for p in points], [p["F"] for p in points], y)
     assert coefficients["b"] == paper.b and coefficients["beta"] == paper.beta and coefficients["r2"] == paper.r2
@@ -128,7 +128,7 @@ def test_probes_restore_the_state(target, drafter):
 
     import torch
 
-    from specfit.engine import make_engine
+    from specfit.engine.offload import make_engine
     from specfit.speculative.request import Limits
 
     target = copy.deepcopy(target)  # offloaded below: the shared fixture stays plain for other tests

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specfit.coefficients import fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset
+from specfit.selection.coefficients import fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset
 
 
 def test_nnls_recovers_known_coefficients():
@@ -105,7 +105,7 @@ def test_paper_presets():
 
 
 def test_draft_cost_and_its_fit():
-    from specfit.coefficients import DraftCost, fit_drafting
+    from specfit.selection.coefficients import DraftCost, fit_drafting
 
     cost = DraftCost(start_ms=0.7, level_ms=0.4, select_ms=0.1)
     assert [cost(d) for d in range(4)] == pytest.approx([0.0, 0.8, 1.3, 1.8])

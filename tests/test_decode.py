@@ -4,8 +4,8 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from specfit import atlas, decode
-from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA
+from specfit.results.records import CYCLE_SCHEMA, REQUEST_SCHEMA
+from specfit.stages import atlas, decode
 
 DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: cuda
 

@@ -14,11 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from compat.compat_fakes import COEFFICIENTS
-from specfit import decode, paths, predictor
-from specfit.decoder import FIGURES, Decoder, compare, deployable
+from specfit.api import FIGURES, Decoder, compare, deployable
 from specfit.errors import SpecFitError
-from specfit.records import PROMPTS_SCHEMA
-from specfit.workflow import SCHEMA, load_config
+from specfit.planning import paths
+from specfit.planning.config import SCHEMA, load_config
+from specfit.results.records import PROMPTS_SCHEMA
+from specfit.stages import decode, predictor
 
 DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: cuda
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,16 +11,17 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from specfit import workflow
 from specfit.errors import SpecFitError
-from specfit.extract import build_prompts, load_workload, run
+from specfit.planning import config as planning_config
+from specfit.planning import matrix
 from specfit.questions import load_questions, training_questions
+from specfit.stages.extract import build_prompts, load_workload, run
 from specfit.toy.tokenizer import train_tokenizer
 
 
 @pytest.fixture(scope="module")
 def config(root):
-    return workflow.validate_config(yaml.safe_load((root / "config.yaml").read_text()),
+    return planning_config.validate_config(yaml.safe_load((root / "config.yaml").read_text()),
                                     root / "workflow/schemas/config.schema.yaml")
 
 
@@ -31,14 +32,14 @@ def questions(questions_path):
 
 @pytest.fixture(scope="module")
 def tokenizer(questions, config):
-    texts = [t for q in training_questions(questions, workflow.evaluated_question_ids(config)) for t in q["turns"]]
+    texts = [t for q in training_questions(questions, matrix.evaluated_question_ids(config)) for t in q["turns"]]
     return train_tokenizer(texts, vocab_size=1024)
 
 
 @pytest.fixture(scope="module")
 def workload_ids(config):
     """The ids config.yaml's workload ``name`` evaluates."""
-    return lambda name: workflow.workload_ids(config, name)
+    return lambda name: matrix.workload_ids(config, name)
 
 
 def test_summarization_is_the_40_even_articles(questions, workload_ids):
@@ -93,7 +94,7 @@ def test_stage_writes_parquet(questions_path, tokenizer, tmp_path):
     out = tmp_path / "p.parquet"
     spec = {"model": "toy", "question_ids": [401, 402], "limit_tokens": 512, "max_requests": None}
     subprocess.run(
-        [sys.executable, "-m", "specfit.extract", "--spec", json.dumps(spec), "--in", f"questions={questions_path}",
+        [sys.executable, "-m", "specfit.stages.extract", "--spec", json.dumps(spec), "--in", f"questions={questions_path}",
          "--in", f"tokenizer={tmp_path / 'tok'}", "--out", f"prompts={out}"],
         check=True, capture_output=True, timeout=120,
     )
@@ -192,7 +193,7 @@ def test_the_extract_rule_declares_a_local_source_and_passes_its_spec(root, tmp_
                            str(extra)], cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = {line.split("prompts=data/prompts/toy/")[1].split(".parquet")[0]: line
-                for line in proc.stdout.splitlines() if "python -m specfit.extract --spec" in line}
+                for line in proc.stdout.splitlines() if "python -m specfit.stages.extract --spec" in line}
     assert f"--in questions={data}" in commands["gsm8k-full"]
     assert "--in questions=" not in commands["gsm8k-hub"]
     assert "--in questions=data/raw/spec_bench/question.jsonl" in commands["gsm8k"]
@@ -205,7 +206,7 @@ def test_the_extract_rule_declares_a_local_source_and_passes_its_spec(root, tmp_
 def test_a_tokenizer_folder_without_tokenizer_files_is_refused_by_key(tmp_path):
     """transformers would hand back an empty tokenizer; the stage names the config key instead."""
     from specfit.errors import SpecFitError
-    from specfit.extract import run
+    from specfit.stages.extract import run
 
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "config.json").write_text("{}")

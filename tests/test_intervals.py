@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from specfit.intervals import PROCESS_SPREAD, products_ratio_interval, ratio_interval, tps_interval, verdict
-from specfit.ngrams import cycle_kinds, seen_before, split, stream_split
+from specfit.results.intervals import PROCESS_SPREAD, products_ratio_interval, ratio_interval, tps_interval, verdict
+from specfit.results.ngrams import cycle_kinds, seen_before, split, stream_split
 
 
 def request(rid, n_output, t_decode, t_prefill=0.5):
@@ -177,7 +177,7 @@ def test_verdict_needs_the_whole_interval_on_one_side():
 
 
 def test_the_helpers_do_not_import_torch():
-    code = "import sys, specfit.intervals, specfit.ngrams; assert 'torch' not in sys.modules"
+    code = "import sys, specfit.results.intervals, specfit.results.ngrams; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -225,8 +225,8 @@ def test_cycles_that_do_not_fit_the_request_are_an_error():
 
 
 def test_stream_split_and_the_decode_metrics():
-    from specfit.metrics import stream_metrics
-    from specfit.records import CYCLE_SCHEMA
+    from specfit.results.metrics import stream_metrics
+    from specfit.results.records import CYCLE_SCHEMA
 
     prompts = [{"request_id": 0, "prompt_ids": PROMPT}, {"request_id": 1, "prompt_ids": [1, 2, 3]}]
     requests = [
@@ -268,7 +268,7 @@ def test_stream_split_and_the_decode_metrics():
 def test_the_spread_follows_who_timed_the_runs():
     """An emulated device's run (device model in metrics.json) or a GPU's carries PROCESS_SPREAD; a run the CPU
     timed itself (a link-only emulation, or plain CPU copies) the wider CPU_SPREAD, and so does any ratio with one."""
-    from specfit.intervals import CPU_SPREAD, cpu_timed, process_spread
+    from specfit.results.intervals import CPU_SPREAD, cpu_timed, process_spread
 
     device = {"device": {"label": "emulated A100"}, "timing_label": "emulated A100 (expert execution + link)"}
     link = {"device": None, "timing_label": "emulated link (0.175 GB/s, 50 us latency, waited)"}

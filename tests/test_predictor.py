@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from specfit import decode, predictor, specs
 from specfit.errors import SpecFitError
+from specfit.planning import specs
 from specfit.selection.pool import CandidatePool
 from specfit.speculative import routes as routes_module
 from specfit.speculative.cycle import Cycle
@@ -17,6 +17,7 @@ from specfit.speculative.draft import draft_level, new_draft_state, sync
 from specfit.speculative.learned import LearnedRoutes, RoutePredictor, node_inputs
 from specfit.speculative.routes import predictor_cost
 from specfit.speculative.verify import Target
+from specfit.stages import decode, predictor
 
 DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: cuda
 
@@ -28,7 +29,7 @@ def spec(**over):
 
 
 def stream_spec(name, **method):
-    """The decode stage's spec as the workflow builds it (`specfit.specs.decode`) for the tiny pair: a config of one
+    """The decode stage's spec as the workflow builds it (`specfit.planning.specs.decode`) for the tiny pair: a config of one
     model, device and workload, ``method`` as its method entry; and a 3-token warm-up (a test's knob: the rule
     leaves the stage's default)."""
     config = {"seed": 0, "models": {"tiny": {"dtype": "float32", "logits_dtype": "model"}},

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from specfit.errors import SpecFitError
+from specfit.planning.config import validate_config
+from specfit.planning.matrix import evaluated_question_ids
 from specfit.questions import load_questions, load_source, workload_file, workload_source
-from specfit.workflow import evaluated_question_ids, validate_config
 
 PAPER_IDS = set(range(242, 321, 2)) | set(range(401, 481))  # 40 even CNN/DailyMail articles, 80 GSM8K questions
 MATH = [

@@ -13,10 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent / "selection"))  # run alone, befor
 from test_cache_aware import ca_time, misses, resident_pools
 from test_selection import legal_subtrees, pools, reward, union
 
-from specfit.coefficients import DraftCost
 from specfit.errors import SpecFitError
 from specfit.selection import Pool, select_parametric, select_specfit, select_specfit_ca, select_top_prob
-from specfit.theory import (
+from specfit.selection.coefficients import DraftCost
+from specfit.stages.theory import (
     CacheAwareCost,
     RecordedCycle,
     cache_aware_theory,

@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from report.report_md import find, key_of, md_tables
-from specfit import paths
+from specfit.planning import paths
+from specfit.planning.config import load_config
+from specfit.planning.matrix import decode_runs, method_rule
 from specfit.report.quantities import DRAFT_KEYS, METRICS
-from specfit.workflow import decode_runs, load_config, method_rule
 
 pytestmark = pytest.mark.slow
 

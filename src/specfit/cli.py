@@ -1,4 +1,4 @@
-"""The ``specfit`` console script: ``specfit generate``, a thin shell over `specfit.decoder.Decoder`.
+"""The ``specfit`` console script: ``specfit generate``, a thin shell over `specfit.api.Decoder`.
 
 Run from the workflow root (it reads ``config.yaml`` there, and the workflow's outputs for the model and device)::
 
@@ -55,7 +55,7 @@ def generate(args: argparse.Namespace) -> None:
     import torch
     from transformers.utils import logging as transformers_logging  # torch: loaded once the arguments are read
 
-    from specfit.decoder import MAX_NEW_TOKENS, Decoder, compare
+    from specfit.api import MAX_NEW_TOKENS, Decoder, compare
 
     if args.threads < 1:
         raise SpecFitError(f"--threads must be at least 1, got {args.threads}")

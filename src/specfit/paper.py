@@ -6,7 +6,7 @@ from importlib import resources
 
 import yaml
 
-from specfit.coefficients import paper_coefficients
+from specfit.selection.coefficients import paper_coefficients
 
 
 def paper_results() -> dict:

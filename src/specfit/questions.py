@@ -7,12 +7,12 @@ they become dicts with ``question_id``, ``category`` and ``turns`` (the user tur
 is ever downloaded here: the Hub is read with ``HF_DATASETS_OFFLINE=1`` semantics.
 
 Which ids are evaluated is the config's business: the ids of every workload whose source is Spec-Bench and the
-calibration ids (``specfit.workflow.evaluated_question_ids``; with config.yaml, the paper's 40 even-numbered
+calibration ids (``specfit.planning.matrix.evaluated_question_ids``; with config.yaml, the paper's 40 even-numbered
 CNN/DailyMail articles 242..320 and the 80 GSM8K questions 401..480). The toy rules pass them to their stages as
 ``exclude_question_ids``; everything else in Spec-Bench may train the toy tokenizer, target and drafter.
 
 ``datasets`` is imported only by the functions that read, so that importing this module (the Snakefile does,
-through `specfit.workflow`) stays fast.
+through `specfit.planning`) stays fast.
 """
 
 from __future__ import annotations
@@ -263,3 +263,11 @@ def training_questions(questions: list[dict], exclude_ids: Iterable[int]) -> lis
     train on these and only these."""
     exclude = set(exclude_ids)
     return [q for q in questions if q["question_id"] not in exclude]
+
+
+def render_prompt(tokenizer, question: dict) -> tuple[str, list[int]]:
+    """The first turn in the model's chat template, as text and token ids."""
+    messages = [{"role": "user", "content": question["turns"][0]}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text, list(ids)

@@ -3,8 +3,8 @@
 import pytest
 
 from specfit.bench.device import main
+from specfit.engine.paper_gpus import check, counts, derive
 from specfit.paper import paper_results
-from specfit.paper_device import check, counts, derive
 
 
 def test_counters_read_off_table_2():
@@ -43,7 +43,7 @@ def test_main_prints_the_table_and_the_toys_parameters(capsys):
 
 
 def test_proportions_of_runs_and_of_the_paper():
-    from specfit.paper_device import paper_proportions, proportion_met, run_proportions
+    from specfit.engine.paper_gpus import paper_proportions, proportion_met, run_proportions
 
     paper = paper_proportions(paper_results(), "summarization")
     assert paper["ar_nocache_over_cache"] == pytest.approx(214.2 / 150.6)

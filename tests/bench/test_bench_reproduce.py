@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from specfit.bench.reproduce import claim_verdicts, collect, compare, job_record, main, write_reference
-from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA
+from specfit.results.records import CYCLE_SCHEMA, REQUEST_SCHEMA
 
 JOBS = {"toy/cpu-a100/gsm8k/ar/slots0": 10.0, "toy/cpu-a100/gsm8k/specfit/slots12": 20.0}
 OUTPUTS = {0: [5, 6, 7, 2], 1: [8, 9, 2]}  # request id -> output ids

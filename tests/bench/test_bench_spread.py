@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specfit.bench.spread import log_ratios, main
-from specfit.intervals import CPU_SPREAD, VIRTUAL_SPREAD
+from specfit.results.intervals import CPU_SPREAD, VIRTUAL_SPREAD
 
 
 def write(root, job, tps, extra=0):

@@ -26,9 +26,9 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, LlamaConfig, PreTrainedTokenizerFast, Qwen3MoeForCausalLM
 
-from specfit import specs
 from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
-from specfit.workflow import SCHEMA, load_config
+from specfit.planning import specs
+from specfit.planning.config import SCHEMA, load_config
 
 DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh runs the suite on cuda
 ROOT = Path(__file__).resolve().parents[2]  # the workflow checkout: its config.yaml and config.qwen3-30b-a3b.yaml
@@ -251,7 +251,7 @@ def target_dir(compat_root) -> Path:
 @pytest.fixture(scope="session")
 def prompt_files(target_dir, compat_root) -> dict[str, Path]:
     """The extract stage on the fake's tokenizer: the workload's prompts and the calibration prompt."""
-    from specfit import extract
+    from specfit.stages import extract
 
     files = {"prompts": compat_root / "prompts.parquet", "calibration": compat_root / "calibration.parquet"}
     for name, ids in (("prompts", [1, 2]), ("calibration", [3])):
@@ -261,7 +261,7 @@ def prompt_files(target_dir, compat_root) -> dict[str, Path]:
 
 
 def stream_spec(name: str, **method) -> dict:
-    """A decode stage's spec as the workflow builds it (`specfit.specs.decode`) for models.qwen3-30b-a3b on the A100
+    """A decode stage's spec as the workflow builds it (`specfit.planning.specs.decode`) for models.qwen3-30b-a3b on the A100
     of config.qwen3-30b-a3b.yaml, with the test device, the fakes' limits, 4 slots and ``method`` as the method's
     entry; and a 3-token warm-up (a test's knob: the rule leaves the stage's default)."""
     config = load_config(ROOT / "config.yaml", ROOT / SCHEMA, ROOT / "config.qwen3-30b-a3b.yaml")
@@ -283,7 +283,7 @@ def run_files(path: Path, name: str, atlas: bool = False) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def ar_run(target_dir, prompt_files, compat_root) -> dict[str, Path]:
     """The decode stage's AR run on the fake target: the reference of every lossless check."""
-    from specfit import decode
+    from specfit.stages import decode
 
     files = run_files(compat_root, "ar")
     decode.run(stream_spec("ar"), {"prompts": prompt_files["prompts"], "target": target_dir}, files)
@@ -297,7 +297,7 @@ def drafter_dir(target_dir, prompt_files, ar_run, compat_root) -> Path:
     import pyarrow.parquet as pq
 
     from specfit.models import load_target
-    from specfit.records import read_prompts
+    from specfit.results.records import read_prompts
 
     target, _ = load_target(target_dir, "bfloat16")  # the target exactly as the stages load it
     outputs = {r["request_id"]: r["output_ids"] for r in pq.read_table(ar_run["requests"]).to_pylist()}

@@ -14,8 +14,10 @@ import torch
 import yaml
 from compat_fakes import COEFFICIENTS, DEVICE, MODEL, NEW, QUESTIONS, ROOT
 
-from specfit import cli, paths, predictor
-from specfit.workflow import SCHEMA
+from specfit import cli
+from specfit.planning import paths
+from specfit.planning.config import SCHEMA
+from specfit.stages import predictor
 
 PROMPT = QUESTIONS[1]["turns"][0]  # a prompt the fake drafter was taught the answer of: drafts are accepted
 DEPLOYABLE = [["--method", "ar"], ["--method", "eagle3"], ["--method", "specfit-learned"],

@@ -15,9 +15,9 @@ import torch
 from compat_fakes import MODEL, TARGET_CONFIG, build_drafter, run_files, stream_spec
 from safetensors.torch import load_file, save_file
 
-from specfit import calibrate, decode
 from specfit.errors import SpecFitError
 from specfit.models import check_checkpoints, load_drafter, load_target
+from specfit.stages import calibrate, decode
 
 DRAFTER_KEY = rf"models\.{MODEL}\.drafter"
 TARGET_KEY = rf"models\.{MODEL}\.target"

@@ -30,8 +30,8 @@ from compat_fakes import (
 )
 from safetensors.torch import load_file
 
-from specfit import atlas, calibrate, decode
 from specfit.models import Eagle3Drafter, load_drafter, load_target
+from specfit.stages import atlas, calibrate, decode
 
 BF16_TIE = 0.1  # logits of this fake are O(1): a bf16 near-tie is a top-2 margin within a few bf16 ulps
 

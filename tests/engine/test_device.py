@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from specfit.device import Timeline, scaled
-from specfit.engine import DeviceModel, ExpertCache, OffloadConfig, make_engine, offload_experts
+from specfit.engine.device import DeviceModel, Timeline, scaled
+from specfit.engine.offload import ExpertCache, OffloadConfig, make_engine, offload_experts
 from specfit.errors import SpecFitError
 
 PARAMS = {"name": "A100", "fixed_ms": 10.0, "token_ms": 0.5, "expert_ms": 1.0, "copy_ms": 2.0, "draft_ms": 1.5}
@@ -141,7 +141,7 @@ def test_drafter_forwards_take_draft_ms_on_the_clock(make_target):
 def test_the_drafters_catch_up_on_a_prompt_is_counted_apart(make_target):
     """A drafter forward over more than PREFILL_TOKENS rows (the prompt, after the target's prefill) is counted
     with the drafter's prefills, not with the drafted levels."""
-    from specfit.device import PREFILL_TOKENS
+    from specfit.engine.device import PREFILL_TOKENS
 
     engine = make_engine(make_target(), slots=3, emulate=dict(PARAMS, draft_ms=1.0))
     drafter = torch.nn.Embedding(8, 4)  # forward(input_ids [B, T]), as the EAGLE-3 drafter's
@@ -156,7 +156,7 @@ def test_the_drafters_catch_up_on_a_prompt_is_counted_apart(make_target):
 
 
 def test_a_device_and_a_link_together_are_refused():
-    from specfit.engine import LinkModel
+    from specfit.engine.link import LinkModel
 
     with pytest.raises(ValueError, match="a link or a device"):
         OffloadConfig(4, link=LinkModel(1e9), device=DeviceModel.from_spec(PARAMS))

@@ -2,8 +2,7 @@ import time
 
 import pytest
 
-from specfit.engine import LinkModel, link_for_copy_share
-from specfit.engine.link import Link
+from specfit.engine.link import Link, LinkModel, link_for_copy_share
 
 
 def test_copies_in_flight_share_the_link():

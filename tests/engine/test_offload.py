@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from specfit.engine import EXPERTS_IMPLEMENTATION, ExpertCache, LinkModel, OffloadConfig, offload_experts
+from specfit.engine.link import LinkModel
+from specfit.engine.offload import EXPERTS_IMPLEMENTATION, ExpertCache, OffloadConfig, offload_experts
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]

@@ -137,7 +137,7 @@ def test_float32_model_is_unchanged_and_the_config_values(bf16_target):
 
 def test_offloaded_target_verifies_with_float32_logits(bf16_target):
     """With the offload engine and the decode path's `Target`: prefill and a tree verify give float32 logits."""
-    from specfit.engine import OffloadConfig, offload_experts
+    from specfit.engine.offload import OffloadConfig, offload_experts
     from specfit.selection.pool import CandidatePool
     from specfit.speculative.verify import Target
 

@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-from specfit import paths
 from specfit.errors import SpecFitError
 from specfit.models import check_checkpoints
 from specfit.models.shipped import MANIFEST, manifest_parts, read_manifest, verify, write_manifest
+from specfit.planning import paths
 
 PARTS = ("tokenizer", "target", "drafter")
 FILES = {"tokenizer/tokenizer.json": b'{"model": {}}', "target/config.json": b'{"num_experts": 4}',

@@ -5,7 +5,7 @@ import pytest
 from report_fakes import fake_root, tiny_spec
 from report_md import build
 
-from specfit.workflow import report_inputs
+from specfit.planning.matrix import report_inputs
 
 
 @pytest.fixture()

@@ -1,5 +1,5 @@
 """A fake workflow folder for the report: a tiny config and the files its stages would write. The files the report
-rule declares come from `specfit.workflow.report_inputs`, which the tests call as the rule does."""
+rule declares come from `specfit.planning.matrix.report_inputs`, which the tests call as the rule does."""
 
 import json
 import zlib
@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specfit import paths
-from specfit.workflow import DecodeRun, decode_runs, method_rule, theory_cost, theory_file, theory_runs
+from specfit.planning import paths
+from specfit.planning.matrix import DecodeRun, decode_runs, method_rule, theory_cost, theory_file, theory_runs
 
 DEVICE = "cpu-a100link"
 N_REQUESTS = 6  # per fake run; the same request ids and output lengths in every run (lossless methods)
@@ -67,12 +67,12 @@ def fake_requests(rng, lengths, speed: float) -> list[dict]:
 
 
 def decode_tps(rows) -> float:
-    """As specfit.decode.stream_metrics computes it."""
+    """As specfit.stages.decode.stream_metrics computes it."""
     return (sum(r["n_output"] for r in rows) - len(rows)) / sum(r["t_request_s"] - r["t_prefill_s"] for r in rows)
 
 
 def request_tps(rows) -> float:
-    """Eq. 10's TPS_req, as specfit.metrics.stream_metrics computes it: every output token over whole requests."""
+    """Eq. 10's TPS_req, as specfit.results.metrics.stream_metrics computes it: every output token over whole requests."""
     return sum(r["n_output"] for r in rows) / sum(r["t_request_s"] for r in rows)
 
 

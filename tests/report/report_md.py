@@ -3,9 +3,10 @@ metrics.json key behind a column, and the printed intervals (also used by tests/
 
 import re
 
-from specfit import intervals, report
+from specfit import report
 from specfit.report.page import EMULATED, interval_note
 from specfit.report.quantities import METRICS
+from specfit.results import intervals
 
 
 def build(spec: dict, inputs: dict, out) -> tuple[str, dict]:

@@ -6,11 +6,11 @@ import json
 from report_fakes import fake_root, tiny_spec
 from report_md import build, ratio_of, ratio_of_ratios, rows, x_text
 
-from specfit import intervals
+from specfit.engine.paper_gpus import paper_proportions
 from specfit.paper import paper_results
-from specfit.paper_device import paper_proportions
+from specfit.planning.matrix import report_inputs
 from specfit.report.verdict import Verdict, confronted
-from specfit.workflow import report_inputs
+from specfit.results import intervals
 
 DEVICE = "cpu-a100"
 EMULATE = {"name": "A100", "fixed_ms": 74.02, "token_ms": 1.423, "expert_ms": 4.786, "copy_ms": 4.575,

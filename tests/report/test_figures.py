@@ -7,10 +7,10 @@ import pytest
 from report_fakes import DEVICE, fake_root, runs_by, tiny_spec
 from report_md import assert_no_win_inside_a_tie, build, ids, pct_text, ratio_of, rows, tps_text, x_text
 
-from specfit import intervals
 from specfit.paper import paper_results
+from specfit.planning.matrix import DecodeRun, report_inputs
 from specfit.report.page import EMULATED
-from specfit.workflow import DecodeRun, report_inputs
+from specfit.results import intervals
 
 OTHER = "cpu-4090link"
 PAPER = paper_results()

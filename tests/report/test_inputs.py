@@ -10,10 +10,12 @@ import pytest
 from report_fakes import DEVICE, fake_root, runs_by, tiny_spec, write_requests
 from report_md import build, missing_inputs, rows
 
-from specfit import metrics, paths, report
 from specfit.errors import SpecFitError
+from specfit.planning import paths
+from specfit.planning.matrix import report_inputs
 from specfit.report.quantities import LATER_KEYS, METRICS
-from specfit.workflow import report_inputs
+from specfit.results import metrics
+from specfit.stages import report
 
 
 def test_a_file_on_disk_but_not_declared_is_not_read(tree):
@@ -47,7 +49,7 @@ def test_the_workflow_folder_is_no_input(tree, caplog):
     """Everything on disk, nothing declared: every section shows its inputs as missing."""
     spec = tiny_spec()
     fake_root(tree, spec)
-    with caplog.at_level(logging.WARNING, logger="specfit.report"):
+    with caplog.at_level(logging.WARNING, logger="specfit.stages.report"):
         md, tables = build(spec, {"root": str(tree)}, tree / "report")
     assert "root" in caplog.text
     inputs = report_inputs(spec)  # requests and probe points count as missing only beside their metrics and fits
@@ -66,7 +68,7 @@ def test_declared_paths_match_however_written(tree, caplog):
     inputs = {name: [f"./{p}" if i % 2 else str(tree / p) for i, p in enumerate(files)]
               for name, files in report_inputs(spec).items()}
     inputs["metrics"].append("data/decode/toy/elsewhere/metrics.json")
-    with caplog.at_level(logging.WARNING, logger="specfit.report"):
+    with caplog.at_level(logging.WARNING, logger="specfit.stages.report"):
         md, _ = build(spec, inputs, tree / "report")
     assert "data/decode/toy/elsewhere/metrics.json" in caplog.text
     date = re.compile(r"^- \*\*Date \(UTC\)\*\*.*$", re.MULTILINE)
@@ -114,7 +116,7 @@ def test_malformed_metrics_is_an_error(tree):
 
 
 def test_the_keys_read_are_the_keys_written():
-    """The metrics.json keys the report shows are ones `specfit.metrics.stream_metrics` writes (`metrics.KEYS`, in
+    """The metrics.json keys the report shows are ones `specfit.results.metrics.stream_metrics` writes (`metrics.KEYS`, in
     its order)."""
     requests = [{"request_id": 0, "n_output": 5, "t_request_s": 1.0, "t_prefill_s": 0.2, "h2d_transfers": 7}]
     cycles = pa.table({"committed": [2, 2], "accepted": [1, 1], "drafted_levels": [2, 0], "t_draft_s": [0.1, 0.0],

@@ -10,13 +10,13 @@ from markupsafe import escape
 from report_fakes import DEVICE, decode_tps, fake_root, request_tps, tiny_spec, write_requests
 from report_md import assert_no_win_inside_a_tie, build, missing_inputs, ratio_of, rows, tps_text, x_text
 
-from specfit import paths
 from specfit.errors import SpecFitError
-from specfit.intervals import CPU_SPREAD
+from specfit.planning import paths
+from specfit.planning.matrix import DecodeRun, report_inputs
 from specfit.report.inputs import PREDICTOR_REQUIRED, load_inputs, predictor_metrics
 from specfit.report.page import EMULATED, interval_note
 from specfit.report.sections.learned_routes import TITLE
-from specfit.workflow import DecodeRun, report_inputs
+from specfit.results.intervals import CPU_SPREAD
 
 METHODS = ("ar", "eagle3", "specfit", "specfit-noisy", "specfit-learned")
 SIDE = f"learned-routes/toy/{DEVICE}"

@@ -44,8 +44,9 @@ def test_the_paper_config_puts_its_workloads_and_noisy_routes_where_the_paper_ha
     from snakemake.utils import update_config
 
     from specfit.paper import paper_results
+    from specfit.planning.config import validate_config
+    from specfit.planning.matrix import DecodeRun, decode_runs, workload_ids
     from specfit.report.scope import paper_workload, stand_ins
-    from specfit.workflow import DecodeRun, decode_runs, validate_config, workload_ids
 
     config = yaml.safe_load((root / "config.yaml").read_text())
     update_config(config, yaml.safe_load((root / "config.qwen3-30b-a3b.yaml").read_text()))

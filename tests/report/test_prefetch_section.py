@@ -7,9 +7,9 @@ import pytest
 from report_fakes import DEVICE, decode_tps, fake_root, request_tps, tiny_spec, write_requests
 from report_md import build, ids, ratio_of, rows, tps_text, x_text
 
+from specfit.planning.matrix import DecodeRun, report_inputs
 from specfit.report.page import EMULATED
 from specfit.report.sections.prefetch import RATIOS, ROLES, TITLE
-from specfit.workflow import DecodeRun, report_inputs
 
 METHODS = ("ar", "eagle3", "specfit", "specfit-ca", "specfit-ca-learned", "specfit-prefetch", "specfit-prefetch-atlas",
            "eagle3-prefetch")

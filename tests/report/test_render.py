@@ -8,9 +8,9 @@ import sys
 from report_fakes import fake_root, tiny_spec
 from report_md import RATIO_CELL
 
+from specfit.planning.matrix import DecodeRun, report_inputs
 from specfit.report.page import EMULATED
 from specfit.report.render import config_hash, git_commit
-from specfit.workflow import DecodeRun, report_inputs
 
 
 def test_html_links_are_relative_and_exist(built):
@@ -33,7 +33,7 @@ def test_html_links_are_relative_and_exist(built):
 
 
 def test_the_command_line_runs_without_pandas(tree):
-    """``python -m specfit.report`` with the rule's repeated --in flags, pandas hidden."""
+    """``python -m specfit.stages.report`` with the rule's repeated --in flags, pandas hidden."""
     spec = tiny_spec()
     fake_root(tree, spec)
     flags = [f"--in={name}={path}" for name, files in report_inputs(spec).items() for path in files]
@@ -43,8 +43,8 @@ def test_the_command_line_runs_without_pandas(tree):
             "        if name.partition('.')[0] == 'pandas':\n"
             "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
             "sys.meta_path.insert(0, NoPandas())\n"
-            "sys.argv = ['specfit.report', *sys.argv[1:]]\n"
-            "runpy.run_module('specfit.report', run_name='__main__', alter_sys=True)\n")
+            "sys.argv = ['specfit.stages.report', *sys.argv[1:]]\n"
+            "runpy.run_module('specfit.stages.report', run_name='__main__', alter_sys=True)\n")
     out = tree / "report"
     proc = subprocess.run([sys.executable, "-c", code, "--spec", json.dumps(spec), *flags, "--out", f"report={out}"],
                           capture_output=True, text=True, cwd=tree, check=False)

@@ -6,11 +6,11 @@ import pytest
 from report_fakes import DEVICE, decode_tps, fake_root, request_tps, runs_by, tiny_spec, write_requests
 from report_md import assert_no_win_inside_a_tie, build, ids, key_of, pct_text, ratio_of, rows, tps_text, x_text
 
-from specfit import paths
-from specfit.metrics import SPLIT_KEYS
+from specfit.planning import paths
+from specfit.planning.matrix import report_inputs
 from specfit.report.page import EMULATED, interval_note
 from specfit.report.quantities import DRAFT_KEYS, METRICS, TOKENS_PER_TRANSFER
-from specfit.workflow import report_inputs
+from specfit.results.metrics import SPLIT_KEYS
 
 OTHER = "cpu-4090link"
 

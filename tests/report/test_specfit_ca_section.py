@@ -9,12 +9,12 @@ from markupsafe import escape
 from report_fakes import DEVICE, decode_tps, fake_root, request_tps, tiny_spec, write_requests
 from report_md import assert_no_win_inside_a_tie, build, ids, ratio_of, rows, tps_text, x_text
 
+from specfit.planning.matrix import DecodeRun, report_inputs
 from specfit.report.page import EMULATED, Estimate, interval_note
 from specfit.report.quantities import LATER_KEYS
 from specfit.report.scope import Roles
 from specfit.report.sections.specfit_ca import TITLE, why
 from specfit.report.verdict import Verdict
-from specfit.workflow import DecodeRun, report_inputs
 
 METHODS = ("ar", "eagle3", "specfit", "specfit-ca")
 GOAL = f"specfit-ca/toy/{DEVICE}"

@@ -3,7 +3,7 @@ import pytest
 
 from specfit.errors import SpecFitError
 from specfit.io import write_parquet
-from specfit.records import ATLAS_SCHEMA
+from specfit.results.records import ATLAS_SCHEMA
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import SpecFit, build_method
 from specfit.speculative.request import decode_request

@@ -5,7 +5,7 @@ import pytest
 
 from specfit.errors import SpecFitError
 from specfit.io import write_parquet
-from specfit.records import ATLAS_SCHEMA, atlas_row
+from specfit.results.records import ATLAS_SCHEMA, atlas_row
 from specfit.selection.pool import CandidatePool
 from specfit.speculative.cycle import Cycle
 from specfit.speculative.routes import AtlasRoutes, LiveRoutes, NoisyRoutes, find_source

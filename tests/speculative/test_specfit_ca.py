@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 from decode_helpers import decode_prompts
 
-from specfit.coefficients import DraftCost
-from specfit.engine import make_engine
+from specfit.engine.offload import make_engine
 from specfit.io import write_parquet
-from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, resident_ids, resident_mask
+from specfit.results.records import ATLAS_SCHEMA, CYCLE_SCHEMA, resident_ids, resident_mask
+from specfit.selection.coefficients import DraftCost
 from specfit.selection.pool import CandidatePool
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import SpecFit, SpecFitCA, build_method

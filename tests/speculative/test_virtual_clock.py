@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from specfit.engine import make_engine
+from specfit.engine.offload import make_engine
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import HOST_SECTIONS
 from specfit.speculative.methods import SpecFit, build_method

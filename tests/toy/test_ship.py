@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from specfit import paths, specs
 from specfit.models.shipped import MANIFEST, verify
+from specfit.planning import paths, specs
+from specfit.planning.config import SCHEMA, load_config
 from specfit.toy import ship
 from specfit.toy.spec import PARTS
-from specfit.workflow import SCHEMA, load_config
 
 
 @pytest.fixture()

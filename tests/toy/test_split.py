@@ -10,13 +10,15 @@ import pytest
 import yaml
 
 from specfit.errors import SpecFitError
+from specfit.planning.code import code_closure
+from specfit.planning.config import validate_config
+from specfit.planning.matrix import evaluated_question_ids
 from specfit.questions import load_questions, training_questions
-from specfit.toy import drafter, target, tokenizer
+from specfit.stages import toy_drafter, toy_target, toy_tokenizer
 from specfit.toy.spec import PARTS, toy_spec
 from specfit.toy.train import split
-from specfit.workflow import code_closure, evaluated_question_ids, validate_config
 
-STAGES = {"tokenizer": tokenizer, "target": target, "drafter": drafter}
+STAGES = {"tokenizer": toy_tokenizer, "target": toy_target, "drafter": toy_drafter}
 PAPER_IDS = set(range(242, 321, 2)) | set(range(401, 481))  # 40 even CNN/DailyMail articles, 80 GSM8K questions
 
 
@@ -96,7 +98,7 @@ def test_a_stage_refuses_a_spec_without_the_evaluated_ids(part, questions_path, 
 def test_the_command_line_refuses_it_too(questions_path, tmp_path):
     spec = {k: v for k, v in toy_spec("tokenizer").items() if k != "exclude_question_ids"}
     proc = subprocess.run(
-        [sys.executable, "-m", "specfit.toy.tokenizer", "--spec", json.dumps(spec), "--in",
+        [sys.executable, "-m", "specfit.stages.toy_tokenizer", "--spec", json.dumps(spec), "--in",
          f"questions={questions_path}", "--out", f"tokenizer={tmp_path / 'tok'}"],
         capture_output=True, text=True, timeout=300,
     )
@@ -127,7 +129,8 @@ def test_every_key_a_stage_reads_has_a_schema_default(root, schema):
     """The modules read ``spec["key"]`` only, and each such key is in the schema (with a default) or added by the
     rule (seed, threads, exclude_question_ids): no default lives in the code."""
     toy = schema["properties"]["toy"]["properties"]
-    source = {part: (root / f"src/specfit/toy/{part}.py").read_text() for part in PARTS}
+    source = {part: (root / f"src/specfit/toy/{part}.py").read_text() + (root / f"src/specfit/stages/toy_{part}.py")
+              .read_text() for part in PARTS}
     source["train"] = (root / "src/specfit/toy/train.py").read_text()
     assert not any("spec.get(" in text for name, text in source.items() if name != "train")
     assert source["train"].count("spec.get(") == 1  # the refusal of a spec without exclude_question_ids
@@ -142,6 +145,6 @@ def test_every_key_a_stage_reads_has_a_schema_default(root, schema):
 
 @pytest.mark.parametrize("part", PARTS)
 def test_the_stages_code_hash_leaves_the_workflow_out(part):
-    """toy_spec reads the schema through specfit.workflow; no stage runs it, so edits there retrain no toy."""
-    closure = code_closure(f"specfit.toy.{part}")
-    assert "specfit.toy" in closure and not {"specfit.workflow", "specfit.toy.spec"} & set(closure)
+    """toy_spec reads the schema through specfit.planning; no stage runs it, so edits there retrain no toy."""
+    closure = code_closure(f"specfit.stages.toy_{part}")
+    assert "specfit.toy" in closure and not {"specfit.planning", "specfit.toy.spec"} & set(closure)

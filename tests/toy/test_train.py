@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 from specfit import numerics
 from specfit.errors import SpecFitError
 from specfit.questions import load_questions, training_questions
-from specfit.toy import drafter as toy_drafter
-from specfit.toy import target as toy_target
+from specfit.stages import toy_drafter, toy_target
 from specfit.toy import train as toy_train
 from specfit.toy.spec import toy_spec
 from specfit.toy.tokenizer import train_tokenizer
@@ -92,10 +91,10 @@ def test_the_cpu_kernels_are_pinned_before_torch_computes():
 
 
 def test_timing_stages_switch_mkl_to_its_auto_branch_and_training_stages_keep_the_pin():
-    """`specfit.stage.stage_main`: a stage that trains keeps the training pin (MKL's compatible branch), any other
+    """`specfit.planning.stage.stage_main`: a stage that trains keeps the training pin (MKL's compatible branch), any other
     switches to MKL's AUTO branch before it computes (`numerics.for_timing`); a value the user set stays in both."""
     code = ("import os, sys, specfit\n"
-            "from specfit.stage import stage_main\n"
+            "from specfit.planning.stage import stage_main\n"
             "def run(spec, inputs, outputs): print(os.environ.get('MKL_CBWR'))\n"
             "stage_main(run, trains=sys.argv[1] == 'train')([])\n")
     if numerics.pinnable():
@@ -109,7 +108,7 @@ def test_a_timing_stage_computes_with_mkls_auto_branch_though_specfit_pinned_ano
     decode stage's imports, before its first GEMM, is the branch MKL computes with (the pinned compatible branch and
     AUTO round differently, so the test tells them apart)."""
     code = ("import hashlib, sys\n"
-            "import specfit.decode, torch\n"
+            "import specfit.stages.decode, torch\n"
             "from specfit import numerics\n"
             "if sys.argv[1] == 'timing': numerics.for_timing()\n"
             "torch.set_num_threads(1)\n"

@@ -4,24 +4,24 @@ import shutil
 
 import pytest
 
-import specfit.workflow as wf
-from specfit.workflow import code_closure, code_hash
+import specfit.planning.code as wf
+from specfit.planning.code import code_closure, code_hash
 
-STAGES = ("specfit.extract", "specfit.calibrate", "specfit.atlas", "specfit.decode", "specfit.theory",
-          "specfit.report")
+STAGES = ("specfit.stages.extract", "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.decode", "specfit.stages.theory",
+          "specfit.stages.report")
 
 
 def test_calibration_does_not_run_the_decode_stream_or_its_metrics():
-    closure = code_closure("specfit.calibrate")
-    assert not {"specfit.decode", "specfit.atlas", "specfit.metrics", "specfit.speculative.stream"} & set(closure)
+    closure = code_closure("specfit.stages.calibrate")
+    assert not {"specfit.stages.decode", "specfit.stages.atlas", "specfit.results.metrics", "specfit.speculative.stream"} & set(closure)
     assert "specfit.speculative.request" in closure  # the cycle API it shares with decode
 
 
 def test_theory_reads_records_without_drafting_or_verification():
-    closure = set(code_closure("specfit.theory"))
-    assert {"specfit.records", "specfit.speculative.routes", "specfit.selection.pool"} <= closure
+    closure = set(code_closure("specfit.stages.theory"))
+    assert {"specfit.results.records", "specfit.speculative.routes", "specfit.selection.pool"} <= closure
     assert not {"specfit.speculative.draft", "specfit.speculative.verify", "specfit.speculative.request",
-                "specfit.models", "specfit.engine", "specfit.decode"} & closure
+                "specfit.models", "specfit.engine", "specfit.stages.decode"} & closure
 
 
 def test_no_stage_imports_another():
@@ -44,22 +44,22 @@ def edit(path):
 
 def test_an_edit_to_decode_metrics_reruns_decode_and_atlas_not_calibration(package):
     before = {stage: code_hash(stage) for stage in STAGES}
-    edit(package / "metrics.py")
+    edit(package / "results" / "metrics.py")
     changed = {stage for stage in STAGES if code_hash(stage) != before[stage]}
-    assert changed == {"specfit.decode", "specfit.atlas", "specfit.report"}  # the report reads metrics.json by its keys
+    assert changed == {"specfit.stages.decode", "specfit.stages.atlas", "specfit.stages.report"}  # the report reads metrics.json by its keys
 
 
 def test_an_edit_to_drafting_reruns_every_stage_that_drafts(package):
     before = {stage: code_hash(stage) for stage in STAGES}
     edit(package / "speculative" / "draft.py")
     changed = {stage for stage in STAGES if code_hash(stage) != before[stage]}
-    assert changed == {"specfit.calibrate", "specfit.atlas", "specfit.decode"}
+    assert changed == {"specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.decode"}
 
 
 def test_a_package_init_counts_and_type_only_imports_do_not(package):
-    before = code_hash("specfit.theory")
+    before = code_hash("specfit.stages.theory")
     edit(package / "speculative" / "__init__.py")  # runs before speculative.routes, which theory imports
-    assert code_hash("specfit.theory") != before
+    assert code_hash("specfit.stages.theory") != before
     # routes.py imports CandidatePool only for annotations, under TYPE_CHECKING
     source = (package / "speculative" / "routes.py").read_text()
     assert "if TYPE_CHECKING:\n    from specfit.selection.pool import CandidatePool" in source
@@ -70,6 +70,6 @@ def test_a_package_init_counts_and_type_only_imports_do_not(package):
 def test_an_edit_to_the_papers_figures_reruns_only_the_report(package):
     before = {stage: code_hash(stage) for stage in STAGES}
     edit(package / "data" / "paper_results.yaml")
-    assert {stage for stage in STAGES if code_hash(stage) != before[stage]} == {"specfit.report"}
+    assert {stage for stage in STAGES if code_hash(stage) != before[stage]} == {"specfit.stages.report"}
     edit(package / "data" / "paper_coefficients.yaml")  # the calibration presets
-    assert code_hash("specfit.calibrate") != before["specfit.calibrate"]
+    assert code_hash("specfit.stages.calibrate") != before["specfit.stages.calibrate"]

@@ -9,17 +9,10 @@ import pytest
 import yaml
 
 from specfit.errors import SpecFitError
-from specfit.paths import atlas_variant
-from specfit.workflow import (
-    DecodeRun,
-    code_hash,
-    decode_runs,
-    reference_run,
-    theory_cost,
-    theory_file,
-    theory_runs,
-    validate_config,
-)
+from specfit.planning.code import code_hash
+from specfit.planning.config import validate_config
+from specfit.planning.matrix import DecodeRun, decode_runs, reference_run, theory_cost, theory_file, theory_runs
+from specfit.planning.paths import atlas_variant
 
 
 @pytest.fixture(autouse=True)
@@ -140,7 +133,7 @@ def test_theory_runs_hold_specfit_specfit_ca_and_specfit_prefetch(config, schema
 
 
 def test_code_hash_follows_specfit_imports(tmp_path, monkeypatch):
-    import specfit.workflow as wf
+    import specfit.planning.code as wf
 
     pkg = tmp_path / "specfit"
     (pkg / "sub").mkdir(parents=True)
@@ -158,7 +151,7 @@ def test_code_hash_follows_specfit_imports(tmp_path, monkeypatch):
 
 
 def test_code_hash_follows_package_data(tmp_path, monkeypatch):
-    import specfit.workflow as wf
+    import specfit.planning.code as wf
 
     pkg = tmp_path / "specfit"
     (pkg / "templates").mkdir(parents=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from specfit.workflow import load_config
+from specfit.planning.config import load_config
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The config-to-stage contract (specfit.specs): each rule's spec for the shipped config and the smoke overlay, and
+"""The config-to-stage contract (specfit.planning.specs): each rule's spec for the shipped config and the smoke overlay, and
 the rules passing exactly those specs."""
 
 import copy
@@ -10,19 +10,14 @@ import sys
 
 import pytest
 
-from specfit import paths, specs
-from specfit.workflow import (
-    SCHEMA,
-    DecodeRun,
-    code_closure,
-    decode_runs,
-    load_config,
-    report_inputs,
-)
+from specfit.planning import paths, specs
+from specfit.planning.code import code_closure
+from specfit.planning.config import SCHEMA, load_config
+from specfit.planning.matrix import DecodeRun, decode_runs, report_inputs
 
-STAGES = ("specfit.extract", "specfit.toy.tokenizer", "specfit.toy.target", "specfit.toy.drafter",
-          "specfit.calibrate", "specfit.atlas", "specfit.predictor", "specfit.decode", "specfit.theory",
-          "specfit.report")
+STAGES = ("specfit.stages.extract", "specfit.stages.toy_tokenizer", "specfit.stages.toy_target", "specfit.stages.toy_drafter",
+          "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.predictor", "specfit.stages.decode", "specfit.stages.theory",
+          "specfit.stages.report")
 EVALUATED = [*range(242, 321, 2), *range(401, 481)]  # summarization's and gsm8k's ids (calibration's are gsm8k's)
 A100_LINK = {"bandwidth_gbps": 0.175, "latency_us": 50}
 RTX4090 = {"name": "RTX 4090", "fixed_ms": 98.12, "token_ms": 2.23, "expert_ms": 8.624, "copy_ms": 9.847,
@@ -159,7 +154,7 @@ def test_report(config):
 
 
 def test_report_inputs(config, smoke):
-    """The report rule's inputs (`specfit.workflow.report_inputs`): every run's metrics and requests, both fits and
+    """The report rule's inputs (`specfit.planning.matrix.report_inputs`): every run's metrics and requests, both fits and
     their points per (model, device), each theory file once, the toy's folders (the smoke config's
     trained toy, config.yaml's shipped one) and the one learned route predictor the learned methods read."""
     inputs = report_inputs(smoke)
@@ -186,12 +181,12 @@ def test_no_stage_runs_the_specs():
     """A spec reaches its rule as params, so an edit here reruns the jobs whose spec it changes; the stages' code
     hashes leave this module out."""
     for stage in STAGES:
-        assert "specfit.specs" not in code_closure(stage), stage
+        assert "specfit.planning.specs" not in code_closure(stage), stage
 
 
 # ------------------------------------------------------------------ the rules pass exactly these specs
 def _pattern(path: str) -> re.Pattern:
-    """A path pattern of specfit.paths as a regex with a group per wildcard (`cache` constrained as in the rules)."""
+    """A path pattern of specfit.planning.paths as a regex with a group per wildcard (`cache` constrained as in the rules)."""
     regex = re.escape(path)
     for name in re.findall(r"\{(\w+)\}", path):
         value = "|".join(paths.CACHE_MODES) if name == "cache" else "[^/]+?"
@@ -202,21 +197,21 @@ def _pattern(path: str) -> re.Pattern:
 W = ("{model}", "{device}", "{workload}")
 # each stage's spec builder, by the pattern of the first output its rule passes (which holds the job's wildcards)
 JOBS = {
-    "specfit.extract": (specs.extract, [paths.prompts("{model}", "{workload}")]),
-    "specfit.calibrate": (specs.calibrate, [paths.calibration("{model}", "{device}", "{cache}")]),
-    "specfit.atlas": (specs.atlas, [paths.atlas(*W, "{method}-{cache}")]),
-    "specfit.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
-    "specfit.predictor": (specs.predictor, [paths.predictor("{model}")]),
-    "specfit.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
+    "specfit.stages.extract": (specs.extract, [paths.prompts("{model}", "{workload}")]),
+    "specfit.stages.calibrate": (specs.calibrate, [paths.calibration("{model}", "{device}", "{cache}")]),
+    "specfit.stages.atlas": (specs.atlas, [paths.atlas(*W, "{method}-{cache}")]),
+    "specfit.stages.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
+    "specfit.stages.predictor": (specs.predictor, [paths.predictor("{model}")]),
+    "specfit.stages.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
 }
 
 
 def _expected(config: dict, module: str, argv: list[str]) -> dict:
-    if argv[0] == "fetch":
+    if module == "specfit.stages.spec_bench":
         return specs.spec_bench(config)
-    if module.startswith("specfit.toy."):
-        return specs.toy(config, module.rpartition(".")[2])
-    if module == "specfit.report":
+    if module.startswith("specfit.stages.toy_"):
+        return specs.toy(config, module.rpartition("_")[2])
+    if module == "specfit.stages.report":
         return specs.report(config)
     build, patterns = JOBS[module]
     out = argv[argv.index("--out") + 1].partition("=")[2]

@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in BENCHMARKS:
         sys.exit(f"usage: python -m specfit.bench {{{','.join(BENCHMARKS)}}} [options]")
-    numerics.for_timing()  # timed as the decode stages time (specfit.stage.stage_main)
+    numerics.for_timing()  # timed as the decode stages time (specfit.planning.stage.stage_main)
     importlib.import_module(f"specfit.bench.{argv[0]}").main(argv[1:])
 
 

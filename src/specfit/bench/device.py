@@ -1,21 +1,21 @@
 """``python -m specfit.bench device``: the emulated device's cost model against the hardware it stands for.
 
-Derives a GPU's parameters (:class:`specfit.device.DeviceModel`) from the paper's AR and EAGLE-3 rows of one
+Derives a GPU's parameters (:class:`specfit.engine.device.DeviceModel`) from the paper's AR and EAGLE-3 rows of one
 workload (A100: summarization, Table 2; RTX 4090: GSM8K, Table 4), feeds the model the per-cycle counters of every
 row of Tables 2-4 (nodes, drafted levels, expert union and copies per cycle), and prints its predicted ms per cycle
 beside the paper's, with the error per cell. Then prints the toy's parameters (the one scaling rule,
-:func:`specfit.device.scaled`): the paper's own milliseconds, per-expert times times the experts of an AR token on the
+:func:`specfit.engine.device.scaled`): the paper's own milliseconds, per-expert times times the experts of an AR token on the
 paper's model over the toy's, the numbers config.yaml's emulated devices carry. ``--step-ms`` rescales the unit.
-The counters and the derivation: `specfit.paper_device` and docs/device.md.
+The counters and the derivation: `specfit.engine.paper_gpus` and docs/device.md.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from specfit.device import PARAMETERS, scaled
+from specfit.engine.device import PARAMETERS, scaled
+from specfit.engine.paper_gpus import DERIVED_FROM, NAMES, check, derive
 from specfit.paper import paper_results
-from specfit.paper_device import DERIVED_FROM, NAMES, check, derive
 
 
 def main(argv: list[str] | None = None) -> None:

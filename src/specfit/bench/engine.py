@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from specfit.engine import OffloadConfig, offload_experts
-from specfit.engine.offload import _SlotView
+from specfit.engine.offload import OffloadConfig, _SlotView, offload_experts
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from specfit.coefficients import preset
-from specfit.engine import make_engine
 from specfit.engine.link import LinkModel, link_for_copy_share
+from specfit.engine.offload import make_engine
 from specfit.models import load_target
+from specfit.selection.coefficients import preset
 
 
 def uncached_ar_step(model, engine, prompt_len: int, steps: int) -> tuple[float, float]:

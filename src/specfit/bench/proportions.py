@@ -6,7 +6,7 @@ and prints, beside the paper's A100 figures:
 
 - EAGLE-3's committed tokens per cycle, on all cycles and on cycles whose 4-gram is fresh in the output;
 - the expert union of the 8-token tree over the root's, F(tree) / F(root), summed over layers;
-- on an emulated device, the proportions of `specfit.paper_device.PROPORTIONS` with their goals: AR's cycle
+- on an emulated device, the proportions of `specfit.engine.paper_gpus.PROPORTIONS` with their goals: AR's cycle
   without over with the cache, EAGLE-3's over AR's with and without it, one drafted level, expert execution and
   the copies as shares of a cached AR cycle;
 - from the toy's training records: the target's held-out loss and the drafter's top-1 agreement.
@@ -26,18 +26,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from specfit import paths
-from specfit.engine import make_engine
+from specfit.engine.offload import make_engine
+from specfit.engine.paper_gpus import PROPORTIONS, paper_proportions, proportion_met, run_proportions
 from specfit.io import read_json
-from specfit.metrics import stream_metrics
 from specfit.models import eos_ids, load_drafter, load_target
 from specfit.paper import paper_results
-from specfit.paper_device import PROPORTIONS, paper_proportions, proportion_met, run_proportions
-from specfit.records import CYCLE_SCHEMA
+from specfit.planning import paths
+from specfit.planning.config import load_config
+from specfit.results.metrics import stream_metrics
+from specfit.results.records import CYCLE_SCHEMA
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits, decode_request
-from specfit.workflow import load_config
 
 
 def expert_union(routes: torch.Tensor) -> int:
@@ -76,7 +76,7 @@ def paper_counters(paper: dict) -> dict:
 
 
 def metrics_of(run: dict, engine) -> dict:
-    """The run's metrics.json figures, as the decode stage computes them (`specfit.metrics.stream_metrics`; the
+    """The run's metrics.json figures, as the decode stage computes them (`specfit.results.metrics.stream_metrics`; the
     requests double as the prompts, as they carry ``prompt_ids``)."""
     cycles = pa.Table.from_pylist(run["cycles"], schema=CYCLE_SCHEMA)
     return {**stream_metrics(run["requests"], cycles, run["requests"]),

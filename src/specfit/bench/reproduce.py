@@ -26,12 +26,12 @@ from pathlib import Path
 
 from specfit.bench.verdicts import read_tables
 from specfit.errors import SpecFitError
-from specfit.intervals import virtual
 from specfit.io import atomic_path
 from specfit.numerics import cpu_name
-from specfit.paths import REPORT, RUN_FILES
+from specfit.planning.paths import REPORT, RUN_FILES
 from specfit.provenance import git_head
-from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, read_table
+from specfit.results.intervals import virtual
+from specfit.results.records import CYCLE_SCHEMA, REQUEST_SCHEMA, read_table
 
 REFERENCE = "reports/reference/toy.json"
 DECODE = "data/decode"
@@ -72,7 +72,7 @@ def job_record(folder: str | os.PathLike) -> dict:
 
 def collect(decode_root: str | os.PathLike) -> dict[str, dict]:
     """Job (its folder relative to ``decode_root``, e.g. ``toy/cpu-a100/gsm8k/specfit/slots12``) -> `job_record`, for
-    every folder that holds a decode run's files (`specfit.paths.RUN_FILES`)."""
+    every folder that holds a decode run's files (`specfit.planning.paths.RUN_FILES`)."""
     root = Path(decode_root)
     return {str(path.parent.relative_to(root)): job_record(path.parent) for path in sorted(root.rglob("metrics.json"))
             if all((path.parent / name).is_file() for name in RUN_FILES)}

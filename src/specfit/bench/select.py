@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from specfit.coefficients import preset
 from specfit.selection import Pool, select_specfit, select_specfit_ca
+from specfit.selection.coefficients import preset
 from specfit.selection.pool import CandidatePool
 
 A100_CACHE = preset("paper-a100", cache=True)  # Appendix B's coefficients with the expert cache, in ms

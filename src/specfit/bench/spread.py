@@ -4,7 +4,7 @@
 ``snakemake --cores 1 reports/all --forcerun decode`` after copying ``data/decode`` aside). For every job both
 hold, the log ratio of its decode TPS (metrics.json's ``tps_dec``) in B over A; it prints each job's, their mean,
 standard deviation and largest, then the standard deviation of the jobs an emulated device's virtual clock timed,
-of a GPU's and of those the CPU timed itself. These are what `specfit.intervals.VIRTUAL_SPREAD`, `PROCESS_SPREAD`
+of a GPU's and of those the CPU timed itself. These are what `specfit.results.intervals.VIRTUAL_SPREAD`, `PROCESS_SPREAD`
 and `CPU_SPREAD` stand for: the
 spread a ratio of two runs timed in different processes carries on top of the bootstrap over requests.
 
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specfit.intervals import CPU_SPREAD, PROCESS_SPREAD, VIRTUAL_SPREAD, cpu_timed, virtual
+from specfit.results.intervals import CPU_SPREAD, PROCESS_SPREAD, VIRTUAL_SPREAD, cpu_timed, virtual
 
 
 def cpu_timed_jobs(a: Path, jobs) -> set[str]:
-    """The jobs (folders under ``a``) whose timings the CPU took itself (`specfit.intervals.cpu_timed`)."""
+    """The jobs (folders under ``a``) whose timings the CPU took itself (`specfit.results.intervals.cpu_timed`)."""
     return {job for job in jobs if cpu_timed(json.loads((a / job / "metrics.json").read_text()))}
 
 

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from specfit.device import DeviceModel, Timeline
+from specfit.engine.device import DeviceModel, Timeline
 from specfit.engine.families import MoEFamily, family_of, moe_experts
 from specfit.engine.link import Link, LinkModel
 
@@ -68,7 +68,7 @@ class OffloadConfig:
     slots: int
     max_inflight: int = 2  # host-to-device copies in flight at most
     link: LinkModel | None = None  # emulated link for CPU-only machines; None: copies run at memory speed
-    device: DeviceModel | None = None  # emulated GPU for CPU-only machines (its own link): specfit.device
+    device: DeviceModel | None = None  # emulated GPU for CPU-only machines (its own link): specfit.engine.device
 
     def __post_init__(self) -> None:
         if self.slots < 0 or self.max_inflight < 1:

@@ -1,6 +1,6 @@
 """The toy shipped in the repository: its manifest, written once when it is shipped and checked whenever it loads.
 
-The manifest (``SHIPPED.json``, `specfit.paths.SHIPPED_MANIFEST`) lies beside the part folders it describes
+The manifest (``SHIPPED.json``, `specfit.planning.paths.SHIPPED_MANIFEST`) lies beside the part folders it describes
 (``tokenizer/``, ``target/``, ``drafter/``) and records the sha256 of every file in them by its path relative to the
 manifest's folder, with what trained them (commit, CPU, the specs the toy rules got; `specfit.toy.ship` writes it).
 Loading any part of the toy checks every file (`verify`): a changed, missing or extra file stops the stage, naming
@@ -14,8 +14,8 @@ import json
 import os
 from pathlib import Path, PurePath
 
-from specfit import paths
 from specfit.errors import SpecFitError
+from specfit.planning import paths
 
 MANIFEST = PurePath(paths.SHIPPED_MANIFEST).name  # found beside the part folders it describes
 SKIPPED = (".snakemake_timestamp",)  # Snakemake's marker in a directory output: not part of a model

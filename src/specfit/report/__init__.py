@@ -1,25 +1,17 @@
-"""Stage 7, the report: one HTML page (Jinja2 + matplotlib) and a Markdown twin with the same tables, per model and
-device, then per model across its devices: the sections `specfit.report.sections` lists, from the files the rule
-declares (`specfit.report.inputs`). Timings over an emulated link say so; a missing input empties its section with a
-note, a malformed one is an error; every decode TPS and ratio carries its bootstrap interval (`specfit.intervals`).
-
-spec: the config slice it shows (workloads, models, devices, methods, runs, seed)
-inputs: metrics, requests, calibration, points, theory, predictor, models (the toy's folders): lists, one
-    --in flag per file
-outputs: report (a folder)
-"""
+"""The report: one HTML page (Jinja2 + matplotlib) and a Markdown twin with the same tables, per model and
+device, then per model across its devices: the sections `specfit.report.sections` lists, from the files the report
+stage reads (`specfit.report.inputs`). Timings over an emulated link say so; a missing input empties its section with a
+note, a malformed one is an error; every decode TPS and ratio carries its bootstrap interval (`specfit.results.intervals`)."""
 
 import logging
 from pathlib import Path
 
-from specfit.io import atomic_path
 from specfit.report.figures import Figures
 from specfit.report.inputs import load_inputs
 from specfit.report.page import EMULATED, Part, Section, interval_note
 from specfit.report.render import provenance, render
 from specfit.report.scope import ModelScope
 from specfit.report.sections import ACROSS_DEVICES, PER_DEVICE
-from specfit.stage import stage_main
 
 log = logging.getLogger("specfit.report")
 
@@ -55,11 +47,3 @@ def write(spec: dict, inputs: dict, folder: Path) -> list[Part]:
     render({"title": "SpecFit reproduction report", "provenance": provenance(spec, data.toy, data.shipped),
             "parts": page, "emulated": EMULATED, "intervals": interval_note(data.seed)}, folder)
     return page
-
-
-def run(spec: dict, inputs: dict, outputs: dict) -> None:
-    with atomic_path(outputs["report"], directory=True) as folder:
-        write(spec, inputs, folder)
-
-
-main = stage_main(run)

@@ -1,5 +1,5 @@
 """What the report reads: the keys and columns of each input, and `Inputs`, the files the rule declares (a file the
-report expects, named by `specfit.paths`, that the rule does not declare or the disk lacks is missing, and its section
+report expects, named by `specfit.planning.paths`, that the rule does not declare or the disk lacks is missing, and its section
 says so; one without the keys or columns below is an error), with the bootstrap intervals of their decode TPS."""
 
 import json
@@ -12,14 +12,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from specfit import intervals, paths
 from specfit.errors import SpecFitError
 from specfit.paper import paper_results
-from specfit.report.page import Estimate, est
-from specfit.report.quantities import METRICS_REQUIRED, THEORY_CACHE_AWARE_REQUIRED, THEORY_REQUIRED
-from specfit.speculative.config import ROUTED_RULES
-from specfit.stage import paths_of
-from specfit.workflow import (
+from specfit.planning import paths
+from specfit.planning.matrix import (
     DecodeRun,
     decode_runs,
     is_toy,
@@ -29,6 +25,11 @@ from specfit.workflow import (
     theory_file,
     theory_runs,
 )
+from specfit.planning.stage import paths_of
+from specfit.report.page import Estimate, est
+from specfit.report.quantities import METRICS_REQUIRED, THEORY_CACHE_AWARE_REQUIRED, THEORY_REQUIRED
+from specfit.results import intervals
+from specfit.speculative.config import ROUTED_RULES
 
 log = logging.getLogger("specfit.report")
 
@@ -36,7 +37,7 @@ log = logging.getLogger("specfit.report")
 REQUEST_COLUMNS = ("request_id", "n_output", "t_request_s", "t_prefill_s")
 TPS_MATCH_RTOL = 1e-6  # metrics.json's tps_dec (tps_req) and the one its requests.parquet gives must agree
 
-# paths.calibration and paths.calibration_points (specfit.calibrate)
+# paths.calibration and paths.calibration_points (specfit.stages.calibrate)
 CALIBRATION_REQUIRED = ("b", "beta", "source", "r2", "rmse_ms", "n_points", "slots", "link_emulated", "cache_aware",
                         "drafting")
 # the cache-aware fit ("cache_aware", null for the paper's presets): the keys the report reads
@@ -44,7 +45,7 @@ CACHE_AWARE_REQUIRED = ("b", "beta_miss", "beta_hit", "beta_hit_identified", "r2
                         "rmse_means_ms", "n_probes")
 POINTS_COLUMNS = ("k", "tree", "y_ms", "pred_ms")
 
-# the learned route predictor (specfit.predictor): its folder (paths.predictor, declared as a folder) holds this file
+# the learned route predictor (specfit.stages.predictor): its folder (paths.predictor, declared as a folder) holds this file
 PREDICTOR_METRICS = "metrics.json"
 PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "train_accuracy", "chance_accuracy",
                       "train_requests", "validation_requests", "train_nodes", "validation_nodes", "hidden_size",
@@ -72,7 +73,7 @@ class Declared:
         self.expected: set[tuple[str, str]] = set()
 
     def path(self, name: str, expected: str) -> str | None:
-        """The declared path of an expected file (`specfit.paths`), None when the rule does not declare it."""
+        """The declared path of an expected file (`specfit.planning.paths`), None when the rule does not declare it."""
         key = _key(expected)
         self.expected.add((name, key))
         return self.files[name].get(key)
@@ -113,7 +114,7 @@ class Inputs:
     metrics: dict[DecodeRun, dict]  # present runs only
     calibration: dict[tuple[str, str, str], dict]  # (model, device, cache mode)
     points: dict[tuple[str, str, str], dict[str, np.ndarray]]  # column -> values
-    theory: dict[DecodeRun, dict]  # by theory run (`specfit.workflow.theory_runs`)
+    theory: dict[DecodeRun, dict]  # by theory run (`specfit.planning.matrix.theory_runs`)
     paper: dict
     requests: dict[DecodeRun, list[dict]] = field(default_factory=dict)  # present runs only
     predictor: dict[str, dict] = field(default_factory=dict)  # model -> its learned route predictor's metrics.json
@@ -154,9 +155,9 @@ class Inputs:
 
     def tps_ratio(self, num: tuple, den: tuple, key: str = "tps_dec", rows_of=lambda rows: rows) -> Estimate | None:
         """Π metrics.json ``key`` of the num runs over Π of the den runs (each its own decode job); the interval
-        resamples ``rows_of(requests)`` (whose decode TPS, `specfit.intervals`, is that key) on the ids all of them
+        resamples ``rows_of(requests)`` (whose decode TPS, `specfit.results.intervals`, is that key) on the ids all of them
         hold, after checking each run's requests.parquet gives its metrics.json's, widened by the spread between
-        their processes (`specfit.intervals.process_spread` per ratio of two jobs, in quadrature)."""
+        their processes (`specfit.results.intervals.process_spread` per ratio of two jobs, in quadrature)."""
         runs, metrics = (*num, *den), self.metrics
         if any(r not in metrics for r in runs) or any(metrics[r][key] is None for r in num) \
                 or not all(metrics[r][key] for r in den):
@@ -190,7 +191,7 @@ class Inputs:
 
 
 def whole_requests(rows: list[dict]) -> list[dict]:
-    """Requests as `specfit.intervals` reads them, for Eq. 10's TPS_req: its decode TPS counts n_output − 1
+    """Requests as `specfit.results.intervals` reads them, for Eq. 10's TPS_req: its decode TPS counts n_output − 1
     tokens over t_request − t_prefill, so one more token and no prefill give n_output over t_request."""
     return [{"request_id": r["request_id"], "n_output": r["n_output"] + 1, "t_request_s": r["t_request_s"],
              "t_prefill_s": 0.0} for r in rows]

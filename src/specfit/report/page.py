@@ -1,5 +1,5 @@
 """The page's building blocks (tables, figures, sections, parts) and how a cell prints a number or an estimate: a
-run's value with its 95% bootstrap interval (`specfit.intervals`), a ratio of two runs' with its verdict too. A table
+run's value with its 95% bootstrap interval (`specfit.results.intervals`), a ratio of two runs' with its verdict too. A table
 has a stable id and a key per row, which tests look it up by."""
 
 import functools
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 
 import jinja2
 
-from specfit import intervals
 from specfit.report.verdict import Verdict
+from specfit.results import intervals
 
 EMULATED = "emulated"  # a timing over an emulated link or device (the device part says which)
 MISSING = "–"
@@ -138,7 +138,7 @@ def show(value, spec: str, unit: str = "") -> str:
 @functools.cache
 def _notes():
     """templates/notes.j2 as a module of macros; they print EMULATED and numbers (`fmt`) as the tables do."""
-    env = jinja2.Environment(loader=jinja2.PackageLoader("specfit", "templates"), undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("specfit.report", "templates"), undefined=jinja2.StrictUndefined)
     return env.get_template("notes.j2", globals={"EMULATED": EMULATED, "fmt": fmt}).module
 
 

@@ -1,10 +1,10 @@
-"""The quantities the report's inputs hold, by key, and how a table prints them: metrics.json (`specfit.metrics`),
-the theory's Table 5 rows (`specfit.theory`)."""
+"""The quantities the report's inputs hold, by key, and how a table prints them: metrics.json (`specfit.results.metrics`),
+the theory's Table 5 rows (`specfit.stages.theory`)."""
 
 from dataclasses import dataclass
 
-from specfit.metrics import SPLIT_KEYS
 from specfit.report.page import MISSING, as_pct, fmt, show, tagged
+from specfit.results.metrics import SPLIT_KEYS
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,7 @@ class Quantity:
     timing: bool = False  # measured on the clock: labelled "emulated link" when the link is emulated
 
 
-# metrics.json key (`specfit.metrics.KEYS`) -> how the report prints it
+# metrics.json key (`specfit.results.metrics.KEYS`) -> how the report prints it
 METRICS = {
     "tps_dec": Quantity("Decode TPS", ".2f", timing=True),
     "tps_req": Quantity("Request TPS", ".2f", timing=True),
@@ -53,7 +53,7 @@ def tokens_per_transfer(m: dict | None) -> float | None:
     return None if not h2d else 1.0 / h2d
 
 
-# paths.theory (specfit.theory.selection_theory, cache_aware_theory) -> Table 5 rows: the key (a pair of keys for
+# paths.theory (specfit.stages.theory.selection_theory, cache_aware_theory) -> Table 5 rows: the key (a pair of keys for
 # the rows at β / 2β), the label, the key in paper_results.yaml ``theory`` (None: not in the paper).
 @dataclass(frozen=True)
 class TheoryRow:
@@ -85,7 +85,7 @@ THEORY = (
               ".1f"),
     TheoryRow(("dinkelbach_iterations",), "Dinkelbach iterations", None, "d"),
 )
-# beyond the paper: the rows Table 5 under specfit-ca's cache-aware cost adds (specfit.theory.cache_aware_theory)
+# beyond the paper: the rows Table 5 under specfit-ca's cache-aware cost adds (specfit.stages.theory.cache_aware_theory)
 THEORY_CACHE_AWARE = (
     TheoryRow(("misses_per_reward_beta", "misses_per_reward_2beta"), "Mean M(Ŝ)/R̂(Ŝ) at β / 2β (experts copied)",
               None, ".1f"),

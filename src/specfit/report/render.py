@@ -12,8 +12,8 @@ from pathlib import Path
 
 import jinja2
 
+from specfit.planning.specs import spec_json
 from specfit.provenance import git_dirty, git_head
-from specfit.workflow import spec_json
 
 VERSIONS = ("specfit", "torch", "transformers", "snakemake", "numpy")
 TEMPLATES = {"index.html": "report.html.j2", "report.md": "report.md.j2"}  # output file -> template
@@ -95,7 +95,7 @@ def tables_data(parts) -> list[dict]:
 
 
 def render(context: dict, folder: Path) -> None:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("specfit", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("specfit.report", "templates"),
                              autoescape=lambda name: bool(name and name.endswith(".html.j2")),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["md"] = md_cell

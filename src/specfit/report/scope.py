@@ -4,13 +4,13 @@ for, beside the workload that stands for the paper's there (`stand_ins`)."""
 
 from dataclasses import dataclass, field
 
+from specfit.planning.matrix import DecodeRun
 from specfit.report.figures import Figures
 from specfit.report.inputs import Inputs, first_method, methods_with
 from specfit.report.page import Estimate, Section, cache_cell
 from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, Beside
 from specfit.report.quantities import LINK_EMULATED
 from specfit.report.verdict import Outcome
-from specfit.workflow import DecodeRun
 
 
 def slot_order(slots) -> list[int]:

@@ -58,7 +58,7 @@ class Stopwatch:
 
 
 class VirtualClock(Stopwatch):
-    """The emulated device's virtual clock (`specfit.device.Timeline`): forwards advance it by their modelled time;
+    """The emulated device's virtual clock (`specfit.engine.device.Timeline`): forwards advance it by their modelled time;
     a section of `HOST_SECTIONS` advances it by its measured wall time, less what it excluded. Nothing sleeps."""
 
     def __init__(self, timeline):

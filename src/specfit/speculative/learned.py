@@ -1,4 +1,4 @@
-"""Learned routes: SpecFit's route source without an oracle (beyond the paper; trained by `specfit.predictor`).
+"""Learned routes: SpecFit's route source without an oracle (beyond the paper; trained by `specfit.stages.predictor`).
 
 `RoutePredictor` is the paper's estimated predictor (Section 4.6: a linear head from a hidden state to every MoE
 layer's router, 12.6M parameters at Qwen3-30B-A3B's size), fed with what the drafter holds for a node before

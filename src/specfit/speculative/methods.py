@@ -15,9 +15,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from specfit.coefficients import DraftCost, cache_aware_cost
 from specfit.errors import SpecFitError
 from specfit.io import read_json
+from specfit.selection.coefficients import DraftCost, cache_aware_cost
 from specfit.selection.pool import CandidatePool, Pool
 from specfit.selection.selectors import Selection, holds_level, select_specfit, select_specfit_ca, select_top_prob
 from specfit.speculative.config import MethodConfig
@@ -189,7 +189,7 @@ class SpecFitCA(SpecFit):
 
     **Cost.** T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) + D(d): M counts the experts of the per-layer union that the
     layer's cache does not hold when the cycle selects (each is one host-to-device copy of the verify forward), H
-    those it holds, and D(d) what drafting d levels cost (`specfit.coefficients.DraftCost`: the drafter's catch-up
+    those it holds, and D(d) what drafting d levels cost (`specfit.selection.coefficients.DraftCost`: the drafter's catch-up
     on the committed tokens, which also gives level 1, each further level's drafter forward, and one selection per
     level). The residency is read from the offload engine once per cycle; the search stays exact
     (`specfit.selection.select_specfit_ca`, with intercepts b_k + D(d)). Coefficients: the calibration's
@@ -246,7 +246,7 @@ class SpecFitCA(SpecFit):
 
     @classmethod
     def from_coefficients(cls, config: MethodConfig, c: dict, routes, num_experts: int) -> SpecFitCA:
-        """From a calibration's coefficients (`specfit.coefficients.cache_aware_cost`)."""
+        """From a calibration's coefficients (`specfit.selection.coefficients.cache_aware_cost`)."""
         return cls(config, *cache_aware_cost(c), routes, num_experts)
 
     def wants_draft(self, cycle):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from specfit.models.eagle3 import Eagle3Drafter
-from specfit.records import in_flight_fractions, pool_columns, resident_ids
+from specfit.results.records import in_flight_fractions, pool_columns, resident_ids
 from specfit.selection.pool import CandidatePool
 from specfit.speculative.cycle import Cycle, Stopwatch, VirtualClock
 from specfit.speculative.draft import DraftState, draft_level, new_draft_state, sync
@@ -147,7 +147,7 @@ class Session:
         return len(new)
 
     def step(self, method: Method) -> dict:
-        """One whole cycle; returns its row of `specfit.records.CYCLE_SCHEMA`.
+        """One whole cycle; returns its row of `specfit.results.records.CYCLE_SCHEMA`.
 
         ``resident`` is the residency the method read in this cycle (`Method.residency`: no engine query of its own),
         null when it read none: methods without a cache-aware cost, and specfit-ca's cycles with no room left to

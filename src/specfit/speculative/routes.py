@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specfit.errors import SpecFitError
-from specfit.records import atlas_row, read_atlas
+from specfit.results.records import atlas_row, read_atlas
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
 

@@ -1,10 +1,10 @@
 """A method's timed request stream on the offloaded target (paper Section 4, Appendix B): what the decode stage
 runs, and the atlas stage with live routes.
 
-Inputs: ``prompts`` (Parquet: `specfit.records.PROMPTS_SCHEMA`), ``target`` and ``drafter`` (checkpoint folders; no
+Inputs: ``prompts`` (Parquet: `specfit.results.records.PROMPTS_SCHEMA`), ``target`` and ``drafter`` (checkpoint folders; no
 drafter for AR), ``coefficients`` and ``atlas`` or ``predictor`` (SpecFit only, by route source) and ``reference``
 (an AR requests.parquet, optional: the lossless check). Outputs: ``requests`` and ``cycles`` (Parquet,
-`specfit.records`), ``metrics`` (JSON, `specfit.metrics`) and, with live routes, ``atlas``.
+`specfit.results.records`), ``metrics`` (JSON, `specfit.results.metrics`) and, with live routes, ``atlas``.
 
 Spec (the rule's config slice)::
 
@@ -12,7 +12,7 @@ Spec (the rule's config slice)::
     slots:         expert slots per MoE layer (0: no expert cache)
     max_inflight:  host-to-device copies in flight
     link:          null, or {bandwidth_gbps: GB/s, latency_us: us}: an emulated link for CPU-only machines
-    emulate:       null, or an emulated GPU for CPU-only machines (`specfit.device.DeviceModel`)
+    emulate:       null, or an emulated GPU for CPU-only machines (`specfit.engine.device.DeviceModel`)
     model:         the model's name in config.yaml (errors name models.<model>.target / .drafter)
     torch_device:  "cpu" | "cuda"       dtype: "float32" | "bfloat16" | "float16"
     logits_dtype:  "model" | "float32" (final norm and LM head in fp32, see `specfit.models.precision`)
@@ -37,12 +37,12 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from specfit.engine import OffloadEngine, make_engine
+from specfit.engine.offload import OffloadEngine, make_engine
 from specfit.errors import SpecFitError
 from specfit.io import read_json, write_json, write_parquet
-from specfit.metrics import stream_metrics
 from specfit.models import Eagle3Drafter, check_checkpoints, eos_ids, load_drafter, load_target
-from specfit.records import ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, read_prompts
+from specfit.results.metrics import stream_metrics
+from specfit.results.records import ATLAS_SCHEMA, CYCLE_SCHEMA, REQUEST_SCHEMA, read_prompts
 from specfit.selection.search import compile_kernels
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.learned import LearnedRoutes
@@ -138,7 +138,7 @@ class Loaded:
     live: LiveRoutes | None  # routes of the target itself, kept as atlas rows (the atlas build)
     atlas: AtlasRoutes | None  # routes replayed from an atlas
     learned: LearnedRoutes | None  # routes from a route predictor
-    tokenizer: PreTrainedTokenizerBase  # the target's (`specfit.decoder` renders and detokenizes with it)
+    tokenizer: PreTrainedTokenizerBase  # the target's (`specfit.api` renders and detokenizes with it)
 
     def decode(self, prompt: dict, limits: Limits):
         return decode_request(
@@ -240,7 +240,7 @@ def stream(loaded: Loaded, spec: StreamSpec, prompts: list[dict], parts: Parts) 
 
 def summarize(loaded: Loaded, spec: StreamSpec, prompts: list[dict], requests: pa.Table, cycles: pa.Table,
               resumes: list[dict], reference=None) -> dict:
-    """The stream's metrics.json: `specfit.metrics.stream_metrics` with the engine's and the route sources'
+    """The stream's metrics.json: `specfit.results.metrics.stream_metrics` with the engine's and the route sources'
     counters, and the lossless check against the ``reference`` AR run's requests (when given)."""
     engine, stats = loaded.engine, loaded.engine.stats()
     metrics = stream_metrics(requests.to_pylist(), cycles, prompts, spec.seed)

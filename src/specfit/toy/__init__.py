@@ -10,6 +10,6 @@ A stage's spec is the config's ``toy.<part>`` as validated against workflow/sche
 every default, and nothing else does), with ``seed`` and ``exclude_question_ids``. Outside the workflow (tests,
 benchmarks) ``specfit.toy.spec.toy_spec`` builds the same spec.
 
-This package imports nothing: the stages' code hash (``specfit.workflow.code_hash``) covers it, and an import here
+This package imports nothing: the stages' code hash (``specfit.planning.code.code_hash``) covers it, and an import here
 would retrain the toy whenever that module changed.
 """

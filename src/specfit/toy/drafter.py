@@ -1,24 +1,4 @@
-"""Stage: the toy's EAGLE-3 drafter, trained on the toy target's features with training-time test.
-
-spec (config ``toy.drafter``, defaults in the schema; the rule adds seed and exclude_question_ids)::
-
-    intermediate_size: 512      num_heads: 4            num_kv_heads: 2     (one Llama layer, the target's H)
-    draft_vocab_size: 2048      (the most frequent training tokens, mapped by d2t / t2d as in EAGLE-3)
-    ttt_steps: 5                (EAGLE-3's training-time test: each step feeds back the drafter's own states)
-    seq_len: 2048 (one piece per step: a prompt's end and the target's continuation)    lr: 2.0e-3
-    steps: 1200                 max_minutes: 6          (a step budget; the limit is checked up front)
-    acceptance_prompts: 12      acceptance_new_tokens: 128  (held-out prompts whose greedy continuations measure it)
-    distill_prompts: 256        distill_new_tokens: 128     distill_max_prompt: 1536
-                                (EAGLE's recipe: train along the target's own output)
-    span_max_words: 150         (longest random span among the self-distillation prompts, as toy.target's)
-    heldout: 12                 seed: 0                 (as in the tokenizer and target stages)
-    exclude_question_ids        (the evaluated ids, never trained on; required)
-
-inputs: {questions: question.jsonl, target: folder}; outputs: {drafter: folder} in speculators format, without
-embed_tokens (the target's, frozen, as EAGLE-3 trains it), and ``acceptance.json``: top-1 agreement with the
-target and the mean accepted draft tokens per ``ttt_steps``-token chain, both along the target's own greedy
-continuations of held-out prompts, with the steps, tokens, wall time and sha256 of the weights.
-"""
+"""The toy EAGLE-3 drafter in the speculators format: its layers, distillation and acceptance statistics (trained by the toy_drafter stage)."""
 
 from __future__ import annotations
 
@@ -28,24 +8,13 @@ import random
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 from transformers import DynamicCache, LlamaConfig
 
-from specfit import paths
-from specfit.io import atomic_path, write_json
 from specfit.models.eagle3 import Eagle3Drafter, aux_hidden_states, default_aux_layer_ids, eagle3_config
-from specfit.models.loading import load_target
-from specfit.stage import stage_main
-from specfit.toy.target import chat_ids
 from specfit.toy.train import (
     conversations,
-    cosine_lr,
-    seed_everything,
     span_conversations,
-    split,
-    state_digest,
-    train_loop,
 )
 
 log = logging.getLogger(__name__)
@@ -244,65 +213,3 @@ def calibrate_confidence(drafter: Eagle3Drafter, drafted: list[Drafted], width: 
         "top2_prob_before": p_before[:, 1].mean().item() if width > 1 else None,
         "top2_prob_after": p_after[:, 1].mean().item() if width > 1 else None,
     }
-
-
-def run(spec: dict, inputs: dict, outputs: dict) -> None:
-    train, heldout = split(inputs["questions"], spec)  # first: refuses a spec without the evaluated ids
-    seed = spec["seed"]
-    seed_everything(seed, spec["threads"])
-    target, tokenizer = load_target(inputs["target"], dtype="float32", key="models.toy.target")
-    target.requires_grad_(False)
-    text = torch.cat(chat_ids(tokenizer, train))
-    counts = torch.bincount(text, minlength=target.config.vocab_size)
-    draft_vocab_size = min(spec["draft_vocab_size"], target.config.vocab_size)
-    draft_tokens = counts.topk(draft_vocab_size).indices.sort().values  # [Vd]
-    drafter = new_drafter(spec, target, draft_tokens, verifier=str(inputs["target"])).train()
-    log.info("draft vocabulary covers %.1f%% of training tokens", 100 * counts[draft_tokens].sum() / counts.sum())
-    pieces = self_distillation(target.eval(), tokenizer, train, spec, seed)
-    log.info("self-distillation: %d training prompts with the target's greedy continuations, %d tokens",
-             len(pieces), sum(len(p) for p in pieces))
-
-    steps, lr, seq_len = spec["ttt_steps"], spec["lr"], spec["seq_len"]
-    seen = 0  # tokens trained on
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
-
-    def step(i: int, progress: float) -> dict:
-        nonlocal seen
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(lr, progress)
-        ids = piece_windows(pieces, seq_len, gen)  # [1, T]
-        seen += ids.shape[1]
-        aux, teacher_logits, top = teacher(target, drafter, ids)
-        loss, stats = 0.0, {}
-        for k, logits in enumerate(ttt_forward(drafter, ids, drafter.fuse(aux), steps)):
-            m = ids.shape[1] - 1 - k  # chains whose step-k label lies inside the window
-            soft = F.softmax(teacher_logits[:, k + 1 :], dim=-1)  # [B, m, Vd] the target over the draft vocab
-            step_loss = -(soft * F.log_softmax(logits[:, :m], dim=-1)).sum(-1).mean()
-            loss = loss + step_loss
-            stats[f"loss{k + 1}"] = step_loss.item()
-            hits = drafter.to_target_ids(logits[:, :m].argmax(-1)) == top[:, k + 1 :]
-            stats[f"acc{k + 1}"] = hits.float().mean().item()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        return stats
-
-    stats = train_loop(step, spec["steps"], "toy drafter", spec["max_minutes"], key="toy.drafter")
-    stats["tokens"] = seen
-    drafter.eval()
-    measured, drafted = acceptance(target, tokenizer, drafter, heldout, spec)
-    stats |= measured
-    stats["confidence"] = calibrate_confidence(drafter, drafted)
-    log.info("acceptance: %s", stats)
-    with atomic_path(outputs["drafter"], directory=True) as tmp:
-        drafter.save_pretrained(tmp)
-        write_json(stats | {"sha256": state_digest(drafter)}, tmp / paths.TOY_RECORDS["drafter"])
-
-
-main = stage_main(run, trains=True)
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,5 @@
 """Ship a toy the workflow trained: copy its tokenizer, target and drafter folders, unchanged, into the toy that the
-repository ships (``data/models/toy/``, `specfit.paths.SHIPPED_TOY`) and write their manifest
+repository ships (``data/models/toy/``, `specfit.planning.paths.SHIPPED_TOY`) and write their manifest
 (`specfit.models.shipped`): the sha256 of every file, the commit and the CPU that trained them, the spec each toy
 rule passed its stage, and where the training records lie. From the workflow root, on the machine that trained it
 and at the commit that trained it (docs/toy.md, "The shipped toy")::
@@ -9,7 +9,7 @@ and at the commit that trained it (docs/toy.md, "The shipped toy")::
 
 The CPU is this machine's (/proc/cpuinfo), and must be the one the training records name; the commit is the
 checkout's HEAD unless ``--commit`` names it. The config (config.yaml with ``--configfile`` overlays, as Snakemake
-merges them) must be the one the toy trained with: the specs are rebuilt from it (`specfit.specs.toy`), and step and
+merges them) must be the one the toy trained with: the specs are rebuilt from it (`specfit.planning.specs.toy`), and step and
 thread counts that differ from the training records' are refused.
 """
 
@@ -20,13 +20,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from specfit import numerics, paths, specs
+from specfit import numerics
 from specfit.errors import SpecFitError
 from specfit.io import read_json
 from specfit.models.shipped import MANIFEST, SKIPPED, write_manifest
+from specfit.planning import paths, specs
+from specfit.planning.config import SCHEMA, load_config
 from specfit.provenance import git_head
 from specfit.toy.spec import PARTS
-from specfit.workflow import SCHEMA, load_config
 
 # the /proc/cpuinfo flags that choose torch's, MKL's and oneDNN's kernels (specfit.numerics): with the model name,
 # what to compare first when another machine trains other weights

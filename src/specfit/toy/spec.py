@@ -1,7 +1,7 @@
 """The complete spec of a toy stage outside the workflow (tests, benchmarks), as the workflow's rules pass it: the
-rules' own builder (`specfit.specs.toy`) over config.yaml with the schema's defaults and any overrides.
+rules' own builder (`specfit.planning.specs.toy`) over config.yaml with the schema's defaults and any overrides.
 
-Its own module, which no stage imports: it reads the config schema through ``specfit.workflow``, and a stage that
+Its own module, which no stage imports: it reads the config schema through ``specfit.planning``, and a stage that
 imported it would have the workflow's code in its code hash (a retrained toy on every edit there).
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from specfit import specs
 from specfit.errors import SpecFitError
-from specfit.workflow import validate_config
+from specfit.planning import specs
+from specfit.planning.config import validate_config
 
 PARTS = ("tokenizer", "target", "drafter")
 ROOT = Path(__file__).resolve().parents[3]  # the workflow checkout (this file is src/specfit/toy/spec.py)
@@ -23,10 +23,10 @@ SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 
 
 def toy_spec(part: str, config: dict | None = None, **overrides) -> dict:
-    """The spec the workflow's ``toy_<part>`` rule passes its stage (`specfit.specs.toy`): ``config["toy"][part]``
+    """The spec the workflow's ``toy_<part>`` rule passes its stage (`specfit.planning.specs.toy`): ``config["toy"][part]``
     with the schema's defaults filled in, the config's ``seed`` and ``train_threads`` (as ``threads``), and
     ``exclude_question_ids`` (every id a workload evaluates or calibration probes,
-    `specfit.workflow.evaluated_question_ids`).
+    `specfit.planning.matrix.evaluated_question_ids`).
 
     ``config`` is a workflow config (left unchanged); by default the shipped config.yaml without its ``toy``
     section, so every toy key takes the schema's default. ``overrides`` set keys of ``toy.<part>`` (and ``seed``,

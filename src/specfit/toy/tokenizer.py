@@ -1,14 +1,4 @@
-"""Stage: the toy's byte-level BPE tokenizer with a chat template of its own.
-
-spec (config ``toy.tokenizer``, defaults in the schema; the rule adds seed and exclude_question_ids)::
-
-    vocab_size: 4096            (BPE vocabulary, with the 4 special tokens)
-    heldout: 12                 seed: 0     (as in the target and drafter stages: the same held-out questions)
-    exclude_question_ids        (the evaluated ids, never trained on; required)
-
-inputs: {questions: Spec-Bench question.jsonl}
-outputs: {tokenizer: folder, a PreTrainedTokenizerFast saved with save_pretrained}
-"""
+"""The toy's byte-level BPE tokenizer with a chat template of its own (trained by the toy_tokenizer stage)."""
 
 from __future__ import annotations
 
@@ -16,10 +6,6 @@ import logging
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
-
-from specfit.io import atomic_path
-from specfit.stage import stage_main
-from specfit.toy.train import split
 
 log = logging.getLogger(__name__)
 USER, ASSISTANT, END, PAD = "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"
@@ -47,17 +33,3 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token=END, pad_token=PAD, chat_template=CHAT_TEMPLATE, padding_side="left"
     )
-
-
-def run(spec: dict, inputs: dict, outputs: dict) -> None:
-    train, _ = split(inputs["questions"], spec)
-    tokenizer = train_tokenizer([t for q in train for t in q["turns"]], spec["vocab_size"])
-    log.info("BPE tokenizer: %d tokens from %d questions", len(tokenizer), len(train))
-    with atomic_path(outputs["tokenizer"], directory=True) as tmp:
-        tokenizer.save_pretrained(tmp)
-
-
-main = stage_main(run, trains=True)
-
-if __name__ == "__main__":
-    main()

@@ -82,7 +82,7 @@ def split(questions_path, spec: dict) -> tuple[list[dict], list[dict]]:
     if spec.get("exclude_question_ids") is None:
         raise SpecFitError(
             "the toy stage's spec has no `exclude_question_ids`: the Spec-Bench question ids that the workloads "
-            "evaluate and calibration probes (specfit.workflow.evaluated_question_ids), which the toy must not "
+            "evaluate and calibration probes (specfit.planning.matrix.evaluated_question_ids), which the toy must not "
             "train on. The workflow's toy rules pass them; outside the workflow build the spec with "
             "specfit.toy.spec.toy_spec"
         )

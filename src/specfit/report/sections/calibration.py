@@ -1,7 +1,7 @@
 """The calibration fit T(S) = b_|S| + β F(S) (Appendix B) beside the paper's coefficients, the cache-aware model
 T(S) = b_|S| + β_miss M(S) + β_hit H(S) (specfit-ca's cost) fitted on the same probes, and the probes' scatter."""
 
-from specfit import paths
+from specfit.planning import paths
 from specfit.report.figures import calibration_scatter, slug
 from specfit.report.page import MISSING, Section, fmt, note, table, tagged
 from specfit.report.scope import Scope

@@ -1,11 +1,11 @@
 """Verification and transfer counters (Tables 2 and 3), tokens per transfer, and where the time a SpecFit cycle saves
 against a cached EAGLE-3 cycle comes from (section 4.2)."""
 
-from specfit.metrics import SPLIT_KEYS
+from specfit.planning.matrix import method_rule
 from specfit.report.page import CACHE, METHOD, Section, fmt, note, pct_less, pct_more, share_of, table, tagged
 from specfit.report.quantities import TOKENS_PER_TRANSFER, metric, tokens_per_transfer
 from specfit.report.scope import Scope
-from specfit.workflow import method_rule
+from specfit.results.metrics import SPLIT_KEYS
 
 KEYS = ("draft_nodes_per_cycle", "committed_per_cycle", *SPLIT_KEYS, "cycles", "ms_per_cycle", "h2d_per_token",
         "draft_ms_per_cycle", "verify_ms_per_cycle")

@@ -4,13 +4,13 @@ goals (route accuracy ≥ 60%; decode TPS ≥ 98% of exact routes, a tie counts;
 routes are, a tie does not; the predictor ≤ 5% of a cycle); then the predictor at this model's size and at the
 paper's model's, beside the paper's estimate (section 4.6)."""
 
+from specfit.planning.matrix import DecodeRun, method_config
 from specfit.report.inputs import Inputs, methods_with, predictor_metrics
 from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interval_note, note, notes, table, tagged
 from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged, overall
 from specfit.speculative.routes import predictor_cost
-from specfit.workflow import DecodeRun, method_config
 
 TITLE = "Beyond the paper: learned routes"
 ACCURACY_GOAL = 0.60  # held-out route accuracy of the predictor

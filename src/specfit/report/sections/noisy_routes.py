@@ -1,10 +1,10 @@
 """Sensitivity to route-prediction errors (section 4.6): SpecFit with exact and with noisy routes side by side, the
 paper's speedups beside on its 40 GSM8K questions."""
 
+from specfit.planning.matrix import DecodeRun, method_config, workload_ids
 from specfit.report.page import MISSING, Section, cache_cell, interval_note, table, tagged
 from specfit.report.quantities import column, tps_cell, x_cell
 from specfit.report.scope import Scope, paper_workload
-from specfit.workflow import DecodeRun, method_config, workload_ids
 
 
 def section(s: Scope) -> Section:

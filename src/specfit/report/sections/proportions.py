@@ -1,7 +1,7 @@
 """On an emulated device: the toy's cost proportions measured by the decode runs beside the GPU's (Tables 2-3), and the
 with-cache fit's R² (docs/device.md)."""
 
-from specfit.paper_device import NAMES, PROPORTIONS, REQUESTS, paper_proportions, proportion_met, run_proportions
+from specfit.engine.paper_gpus import NAMES, PROPORTIONS, REQUESTS, paper_proportions, proportion_met, run_proportions
 from specfit.report.page import MISSING, Section, fmt, note, table
 from specfit.report.scope import Scope
 from specfit.report.verdict import Outcome, at_least

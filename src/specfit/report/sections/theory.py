@@ -1,10 +1,10 @@
 """The selection theory on the recorded pools (Table 5): SpecFit's pools under the paper's cost, the paper's beside;
 beyond the paper, specfit-ca's pools under the cache-aware cost it selects with."""
 
+from specfit.planning.matrix import DecodeRun, theory_cost, theory_file, theory_runs
 from specfit.report.page import Section, Table, fmt, note
 from specfit.report.quantities import PAPER_PAIR, THEORY, THEORY_CACHE_AWARE
 from specfit.report.scope import Scope
-from specfit.workflow import DecodeRun, theory_cost, theory_file, theory_runs
 
 
 def section(s: Scope) -> Section:

@@ -20,7 +20,7 @@ what the first loaded), so M and H differ between them while k, F and the tree d
 tells β_miss from β_hit, and averaging the repeats would blur it. So the cache-aware model is fitted on one row
 per repeat (``repeats`` × the probes), while the paper's model keeps its fit on the probe means. Both are scored
 on the probe means as well (``pred_ms``, ``pred_ca_ms`` against ``y_ms``), the points where they compare.
-``drafting`` is specfit-ca's model of the probes' drafting time (`specfit.coefficients.DraftCost`): a drafted
+``drafting`` is specfit-ca's model of the probes' drafting time (`specfit.selection.coefficients.DraftCost`): a drafted
 cycle's "draft" section is start + (levels - 1)·level (NNLS over the probes that caught the drafter up: level 1
 reads the catch-up forward's logits, so the first level costs what the catch-up costs), and ``select_ms`` one
 cache-aware selection: each probe runs specfit-ca's selection after every level it drafts, as a decode would
@@ -46,12 +46,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from specfit.coefficients import fit_drafting, fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset, score
-from specfit.engine import make_engine
+from specfit.engine.offload import make_engine
 from specfit.errors import SpecFitError
 from specfit.io import write_json, write_parquet
 from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
-from specfit.records import POINTS_SCHEMA, read_prompts
+from specfit.planning.stage import stage_main
+from specfit.results.records import POINTS_SCHEMA, read_prompts
+from specfit.selection.coefficients import fit_drafting, fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset, score
 from specfit.selection.pool import CandidatePool
 from specfit.selection.search import compile_kernels
 from specfit.selection.selectors import select_min_union, select_top_prob
@@ -59,9 +60,8 @@ from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import Decision, Method, SpecFitCA, build_method
 from specfit.speculative.request import Limits, Session
 from specfit.speculative.tree import crop
-from specfit.stage import stage_main
 
-log = logging.getLogger("specfit.calibrate")
+log = logging.getLogger("specfit.stages.calibrate")
 
 TRAJECTORY = MethodConfig(name="eagle3")  # the paper's generator: top-2 expansion, depth 5, K = 7
 PROBE_TREES = ("prob", "union")  # probability-prefix and minimum-expert-union probe trees
@@ -273,7 +273,7 @@ def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol:
 
 
 def fit_draft_cost(rows: dict) -> dict:
-    """`specfit.coefficients.DraftCost`'s drafting terms from the probes' "draft" sections (one row per repeat):
+    """`specfit.selection.coefficients.DraftCost`'s drafting terms from the probes' "draft" sections (one row per repeat):
     start and level by NNLS over the probes that caught the drafter up (those right after prefill do not; all probes
     when none did); ``select_ms`` the probes' shadow selections per drafted level (`Probe`)."""
     repeats = [len(t) for t in rows["draft_repeats_ms"]]

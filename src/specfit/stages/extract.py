@@ -1,4 +1,4 @@
-"""Stage 1, dataset extraction: a workload's questions -> one prompts Parquet per workload and model.
+"""Stage extract: a workload's questions -> one prompts Parquet per workload and model.
 
 The questions are Spec-Bench's (question.jsonl) unless the workload names another dataset (``source``: a local
 file or folder, or a Hub dataset in the local cache), read with Hugging Face ``datasets`` offline
@@ -12,29 +12,24 @@ spec: {"model": its name in config.yaml (errors name models.<model>.target), "qu
       also "workload": its name and "source": `specfit.questions.workload_source`
 inputs: questions (question.jsonl, or the source's local file or folder; none for a Hub dataset), tokenizer (dir)
 outputs: prompts (Parquet)
-
-``python -m specfit.extract fetch`` downloads question.jsonl from the pinned Spec-Bench commit.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import sys
-import urllib.request
 
 import pyarrow as pa
 
 from specfit.errors import SpecFitError
-from specfit.io import atomic_path, write_parquet
+from specfit.io import write_parquet
 from specfit.models import shipped
 from specfit.models.checkpoint import check_tokenizer
-from specfit.questions import describe_source, load_questions, load_source
-from specfit.records import PROMPTS_SCHEMA
-from specfit.stage import stage_main
+from specfit.planning.stage import stage_main
+from specfit.questions import describe_source, load_questions, load_source, render_prompt
+from specfit.results.records import PROMPTS_SCHEMA
 
-log = logging.getLogger("specfit.extract")
+log = logging.getLogger("specfit.stages.extract")
 
 
 def load_workload(spec: dict, inputs: dict) -> list[dict]:
@@ -42,14 +37,6 @@ def load_workload(spec: dict, inputs: dict) -> list[dict]:
     if spec.get("source") is None:
         return load_questions(inputs["questions"])
     return load_source(spec["source"], spec["workload"], inputs.get("questions"))
-
-
-def render_prompt(tokenizer, question: dict) -> tuple[str, list[int]]:
-    """The first turn in the model's chat template, as text and token ids."""
-    messages = [{"role": "user", "content": question["turns"][0]}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return text, list(ids)
 
 
 def build_prompts(questions: list[dict], tokenizer, spec: dict) -> tuple[dict, list[dict]]:
@@ -102,32 +89,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     log.info("wrote %d prompts (%d skipped) to %s", table.num_rows, len(skipped), outputs["prompts"])
 
 
-def fetch(spec: dict, inputs: dict, outputs: dict) -> None:
-    """Download question.jsonl from the pinned commit and check its sha256; else say where to put it."""
-    path = outputs["questions"]
-    try:
-        with urllib.request.urlopen(spec["url"], timeout=30) as response:
-            data = response.read()
-    except OSError as err:
-        raise SpecFitError(
-            f"Spec-Bench's question.jsonl is missing at {path} and could not be downloaded ({err}). "
-            f"Put the file from {spec['url']} there, or set spec_bench.path in config.yaml to where it lies."
-        ) from err
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != spec["sha256"]:
-        raise SpecFitError(f"downloaded question.jsonl has sha256 {digest}, expected {spec['sha256']}")
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-    log.info("downloaded %s (%d bytes, sha256 ok)", path, len(data))
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["fetch"]:
-        stage_main(fetch)(argv[1:])
-    else:
-        stage_main(run)(argv)
-
+main = stage_main(run)
 
 if __name__ == "__main__":
     main()

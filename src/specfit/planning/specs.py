@@ -1,18 +1,20 @@
 """The config-to-stage contract: each rule's spec, the slice of the workflow config it passes its stage as
-``--spec`` (`specfit.stage`).
+``--spec`` (`specfit.planning.stage`).
 
 One function per rule: the validated config and the job's wildcards by name in, the spec dict out. The rules call
-them through rules/common.smk's ``spec`` (the wildcards as keywords, the dict as `specfit.workflow.spec_json`), and
+them through rules/common.smk's ``spec`` (the wildcards as keywords, the dict as `specfit.planning.specs.spec_json`), and
 the tests call them for the spec a stage gets. No stage imports this module: a spec reaches its rule as params, so
 an edit here reruns exactly the jobs whose spec it changes, while the stage's code hash
-(`specfit.workflow.code_hash`) follows only the code the stage runs.
+(`specfit.planning.code.code_hash`) follows only the code the stage runs.
 """
 
 from __future__ import annotations
 
-from specfit import paths
-from specfit.questions import workload_source
-from specfit.workflow import (
+import json
+from typing import Any
+
+from specfit.planning import paths
+from specfit.planning.matrix import (
     DecodeRun,
     decode_runs,
     evaluated_question_ids,
@@ -23,6 +25,7 @@ from specfit.workflow import (
     theory_runs,
     workload_ids,
 )
+from specfit.questions import workload_source
 
 
 def spec_bench(config: dict) -> dict:
@@ -54,7 +57,7 @@ def extract(config: dict, model: str, workload: str) -> dict:
 def toy(config: dict, part: str) -> dict:
     """Rules toy_tokenizer, toy_target and toy_drafter: ``toy.<part>``, the config's seed, the torch threads the
     target and drafter train with (``train_threads``), and every question id a workload evaluates or calibration
-    probes (`specfit.workflow.evaluated_question_ids`): the toy never trains on those."""
+    probes (`specfit.planning.matrix.evaluated_question_ids`): the toy never trains on those."""
     threads = {} if part == "tokenizer" else {"threads": config["train_threads"]}
     return {**config["toy"][part], "seed": config["seed"], **threads,
             "exclude_question_ids": evaluated_question_ids(config)}
@@ -113,7 +116,7 @@ def decode(config: dict, model: str, device: str, workload: str, method: str, sl
 
 def generate(config: dict, model: str, device: str, method: str, slots: int, limit_tokens: int,
              max_new_tokens: int) -> dict:
-    """Not a rule: `specfit generate` (`specfit.decoder.Decoder.from_config`), a decode run's spec with the caller's
+    """Not a rule: `specfit generate` (`specfit.api.Decoder.from_config`), a decode run's spec with the caller's
     limits in place of a workload's."""
     dev = config["devices"][device]
     limits = {"limit_tokens": limit_tokens, "max_new_tokens": max_new_tokens}
@@ -183,3 +186,8 @@ def theory(config: dict, model: str, device: str, workload: str, method: str | N
 def report(config: dict) -> dict:
     """Rule report: what the report names and groups runs by."""
     return {k: config[k] for k in ("workloads", "models", "devices", "methods", "runs", "seed")}
+
+
+def spec_json(obj: Any) -> str:
+    """A config slice as rule params: sorted keys, so equal slices compare equal across runs."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))

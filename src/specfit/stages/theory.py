@@ -31,10 +31,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from specfit.coefficients import DraftCost, cache_aware_cost
 from specfit.errors import SpecFitError
 from specfit.io import read_json, write_json
-from specfit.records import CYCLE_SCHEMA, REQUEST_SCHEMA, in_flight_matrix, read_table, resident_mask
+from specfit.planning.stage import stage_main
+from specfit.results.records import CYCLE_SCHEMA, REQUEST_SCHEMA, in_flight_matrix, read_table, resident_mask
+from specfit.selection.coefficients import DraftCost, cache_aware_cost
 from specfit.selection.pool import CandidatePool, Pool
 from specfit.selection.selectors import (
     Selection,
@@ -45,7 +46,6 @@ from specfit.selection.selectors import (
 )
 from specfit.speculative.cycle import Cycle
 from specfit.speculative.routes import AtlasRoutes
-from specfit.stage import stage_main
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class CacheAwareCost:
 
     @classmethod
     def from_coefficients(cls, coefficients: dict) -> "CacheAwareCost":
-        """The coefficients specfit-ca selects with (`specfit.coefficients.cache_aware_cost`)."""
+        """The coefficients specfit-ca selects with (`specfit.selection.coefficients.cache_aware_cost`)."""
         return cls(*cache_aware_cost(coefficients))
 
     def intercepts(self, cycle: RecordedCycle) -> np.ndarray:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from specfit.intervals import tps_interval
-from specfit.ngrams import stream_split
+from specfit.results.intervals import tps_interval
+from specfit.results.ngrams import stream_split
 
-# fresh vs repeated-4-gram cycles (specfit.ngrams): None without prompts
+# fresh vs repeated-4-gram cycles (specfit.results.ngrams): None without prompts
 SPLIT_KEYS = ("committed_per_cycle_fresh", "committed_per_cycle_repeated", "cycles_fresh", "cycles_repeated")
 # the keys `stream_metrics` returns, in order: the report reads metrics.json by these names
 KEYS = ("n_requests", "n_output_tokens", "cycles", "tps_dec", "tps_dec_low", "tps_dec_high", "tps_req",
@@ -25,9 +25,9 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
     """Eq. 10 throughputs and per-cycle means; times in seconds unless the key says ms.
 
     ``tps_dec_low`` / ``tps_dec_high``: the 95% percentile-bootstrap interval of ``tps_dec`` over requests
-    (`specfit.intervals.tps_interval`, seeded by ``seed``). With ``prompts`` (rows with ``request_id`` and
+    (`specfit.results.intervals.tps_interval`, seeded by ``seed``). With ``prompts`` (rows with ``request_id`` and
     ``prompt_ids``), cycles are split into fresh ones and ones that start inside a repeated output 4-gram
-    (`specfit.ngrams`): ``committed_per_cycle_fresh`` / ``_repeated`` and ``cycles_fresh`` / ``_repeated``
+    (`specfit.results.ngrams`): ``committed_per_cycle_fresh`` / ``_repeated`` and ``cycles_fresh`` / ``_repeated``
     (None without prompts). ``cycles_without_draft``: cycles whose pool holds the root alone (AR's every cycle; a
     drafting method's at the length limit or where it chose not to draft).
     """

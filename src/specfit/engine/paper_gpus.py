@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from specfit.device import DeviceModel
+from specfit.engine.device import DeviceModel
 
 REQUESTS = {("a100", "summarization"): 40, ("a100", "gsm8k"): 80, ("rtx4090", "gsm8k"): 40}
 DERIVED_FROM = {"a100": "summarization", "rtx4090": "gsm8k"}

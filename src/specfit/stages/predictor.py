@@ -33,17 +33,17 @@ import logging
 import numpy as np
 import torch
 
-from specfit.engine import make_engine
+from specfit.engine.offload import make_engine
 from specfit.errors import SpecFitError
 from specfit.io import atomic_path, write_json
 from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
-from specfit.records import read_prompts
+from specfit.planning.stage import stage_main
+from specfit.results.records import read_prompts
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.learned import POOL_NODES, RoutePredictor, node_inputs, pool_times
 from specfit.speculative.methods import Eagle3
 from specfit.speculative.request import Limits, decode_request
 from specfit.speculative.routes import predictor_cost
-from specfit.stage import stage_main
 from specfit.toy.train import cosine_lr, seed_everything, state_digest, train_loop
 
 log = logging.getLogger(__name__)

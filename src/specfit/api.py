@@ -2,7 +2,7 @@
 
 `Decoder.from_config` reads the workflow's config as the decode stage does: the model's checkpoints, the device
 (its link or emulated GPU), the method's entry and, for SpecFit, the coefficients calibrated for that model and
-device and the route predictor trained for that model (the workflow's outputs, `specfit.workflow.method_inputs`).
+device and the route predictor trained for that model (the workflow's outputs, `specfit.planning.matrix.method_inputs`).
 It loads through the decode stage's own `specfit.speculative.stream.load` and decodes through its cycle loop
 (`specfit.speculative.request.decode_cycles`), so a prompt decodes here as it would in a decode run.
 
@@ -11,7 +11,7 @@ workflow's prompts) is an experiment oracle, refused with the deployable alterna
 
 ::
 
-    from specfit.decoder import Decoder
+    from specfit.api import Decoder
 
     decoder = Decoder.from_config("toy", "cpu-a100link", "specfit-learned")
     result = decoder.generate("Summarize: ...", max_new_tokens=64)
@@ -31,19 +31,19 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from specfit import paths
 from specfit.errors import SpecFitError
-from specfit.metrics import stream_metrics
 from specfit.models.checkpoint import read_config
 from specfit.models.loading import eos_ids
 from specfit.models.shipped import restore
-from specfit.records import CYCLE_SCHEMA
+from specfit.planning import paths
+from specfit.results.metrics import stream_metrics
+from specfit.results.records import CYCLE_SCHEMA
 from specfit.speculative.config import ROUTED_RULES, MethodConfig, route_source
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits
 from specfit.speculative.stream import Loaded, StreamSpec, load
 
-# the figures a generation reports, by their names in a decode run's metrics.json (`specfit.metrics.stream_metrics`),
+# the figures a generation reports, by their names in a decode run's metrics.json (`specfit.results.metrics.stream_metrics`),
 # beside model, device, method, routes, slots and the device's timing_label
 FIGURES = ("n_output_tokens", "cycles", "tps_dec", "committed_per_cycle", "draft_nodes_per_cycle", "h2d_per_token",
            "select_ms_per_cycle")
@@ -53,7 +53,7 @@ MAX_NEW_TOKENS = 128
 @dataclass
 class Generation:
     """One prompt's output and how it was decoded. ``figures``: `FIGURES` as metrics.json names them, and the
-    device's ``timing_label``; ``request`` and ``cycles``: the decode stage's rows (`specfit.records`)."""
+    device's ``timing_label``; ``request`` and ``cycles``: the decode stage's rows (`specfit.results.records`)."""
 
     text: str
     prompt_ids: list[int]
@@ -124,8 +124,9 @@ class Decoder:
         ``overlays`` merged over it, as Snakemake's ``--configfile``) sets them; paths are relative to the config's
         folder, the workflow root. ``slots``: the model's with-cache calibration slots on the device when None;
         ``routes``: a route source (``learned``) in place of the method entry's."""
-        from specfit import specs  # the workflow's config helpers: torch-free
-        from specfit.workflow import SCHEMA, check_shipped, load_config, method_inputs
+        from specfit.planning import specs  # the workflow's config helpers: torch-free
+        from specfit.planning.config import SCHEMA, check_shipped, load_config
+        from specfit.planning.matrix import method_inputs
 
         configfile = Path(configfile)
         root = configfile.parent
@@ -164,12 +165,12 @@ class Decoder:
         return self.loaded.tokenizer
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        """A prompt's token ids: text as the first user turn in the model's chat template (as `specfit.extract`
+        """A prompt's token ids: text as the first user turn in the model's chat template (as the extract stage
         renders the workloads' questions), a sequence of ints as it is."""
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise SpecFitError("the prompt is empty: give the text to answer")
-            from specfit.extract import render_prompt  # the workloads' rendering (a library use, not a stage run)
+            from specfit.questions import render_prompt  # as the workloads' prompts are rendered
 
             if self.tokenizer.chat_template is None:
                 raise SpecFitError(f"the tokenizer of {self.name['model']} has no chat template: pass token ids")

@@ -82,7 +82,7 @@ def atlas(model: str, device: str, workload: str, variant: str, name: str = "atl
 
 
 def predictor(model: str) -> str:
-    """The folder of a model's learned route predictor (`specfit.predictor`)."""
+    """The folder of a model's learned route predictor (`specfit.stages.predictor`)."""
     return f"data/predictor/{model}"
 
 

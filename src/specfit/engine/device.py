@@ -107,7 +107,7 @@ def check_parameters(spec: dict, key: str) -> None:
 
 
 def scaled(gpu: dict, reference_step_ms: float, step_ms: float, experts_per_token: int) -> dict:
-    """The toy's parameters from a GPU's (``gpu``, as `specfit.paper_device.derive` gives them): one rule.
+    """The toy's parameters from a GPU's (``gpu``, as `specfit.engine.paper_gpus.derive` gives them): one rule.
 
     One unit for every GPU: a millisecond of the reference GPU's cached AR step (``reference_step_ms``, the A100's)
     becomes ``step_ms / reference_step_ms`` on the toy, so each GPU keeps its speed relative to the reference; a time

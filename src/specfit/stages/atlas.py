@@ -3,7 +3,7 @@
 SpecFit's decode stream with live routes: every cycle drafts the full pool, the target is queried once for the
 routes of root + pool (outside the request timer), and the variant's adaptive rule is replayed on V<=1..V<=5
 with those routes (degraded first for the noisy variant, whose trajectory differs). Each cycle leaves one atlas
-row (schema `specfit.records.ATLAS_SCHEMA`); measured runs read them back with
+row (schema `specfit.results.records.ATLAS_SCHEMA`); measured runs read them back with
 `specfit.speculative.routes.AtlasRoutes`, node by node by content. The build runs with the spec's slots (the rule
 gives the device's with-cache slot count: an atlas must be buildable on the device whose runs read it, and
 making all 48 x 128 experts of Qwen3-30B-A3B resident takes 54 GiB) and no link: it is off the measured cache.
@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 
 from specfit.errors import SpecFitError
+from specfit.planning.stage import stage_main
 from specfit.speculative.config import ROUTED_RULES
 from specfit.speculative.stream import StreamSpec, run_stream
-from specfit.stage import stage_main
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:

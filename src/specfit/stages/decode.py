@@ -1,12 +1,12 @@
 """Decode stage: one method's timed request stream on the offloaded target (paper Section 4, Appendix B).
 
-The stream itself, its spec, inputs and outputs: `specfit.speculative.stream`; its metrics: `specfit.metrics`.
+The stream itself, its spec, inputs and outputs: `specfit.speculative.stream`; its metrics: `specfit.results.metrics`.
 """
 
 from __future__ import annotations
 
+from specfit.planning.stage import stage_main
 from specfit.speculative.stream import StreamSpec, run_stream
-from specfit.stage import stage_main
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:

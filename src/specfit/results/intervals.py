@@ -1,6 +1,6 @@
 """Bootstrap intervals of decode throughput and of throughput ratios between runs (torch-free).
 
-A decode run's throughput is a ratio of sums over its requests (Eq. 10, as `specfit.decode.stream_metrics`
+A decode run's throughput is a ratio of sums over its requests (Eq. 10, as `specfit.stages.decode.stream_metrics`
 computes it)::
 
     TPS_dec = (Σ n_output − n_requests) / Σ (t_request_s − t_prefill_s)

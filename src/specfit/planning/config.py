@@ -1,0 +1,189 @@
+"""The config as the workflow sees it: loaded with its overlays, validated against the schema with its defaults
+filled, and checked across sections (every name a run lists is defined, the toys' folders, the shipped toy's
+manifest). A config that fails is refused at load, naming the key and what to do.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from specfit.errors import SpecFitError
+from specfit.planning import paths
+from specfit.planning.matrix import evaluated_question_ids, method_config, predictor_question_ids
+from specfit.speculative.config import ROUTED_RULES
+
+
+def _with_defaults(validator_class):
+    """A jsonschema validator that fills ``default`` values in as it validates, as snakemake's validate does."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def _key(path: Iterable[Any]) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = _key(error.absolute_path)
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        allowed = ", ".join(sorted(error.schema.get("properties", {}))) or "(see the schema)"
+        return (f"config key {_key([*error.absolute_path, extra[0]])!r} is not allowed here; "
+                f"allowed keys under {where}: {allowed}")
+    if error.validator == "required":
+        return f"config key {where!r} is missing {error.message.split(' is a required')[0]}"
+    if error.validator == "not":  # a combination the schema forbids, described on its `not` clause
+        what = error.schema["not"].get("description", "a combination the schema forbids").rstrip(".")
+        return f"config key {where!r}: {what}, which is not allowed ({error.schema.get('description', '').strip()})"
+    if error.validator == "oneOf" and error.context:
+        # "null, or a mapping" (`link`, `emulate`): name what is wrong inside the mapping, not that no branch matched
+        return _describe(max(error.context, key=lambda e: (len(e.absolute_path), e.validator != "type")))
+    expected = error.schema.get("description", "")
+    return f"config key {where!r}: {error.message}" + (f" (expected: {expected})" if expected else "")
+
+
+def validate_config(config: dict, schema_path: str | Path, root: str | Path | None = ".") -> dict:
+    """Validate ``config`` in place against the schema, fill defaults, check cross references; return it.
+
+    ``root``: the workflow root (Snakemake's working directory), where the files a config must find at load are
+    looked for (`check_shipped`: the shipped toy's manifest); None checks no file.
+    A config that does not follow the schema or names something it does not define raises `SpecFitError`."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise SpecFitError("invalid config:\n  " + "\n  ".join(_describe(e) for e in errors))
+    _check_references(config)
+    if root is not None:
+        check_shipped(config, Path(root))
+    return config
+
+
+SCHEMA = "workflow/schemas/config.schema.yaml"  # relative to the workflow root, as the Snakefile finds it
+
+
+def load_config(path: str | Path = "config.yaml", schema: str | Path = SCHEMA, *overlays: str | Path,
+                check_files: bool = True) -> dict:
+    """A config file with ``overlays`` merged over it as Snakemake's ``--configfile`` merges them (nested mappings
+    update, anything else is replaced), validated and with its defaults filled, as the workflow sees it (for
+    benchmarks and tools run from the workflow root). The config file's folder is the workflow root, where
+    ``check_files`` looks for the files the config must find at load (`validate_config`)."""
+    from snakemake.utils import update_config  # the merge --configfile does; imported here, as only this needs it
+
+    config = yaml.safe_load(Path(path).read_text())
+    for overlay in overlays:
+        update_config(config, yaml.safe_load(Path(overlay).read_text()))
+    return validate_config(config, schema, Path(path).parent if check_files else None)
+
+
+def _check_references(config: dict) -> None:
+    problems = []
+    for i, run in enumerate(config["runs"]):
+        for field in ("models", "devices", "workloads", "methods"):
+            for name in run[field]:
+                if name not in config[field]:
+                    problems.append(
+                        f"config key 'runs.{i}.{field}' names {name!r}, which is not defined under "
+                        f"'{field}' (defined: {', '.join(config[field])})"
+                    )
+    problems += _check_toys(config)
+    for run in config["runs"]:
+        for model, device in itertools.product(run["models"], run["devices"]):
+            if device not in config["models"].get(model, {}).get("main_slots", {device: 0}):
+                problems.append(
+                    f"config key 'models.{model}.main_slots' has no entry for device {device!r} "
+                    "(the slots of its with-cache calibration)"
+                )
+    for block in config["runs"]:
+        for method, device in itertools.product(block["methods"], block["devices"]):
+            if method not in config["methods"] or device not in config["devices"]:
+                continue
+            if config["methods"][method]["rule"] in ROUTED_RULES:
+                k_max = method_config(config, method).k_max
+                fit = config["devices"][device]["coefficients"] == "fit"
+                sizes = config["calibration"]["sizes"] if fit else 8  # the paper's presets: b_0..b_7
+                if k_max + 1 > sizes:
+                    problems.append(
+                        f"config key 'methods.{method}.k_max' is {k_max}, but device {device!r} has intercepts "
+                        f"b_0..b_{sizes - 1} only ({'calibration.sizes' if fit else 'the paper preset'}): "
+                        f"{'set calibration.sizes to at least k_max + 1' if fit else 'use k_max <= 7'}"
+                    )
+    for name, device in config["devices"].items():
+        if device["emulate"] is None:
+            continue
+        if device["torch_device"] != "cpu":
+            problems.append(f"config key 'devices.{name}.emulate' emulates a GPU on a {device['torch_device']} device: "
+                            "emulation is for CPU-only machines; drop it on a GPU, whose timings are measured")
+        if device["link"] is not None:
+            problems.append(f"config key 'devices.{name}.emulate' comes with 'devices.{name}.link': an emulated device "
+                            "models its own link (copy_ms); drop the link")
+    overlap = sorted(set(predictor_question_ids(config)) & set(evaluated_question_ids(config)))
+    if overlap:
+        problems.append(f"config key 'predictor.question_ids' holds questions a workload evaluates or calibration "
+                        f"probes ({', '.join(map(str, overlap[:8]))}{', ...' if len(overlap) > 8 else ''}): the route "
+                        "predictor must train on other questions")
+    if config["predictor"]["method"] not in config["methods"]:
+        problems.append(f"config key 'predictor.method' names {config['predictor']['method']!r}, which is not defined "
+                        "under 'methods'")
+    if problems:
+        raise SpecFitError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
+
+
+def _check_toys(config: dict) -> list[str]:
+    """A toy the rules train (``toy: true``) lives in its own name's folders, never the shipped toy's; the shipped toy
+    (``shipped: true``) is the model named `paths.SHIPPED_TOY`, read from its folders; no model is both."""
+    problems = []
+    shipped_folders = {part: paths.toy_model(paths.SHIPPED_TOY, part) for part in ("target", "drafter")}
+    for name, model in config["models"].items():
+        folders = {part: os.path.normpath(model[part]) for part in ("target", "drafter")}
+        if model["toy"] and model["shipped"]:
+            problems.append(f"config key 'models.{name}': `toy: true` (the toy rules train it) and `shipped: true` "
+                            "(the toy the repository ships) exclude each other")
+        elif model["toy"]:
+            for part, folder in folders.items():
+                if folder != paths.toy_model(name, part):
+                    problems.append(f"config key 'models.{name}.{part}': a toy model is built at "
+                                    f"{paths.toy_model(name, part)!r}")
+            if name == paths.SHIPPED_TOY:  # its folders, checked above, are then the shipped toy's
+                problems.append(f"config key 'models.{name}.toy': a toy to train named {name!r}, whose folders are "
+                                f"the shipped toy's ({paths.toy_dir(paths.SHIPPED_TOY)}/): training would "
+                                "overwrite it; pick another model name for a toy of your own (docs/toy.md)")
+        elif model["shipped"]:
+            if name != paths.SHIPPED_TOY:
+                problems.append(f"config key 'models.{name}.shipped': the shipped toy is the model named "
+                                f"{paths.SHIPPED_TOY!r}; name it so, or set `toy: true` to train a toy named {name!r}")
+            for part, folder in shipped_folders.items():
+                if folders[part] != folder:
+                    problems.append(f"config key 'models.{name}.{part}': the shipped toy's {part} is {folder!r}")
+    return problems
+
+
+def check_shipped(config: dict, root: Path, models: Iterable[str] | None = None) -> None:
+    """The files a config must find before any job: the shipped toy's manifest, for ``models`` (default: every model
+    of the config) that are the shipped toy. Its folders are plain inputs, which Snakemake checks, and the manifest
+    checks their contents when a stage loads them."""
+    manifest = root / paths.SHIPPED_MANIFEST
+    problems = [f"config key 'models.{name}.shipped': the shipped toy's manifest {manifest} is missing: restore the "
+                f"shipped toy with `git checkout -- {manifest.parent}` (docs/toy.md)"
+                for name in (config["models"] if models is None else models)
+                if config["models"][name]["shipped"] and not manifest.is_file()]
+    if problems:
+        raise SpecFitError("invalid config:\n  " + "\n  ".join(problems))
+
+

@@ -1,0 +1,179 @@
+"""The run matrix: the decode runs the config's `runs` list, the files each reads, the AR run each is checked
+against, the theory runs of Table 5 and the files the report reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from specfit.planning import paths
+from specfit.speculative.config import ROUTED_RULES, MethodConfig
+
+
+def is_toy(entry: dict) -> bool:
+    """Whether a model (its config entry) has a toy's folders (`specfit.planning.paths.toy_model`: a tokenizer folder beside
+    target and drafter, and their training records): one the toy rules train (``toy: true``) or the shipped one."""
+    return bool(entry.get("toy") or entry.get("shipped"))
+
+
+def trained_toys(config: dict) -> list[str]:
+    """The models the toy rules train (``toy: true``); the shipped toy is read as it is."""
+    return [name for name, model in config["models"].items() if model.get("toy")]
+
+
+
+@dataclass(frozen=True, order=True)
+class DecodeRun:
+    model: str
+    device: str
+    workload: str
+    method: str
+    slots: int
+
+    @property
+    def path(self) -> str:
+        """The run's folder (`specfit.planning.paths.decode_dir`)."""
+        return paths.decode_dir(self.model, self.device, self.workload, self.method, self.slots)
+
+    def file(self, name: str) -> str:
+        """One of the run's files: requests.parquet, cycles.parquet or metrics.json."""
+        return paths.decode(self.model, self.device, self.workload, self.method, self.slots, name)
+
+    @property
+    def cache(self) -> str:
+        return paths.cache_mode(self.slots)
+
+
+def decode_runs(config: dict) -> list[DecodeRun]:
+    runs = set()
+    for block in config["runs"]:
+        for combo in itertools.product(block["models"], block["devices"], block["workloads"], block["methods"],
+                                       block["slots"]):
+            runs.add(DecodeRun(*combo))
+    return sorted(runs)
+
+
+def method_rule(config: dict, method: str) -> str:
+    return config["methods"][method]["rule"]
+
+
+def method_config(config: dict, method: str) -> MethodConfig:
+    """A method entry with its defaults filled (`specfit.speculative.config.MethodConfig`)."""
+    return MethodConfig.of_entry(config["methods"][method])
+
+
+def workload_ids(config: dict, workload: str) -> list[int]:
+    """The question ids a workload evaluates, in order: ids of its source's id field (Spec-Bench's question_id by
+    default), or row positions when the source maps no id field."""
+    return list(_id_range(config["workloads"][workload]["question_ids"]))
+
+
+def predictor_question_ids(config: dict) -> list[int]:
+    """The Spec-Bench question ids the route predictor trains on, in order."""
+    return [i for q in config["predictor"]["question_ids"] for i in _id_range(q)]
+
+
+def _id_range(q: dict) -> range:
+    """Ids ``start``, ``start + step``, ... up to ``stop`` inclusive (a config's question_ids range)."""
+    return range(q["start"], q["stop"] + 1, q.get("step", 1))
+
+
+def evaluated_question_ids(config: dict) -> list[int]:
+    """Every Spec-Bench question id some workload evaluates or calibration probes: the toy models never train on
+    these. A workload whose ``source`` is another dataset evaluates no Spec-Bench question, so its ids (ids of
+    that dataset) are left out (`specfit.questions.workload_source`)."""
+    from specfit.questions import workload_source  # torch- and datasets-free; imported here, as only this needs it
+
+    ids = set(config["calibration"]["question_ids"])
+    for workload in config["workloads"]:
+        if workload_source(config, workload) is None:
+            ids.update(workload_ids(config, workload))
+    return sorted(ids)
+
+
+def decode_inputs(config: dict, run: DecodeRun) -> dict[str, str]:
+    """The files a decode run reads, by the stage's input names (the decode rule's inputs): prompts,
+    `method_inputs`, and for a method that selects by atlas routes its atlas."""
+    inputs = {"prompts": paths.prompts(run.model, run.workload),
+              **method_inputs(config, run.model, run.device, run.method, run.slots)}
+    if method_rule(config, run.method) in ROUTED_RULES and not method_config(config, run.method).route_source.learned:
+        variant = paths.atlas_variant(run.method, run.slots)
+        inputs["atlas"] = paths.atlas(run.model, run.device, run.workload, variant)
+    return inputs
+
+
+def method_inputs(config: dict, model: str, device: str, method: str, slots: int) -> dict[str, str]:
+    """What a method decodes with, whatever the prompts (`specfit generate` reads these too): the checkpoints, and
+    for a method that selects by routes its coefficients and, with learned routes, its route predictor."""
+    entry = config["models"][model]
+    inputs = {"target": entry["target"]}
+    kind = method_rule(config, method)
+    if kind != "ar":
+        inputs["drafter"] = entry["drafter"]
+    if kind in ROUTED_RULES:
+        inputs["coefficients"] = paths.calibration(model, device, paths.cache_mode(slots))
+        if method_config(config, method).route_source.learned:
+            inputs["predictor"] = paths.predictor(model)
+    return inputs
+
+
+def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:
+    """The AR run whose outputs a method's lossless check compares against (the smallest AR slot count)."""
+    ars = [r for r in decode_runs(config) if (r.model, r.device, r.workload) == (run.model, run.device, run.workload)
+           and method_rule(config, r.method) == "ar"]
+    reference = min(ars, key=lambda r: r.slots, default=None)
+    return None if reference == run else reference
+
+
+# The cost model each theory run's Table 5 is computed under (`specfit.stages.theory`), by the rule of its method: the
+# paper's for SpecFit, the cache-aware cost for specfit-ca and specfit-prefetch (beyond the paper; specfit-prefetch's
+# cycles record the copies in flight as they selected, which that cost reads).
+THEORY_COSTS = {"specfit": "paper", "specfit-ca": "cache_aware", "specfit-prefetch": "cache_aware"}
+
+
+def theory_runs(config: dict) -> list[DecodeRun]:
+    """The pools of Table 5: per (model, device, workload), the run with the cache at the model's main slot count
+    and exact routes of SpecFit (the paper's cost), of specfit-ca and of specfit-prefetch (the cache-aware cost),
+    the first method of each rule where several are configured."""
+    runs = {}
+    for r in decode_runs(config):
+        if (method_rule(config, r.method) in THEORY_COSTS
+                and method_config(config, r.method).route_source.name == "atlas"
+                and r.slots == config["models"][r.model]["main_slots"][r.device]):
+            runs.setdefault((r.model, r.device, r.workload, method_rule(config, r.method)), r)
+    return list(runs.values())
+
+
+def theory_cost(config: dict, run: DecodeRun) -> str:
+    """The cost model of a theory run's Table 5: "paper" or "cache_aware" (`THEORY_COSTS`)."""
+    return THEORY_COSTS[method_rule(config, run.method)]
+
+
+def theory_file(config: dict, run: DecodeRun) -> str:
+    """A theory run's Table 5 (`specfit.planning.paths.theory`): under the paper's cost the workload's file, under another
+    the method's beside it."""
+    method = None if theory_cost(config, run) == "paper" else run.method
+    return paths.theory(run.model, run.device, run.workload, method)
+
+
+def report_inputs(config: dict) -> dict[str, list[str]]:
+    """Every file the report reads (the report rule's inputs, by the stage's input names): each run's metrics and
+    requests, the fits and their points, the theory, the toy pair's folders (the report shows the
+    sha256 of their training records) with the shipped toy's manifest (and the commit and CPU it names), and the
+    learned route predictors decode runs read (folders: the report reads their metrics.json)."""
+    runs = decode_runs(config)
+    pairs = sorted({(r.model, r.device) for r in runs})
+    toys = [m for m in sorted({r.model for r in runs}) if is_toy(config["models"][m])]
+    return {
+        "metrics": [r.file("metrics.json") for r in runs],
+        "requests": [r.file("requests.parquet") for r in runs],
+        "calibration": [paths.calibration(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
+        "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
+        "theory": sorted({theory_file(config, r) for r in theory_runs(config)}),
+        "models": [*(paths.toy_model(m, part) for m in toys for part in paths.TOY_RECORDS),
+                   *(paths.SHIPPED_MANIFEST for m in toys if config["models"][m].get("shipped"))],
+        "predictor": sorted({p for r in runs if (p := decode_inputs(config, r).get("predictor"))}),
+    }
+
+
