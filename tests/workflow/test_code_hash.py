@@ -73,3 +73,31 @@ def test_an_edit_to_the_papers_figures_reruns_only_the_report(package):
     assert {stage for stage in STAGES if code_hash(stage) != before[stage]} == {"specfit.stages.report"}
     edit(package / "data" / "paper_coefficients.yaml")  # the calibration presets
     assert code_hash("specfit.stages.calibrate") != before["specfit.stages.calibrate"]
+
+
+TIMED = ("specfit.stages.decode", "specfit.stages.calibrate", "specfit.stages.atlas")  # the jobs that time decoding
+
+
+@pytest.mark.parametrize("part", [
+    ("planning", "config.py"),  # config validation and its messages
+    ("planning", "matrix.py"),  # the run matrix
+    ("planning", "paths.py"),  # file names: a job gets its paths from its rule
+    ("planning", "stage.py"),  # the stage command line
+    ("planning", "__init__.py"),
+    ("report", "render.py"),  # the report
+    ("report", "sections", "claims.py"),
+    ("report", "templates", "report.md.j2"),
+])
+def test_an_edit_to_planning_or_the_report_reruns_no_timed_job(package, part):
+    """What decides a job's files and spec (the planning package) and what shows its results (the report) leave
+    every decode, calibration and atlas job's code hash unchanged: no edit there reruns a timing job."""
+    before = {stage: code_hash(stage) for stage in TIMED}
+    edit(package.joinpath(*part))
+    assert {stage: code_hash(stage) for stage in TIMED} == before
+
+
+def test_the_closures_of_timed_jobs_hold_no_planning_or_report_module():
+    for stage in TIMED:
+        closure = set(code_closure(stage))
+        assert not {m for m in closure if m.startswith(("specfit.planning", "specfit.report"))}, stage
+        assert "specfit.engine.offload" in closure or stage == "specfit.stages.theory", stage
