@@ -35,7 +35,7 @@ def stream_spec(name, **method):
     config = {"seed": 0, "models": {"tiny": {"dtype": "float32", "logits_dtype": "model"}},
               "devices": {"test": {"torch_device": DEVICE, "max_inflight": 2, "link": None, "emulate": None}},
               "workloads": {"test": {"limit_tokens": 40, "max_new_tokens": 12}},
-              "methods": {"test": {"rule": name, **method}}}
+              "methods": {"test": {"kind": name, **method}}}
     return {**specs.decode(config, "tiny", "test", "test", "test", 4), "warmup_tokens": 3}
 
 

@@ -38,7 +38,8 @@ from specfit.models.shipped import restore
 from specfit.planning import paths
 from specfit.results.metrics import stream_metrics
 from specfit.results.records import CYCLE_SCHEMA
-from specfit.speculative.config import ROUTED_RULES, MethodConfig, route_source
+from specfit.speculative.config import MethodConfig, route_source
+from specfit.speculative.kinds import AR, kind
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits
 from specfit.speculative.stream import Loaded, StreamSpec, load
@@ -67,9 +68,9 @@ def deployable(config: dict, method: str) -> None:
     """Refuse a method that needs the workflow's oracle: SpecFit reading its routes from an atlas (or an atlas made
     noisy) exists only for the workflow's own prompts. Names the deployable alternative."""
     entry = config["methods"][method]
-    if entry["rule"] not in ROUTED_RULES or route_source(entry.get("routes", "atlas")).learned:
+    if not kind(entry["kind"]).reads_routes or route_source(entry.get("routes", "atlas")).learned:
         return
-    twins = [name for name, other in config["methods"].items() if other["rule"] == entry["rule"]
+    twins = [name for name, other in config["methods"].items() if other["kind"] == entry["kind"]
              and route_source(other.get("routes", "atlas")).learned]
     alternative = f"--method {twins[0]}, or " if twins else ""
     raise SpecFitError(
@@ -140,7 +141,7 @@ class Decoder:
             _known("method", method, method_names(config), "--method", "the config's deployable methods are")
         if routes is not None:
             config = copy.deepcopy(config)
-            if config["methods"][method]["rule"] not in ROUTED_RULES:
+            if not kind(config["methods"][method]["kind"]).reads_routes:
                 raise SpecFitError(f"--routes: method {method!r} selects by no expert routes")
             config["methods"][method]["routes"] = route_source(routes).name
         deployable(config, method)
@@ -223,7 +224,7 @@ class Decoder:
         metrics = stream_metrics([request], pa.Table.from_pylist(cycles, schema=CYCLE_SCHEMA), [prompt],
                                  self.spec.seed)
         method = self.spec.method
-        routes = method.routes if method.name in ROUTED_RULES else None  # where SpecFit's routes came from
+        routes = method.routes if kind(method.name).reads_routes else None  # where SpecFit's routes came from
         return {**self.name, "routes": routes, "slots": self.spec.slots,
                 "timing_label": self.loaded.engine.timing_label, **{k: metrics[k] for k in FIGURES}}
 
@@ -234,9 +235,9 @@ class Decoder:
     def ar(self) -> Decoder:
         """AR over this decoder's target and engine (no second copy of the target): the reference of `compare`."""
         ar = copy.copy(self)
-        ar.loaded = dataclasses.replace(self.loaded, method=build_method(MethodConfig("ar")), drafter=None,
+        ar.loaded = dataclasses.replace(self.loaded, method=build_method(MethodConfig(AR.name)), drafter=None,
                                         live=None, atlas=None, learned=None)
-        ar.name = {**self.name, "method": "ar"}
+        ar.name = {**self.name, "method": AR.name}
         return ar
 
     def _limits(self, prompt_ids: list[int], max_new_tokens: int | None) -> Limits:

@@ -17,6 +17,7 @@ import logging
 import sys
 
 from specfit.errors import SpecFitError
+from specfit.speculative.kinds import AR
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--routes", choices=["learned"], help="run a SpecFit method on the trained route predictor")
     g.add_argument("--slots", type=int, help="expert slots per layer (default: the model's main_slots on the device)")
     g.add_argument("--max-new-tokens", type=int, default=None, help="output tokens at most (default 128)")
-    g.add_argument("--compare", choices=["ar"], help="decode with AR too: identical output? speedup?")
+    g.add_argument("--compare", choices=[AR.name], help="decode with AR too: identical output? speedup?")
     g.add_argument("--json", action="store_true", help="print one JSON record instead of the text and summary")
     g.add_argument("--threads", type=int, default=1,
                    help="torch's CPU threads (1, as Snakemake runs each decode job: an idle wait on a busy core "
@@ -86,7 +87,7 @@ def generate(args: argparse.Namespace) -> None:
         print(flush=True)
     record = {**ours.figures, "text": ours.text, "prompt_ids": ours.prompt_ids, "output_ids": ours.output_ids}
     if ar is not None:
-        record["compare"] = {"method": "ar", "identical": ar.output_ids == ours.output_ids,
+        record["compare"] = {"method": AR.name, "identical": ar.output_ids == ours.output_ids,
                              "tps_dec": ar.figures["tps_dec"], "speedup": speedup(ours, ar)}
     if args.json:
         print(json.dumps(record))

@@ -267,7 +267,7 @@ def stream_spec(name: str, **method) -> dict:
     config = load_config(ROOT / "config.yaml", ROOT / SCHEMA, ROOT / "config.qwen3-30b-a3b.yaml")
     config["devices"]["a100"]["torch_device"] = DEVICE
     config["workloads"]["gsm8k"].update(limit_tokens=LIMIT, max_new_tokens=NEW)
-    config["methods"]["under-test"] = {"rule": name, **method}
+    config["methods"]["under-test"] = {"kind": name, **method}
     return {**specs.decode(config, MODEL, "a100", "gsm8k", "under-test", 4), "warmup_tokens": 3}
 
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specfit.planning import paths
-from specfit.planning.matrix import DecodeRun, decode_runs, method_rule, theory_cost, theory_file, theory_runs
+from specfit.planning.matrix import DecodeRun, decode_runs, method_kind, theory_cost, theory_file, theory_runs
 
 DEVICE = "cpu-a100link"
 N_REQUESTS = 6  # per fake run; the same request ids and output lengths in every run (lossless methods)
@@ -20,20 +20,20 @@ def tiny_spec(methods=("ar", "eagle3", "specfit"), slots=(0, 4), devices=(DEVICE
               paper=None) -> dict:
     """One workload (``workload``, GSM8K questions 401-402; ``paper``: its config key of that name)."""
     all_methods = {
-        "ar": {"rule": "ar"},
-        "eagle3": {"rule": "eagle3", "k_max": 7, "max_depth": 5, "top_k_expand": 2},
-        "specfit": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
-        "specfit-noisy": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "noisy",
+        "ar": {"kind": "ar"},
+        "eagle3": {"kind": "eagle3", "k_max": 7, "max_depth": 5, "top_k_expand": 2},
+        "specfit": {"kind": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
+        "specfit-noisy": {"kind": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "noisy",
                           "accuracy": 0.6},
-        "specfit-ca": {"rule": "specfit-ca", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
-        "specfit-learned": {"rule": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "learned"},
-        "specfit-ca-learned": {"rule": "specfit-ca", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
+        "specfit-ca": {"kind": "specfit-ca", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"},
+        "specfit-learned": {"kind": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "learned"},
+        "specfit-ca-learned": {"kind": "specfit-ca", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
                                "routes": "learned"},
-        "specfit-prefetch": {"rule": "specfit-prefetch", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
+        "specfit-prefetch": {"kind": "specfit-prefetch", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
                              "routes": "learned"},
-        "specfit-prefetch-atlas": {"rule": "specfit-prefetch", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
+        "specfit-prefetch-atlas": {"kind": "specfit-prefetch", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
                                    "routes": "atlas"},
-        "eagle3-prefetch": {"rule": "eagle3-prefetch", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
+        "eagle3-prefetch": {"kind": "eagle3-prefetch", "k_max": 7, "max_depth": 5, "top_k_expand": 2,
                             "routes": "learned"},
     }
     return {
@@ -81,7 +81,7 @@ def write_requests(root: Path, run, rows) -> None:
 
 
 def fake_metrics(rng, run, spec, rows) -> dict:
-    rule = method_rule(spec, run.method)
+    rule = method_kind(spec, run.method).name
     lossless = None
     if rule != "ar":
         divergences = [{"request_id": 1, "position": 7, "margin": 0.0123}] if rule == "specfit" and run.slots else []
@@ -109,7 +109,7 @@ def cycle_parts(run, spec, m: dict) -> dict:
     """The later metrics.json keys (select and commit ms per cycle, cycles that drafted nothing), from an rng
     of the run's own so that the other fake numbers stay as they were."""
     rng = np.random.default_rng(zlib.crc32(run.path.encode()))
-    ar = method_rule(spec, run.method) == "ar"
+    ar = method_kind(spec, run.method).name == "ar"
     return {"select_ms_per_cycle": float(rng.uniform(0, 3)), "commit_ms_per_cycle": float(rng.uniform(0, 2)),
             "cycles_without_draft": m["cycles"] if ar else int(rng.integers(0, m["cycles"] // 2)),
             "pool_nodes_per_cycle": 0.0 if ar else float(rng.uniform(1, 14))}

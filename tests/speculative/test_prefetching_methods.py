@@ -17,7 +17,8 @@ from specfit.selection.coefficients import DraftCost
 from specfit.selection.pool import CandidatePool
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
-from specfit.speculative.methods import Eagle3Prefetch, SpecFitPrefetch, build_method, prefetch_order
+from specfit.speculative.methods import build_method
+from specfit.speculative.prefetching import Eagle3Prefetch, SpecFitPrefetch, prefetch_order
 from specfit.speculative.routes import AtlasRoutes, LiveRoutes
 
 B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]

@@ -2,7 +2,9 @@ import pyarrow as pa
 import pytest
 
 from specfit.errors import SpecFitError
-from specfit.io import write_parquet
+from specfit.io import write_json, write_parquet
+from specfit.planning.config import SCHEMA, load_config, validate_config
+from specfit.planning.matrix import decode_inputs, decode_runs, method_kind
 from specfit.results.records import ATLAS_SCHEMA
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import SpecFit, build_method
@@ -132,3 +134,50 @@ def test_a_new_method_is_one_module(target, oracle, prompts, limits, ar_outputs,
     assert sum(c["accepted"] for r in chain for c in r.cycles) > 0
     with pytest.raises(SpecFitError, match="cannot import 'no_such_module'"):
         build_method({"name": "no_such_module:x"})
+
+
+ROUTED_METHOD = '''
+from specfit.speculative.methods import SpecFit, register_method
+
+
+@register_method("full-depth", reads_routes=True)
+class FullDepth(SpecFit):
+    """Eq. 5 over the full pool: SpecFit's selection without its adaptive depth."""
+
+    def draft_on(self, view, chosen, depth):
+        return True
+'''
+
+
+def test_a_new_method_that_reads_routes_is_one_module(root, target, oracle, prompts, limits, ar_outputs, tmp_path,
+                                                      monkeypatch):
+    """A kind of one's own that reads routes: the plan gives its runs coefficients and an atlas, the atlas build
+    with live routes writes the atlas its measured run replays, and both are lossless."""
+    (tmp_path / "routed_method.py").write_text(ROUTED_METHOD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = "routed_method:full-depth"
+
+    config = load_config(root / "config.yaml", root / SCHEMA, check_files=False)
+    config["methods"]["mine"] = {"kind": name, "routes": "atlas"}
+    config["runs"][0]["methods"].append("mine")
+    validate_config(config, root / SCHEMA, None)
+    run = next(r for r in decode_runs(config) if r.method == "mine")
+    assert method_kind(config, "mine").reads_routes
+    assert {"coefficients", "atlas", "drafter"} <= set(decode_inputs(config, run))
+
+    coefficients = tmp_path / "coefficients.json"
+    write_json({"b": B, "beta": BETA}, coefficients)
+    built = build_method({"name": name, "routes": "live"}, {"coefficients": coefficients}, num_experts=8)
+    assert built.live is not None and built.drafts
+    live = decode_all(target, oracle, built, prompts, limits, ar_outputs)
+    assert outputs(live) == ar_outputs
+    assert all(c["drafted_levels"] == max(c["pool_level"]) for r in live for c in r.cycles)  # no adaptive depth
+    atlas = tmp_path / "atlas.parquet"
+    write_parquet(pa.Table.from_pylist(built.live.rows, schema=ATLAS_SCHEMA), atlas)
+    measured = build_method({"name": name}, {"coefficients": coefficients, "atlas": atlas}, num_experts=8)
+    replayed = decode_all(target, oracle, measured, prompts, limits, ar_outputs)
+    assert outputs(replayed) == ar_outputs
+    assert [c["selected"] for r in replayed for c in r.cycles] == [c["selected"] for r in live for c in r.cycles]
+    assert sum(c["accepted"] for r in replayed for c in r.cycles) > 0
+    with pytest.raises(SpecFitError, match="needs the `atlas` input"):
+        build_method({"name": name}, {"coefficients": coefficients}, num_experts=8)

@@ -13,6 +13,7 @@ from specfit.planning.code import code_hash
 from specfit.planning.config import validate_config
 from specfit.planning.matrix import DecodeRun, decode_runs, reference_run, theory_cost, theory_file, theory_runs
 from specfit.planning.paths import atlas_variant
+from specfit.speculative.config import MethodConfig
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +36,7 @@ def schema(root):
 def test_default_config_is_valid_and_gets_defaults(config, schema):
     validate_config(config, schema)
     assert config["spec_bench"]["sha256"] == "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"
-    assert config["methods"]["eagle3"] == {"rule": "eagle3", "k_max": 7, "max_depth": 5, "top_k_expand": 2}
+    assert config["methods"]["eagle3"] == {"kind": "eagle3", "k_max": 7, "max_depth": 5, "top_k_expand": 2}
     assert config["devices"]["cpu-a100link"]["max_inflight"] == 2
 
 
@@ -54,6 +55,21 @@ def test_wrong_type_is_named(config, schema):
 def test_wrong_enum_is_named(config, schema):
     config["devices"]["cpu-a100link"]["torch_device"] = "tpu"
     with pytest.raises(SpecFitError, match=r"'devices\.cpu-a100link\.torch_device'.*cpu.*cuda"):
+        validate_config(config, schema)
+
+
+def test_the_old_rule_key_is_refused_naming_kind(config, schema):
+    config["methods"]["specfit"]["rule"] = config["methods"]["specfit"].pop("kind")
+    with pytest.raises(SpecFitError, match=r"config key 'methods\.specfit\.rule' was renamed to 'kind': write kind: "
+                                           r"specfit"):
+        validate_config(config, schema)
+    with pytest.raises(SpecFitError, match="'rule' was renamed to 'kind'"):
+        MethodConfig.of_entry({"rule": "specfit"})
+
+
+def test_an_unknown_kind_is_named_at_load(config, schema):
+    config["methods"]["specfit"]["kind"] = "specfti"
+    with pytest.raises(SpecFitError, match=r"'methods\.specfit\.kind': unknown method kind 'specfti'"):
         validate_config(config, schema)
 
 

@@ -116,7 +116,7 @@ def reads_fitted_coefficients(name: str, methods: dict) -> bool:
     atlas (a SpecFit variant's trajectory) and the decode runs of a method whose selection rule reads the cost."""
     parts = Path(name).parts
     return parts[1] in ("calibration", "atlas") or (parts[1] == "decode"
-                                                    and methods[parts[5]]["rule"] not in ("ar", "eagle3"))
+                                                    and methods[parts[5]]["kind"] not in ("ar", "eagle3"))
 
 
 def test_outputs_equal_the_local_run(smoke):

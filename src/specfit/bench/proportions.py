@@ -36,6 +36,7 @@ from specfit.planning.config import load_config
 from specfit.results.metrics import stream_metrics
 from specfit.results.records import CYCLE_SCHEMA
 from specfit.speculative.config import MethodConfig
+from specfit.speculative.kinds import AR, EAGLE3
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits, decode_request
 
@@ -122,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"no prompts at {path}: run `snakemake --cores 1 {path}` first")
         prompts = sorted(pq.read_table(path).to_pylist(), key=lambda r: r["request_id"])[: args.requests]
         limits = Limits(config["workloads"][workload]["limit_tokens"], args.max_new_tokens, eos_ids(model))
-        runs = {(method, s): decode(m, d if method != "ar" else None, e, method, prompts, limits, config["seed"])
-                for s, (m, e, d) in setups.items() for method in ("ar", "eagle3")}
+        runs = {(method, s): decode(m, d if method != AR.name else None, e, method, prompts, limits, config["seed"])
+                for s, (m, e, d) in setups.items() for method in (AR.name, EAGLE3.name)}
         measured = {key: metrics_of(run, setups[key[1]][1]) for key, run in runs.items()}
         ar, e3 = measured["ar", slots], measured["eagle3", slots]
         full = np.asarray([len(c["selected"]) == 7 for c in runs["eagle3", slots]["cycles"]])  # whole trees

@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 
 from specfit.engine.device import DeviceModel
+from specfit.speculative.kinds import PAPER_KINDS
 
 REQUESTS = {("a100", "summarization"): 40, ("a100", "gsm8k"): 80, ("rtx4090", "gsm8k"): 40}
 DERIVED_FROM = {"a100": "summarization", "rtx4090": "gsm8k"}
 NAMES = {"a100": "A100", "rtx4090": "RTX 4090"}
-METHODS = ("ar", "eagle3", "specfit")
+METHODS = PAPER_KINDS
 MODES = ("cache", "no_cache")
 
 

@@ -8,6 +8,8 @@ import ast
 import hashlib
 from pathlib import Path
 
+from specfit.speculative.kinds import BUILTIN
+
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -55,6 +57,10 @@ MODULE_DATA = {
 }
 
 
+# Modules a module imports by name at run time: `build_method` imports the class of each built-in method kind.
+RUNTIME_IMPORTS = {"specfit.speculative.methods": tuple(sorted({k.impl.partition(":")[0] for k in BUILTIN}))}
+
+
 # Left out of every closure: the planning package decides which files and which spec a job gets, and Snakemake tracks
 # those (inputs, outputs, params); what the job computes with them is the code of its stage and the libraries it runs.
 PLANNING = "specfit.planning"
@@ -62,7 +68,8 @@ PLANNING = "specfit.planning"
 
 def code_closure(module: str) -> dict[str, Path]:
     """Every ``specfit`` module that runs when ``module`` runs, by name: its imports, transitively, outside
-    ``if TYPE_CHECKING:`` blocks, with the packages above them, the planning package (`PLANNING`) left out."""
+    ``if TYPE_CHECKING:`` blocks and those it imports by name (`RUNTIME_IMPORTS`), with the packages above them, the
+    planning package (`PLANNING`) left out."""
     seen: dict[str, Path] = {}
     todo = [module]
     while todo:
@@ -74,6 +81,7 @@ def code_closure(module: str) -> dict[str, Path]:
             continue
         seen[name] = path
         todo.extend(_specfit_imports(path, name))
+        todo.extend(RUNTIME_IMPORTS.get(name, ()))
     return seen
 
 

@@ -17,8 +17,7 @@ import yaml
 
 from specfit.errors import SpecFitError
 from specfit.planning import paths
-from specfit.planning.matrix import evaluated_question_ids, method_config, predictor_question_ids
-from specfit.speculative.config import ROUTED_RULES
+from specfit.planning.matrix import evaluated_question_ids, method_config, method_kind, predictor_question_ids
 
 
 def _with_defaults(validator_class):
@@ -64,6 +63,7 @@ def validate_config(config: dict, schema_path: str | Path, root: str | Path | No
     ``root``: the workflow root (Snakemake's working directory), where the files a config must find at load are
     looked for (`check_shipped`: the shipped toy's manifest); None checks no file.
     A config that does not follow the schema or names something it does not define raises `SpecFitError`."""
+    _check_renamed(config)
     schema = yaml.safe_load(Path(schema_path).read_text())
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
@@ -92,8 +92,24 @@ def load_config(path: str | Path = "config.yaml", schema: str | Path = SCHEMA, *
     return validate_config(config, schema, Path(path).parent if check_files else None)
 
 
+def _check_renamed(config: dict) -> None:
+    """Refuse a key the config no longer has, naming its new name (before the schema, which would only say that
+    the key is not allowed)."""
+    methods = config.get("methods")
+    problems = [f"config key 'methods.{name}.rule' was renamed to 'kind': write kind: {entry['rule']}"
+                for name, entry in (methods.items() if isinstance(methods, dict) else ())
+                if isinstance(entry, dict) and "rule" in entry]
+    if problems:
+        raise SpecFitError("invalid config:\n  " + "\n  ".join(problems))
+
+
 def _check_references(config: dict) -> None:
     problems = []
+    for name in config["methods"]:
+        try:
+            method_kind(config, name)
+        except SpecFitError as err:
+            problems.append(f"config key 'methods.{name}.kind': {err}")
     for i, run in enumerate(config["runs"]):
         for field in ("models", "devices", "workloads", "methods"):
             for name in run[field]:
@@ -114,7 +130,7 @@ def _check_references(config: dict) -> None:
         for method, device in itertools.product(block["methods"], block["devices"]):
             if method not in config["methods"] or device not in config["devices"]:
                 continue
-            if config["methods"][method]["rule"] in ROUTED_RULES:
+            if _reads_routes(config, method):
                 k_max = method_config(config, method).k_max
                 fit = config["devices"][device]["coefficients"] == "fit"
                 sizes = config["calibration"]["sizes"] if fit else 8  # the paper's presets: b_0..b_7
@@ -143,6 +159,13 @@ def _check_references(config: dict) -> None:
                         "under 'methods'")
     if problems:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
+
+
+def _reads_routes(config: dict, method: str) -> bool:
+    try:
+        return method_kind(config, method).reads_routes
+    except SpecFitError:  # named among the problems already
+        return False
 
 
 def _check_toys(config: dict) -> list[str]:

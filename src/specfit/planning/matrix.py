@@ -8,7 +8,8 @@ import itertools
 from dataclasses import dataclass
 
 from specfit.planning import paths
-from specfit.speculative.config import ROUTED_RULES, MethodConfig
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.kinds import PAPER, REFERENCE, Kind, kind
 
 
 def is_toy(entry: dict) -> bool:
@@ -54,8 +55,9 @@ def decode_runs(config: dict) -> list[DecodeRun]:
     return sorted(runs)
 
 
-def method_rule(config: dict, method: str) -> str:
-    return config["methods"][method]["rule"]
+def method_kind(config: dict, method: str) -> Kind:
+    """A method's kind (`specfit.speculative.kinds`): what it declares about drafting, routes, theory and roles."""
+    return kind(config["methods"][method]["kind"])
 
 
 def method_config(config: dict, method: str) -> MethodConfig:
@@ -97,7 +99,7 @@ def decode_inputs(config: dict, run: DecodeRun) -> dict[str, str]:
     `method_inputs`, and for a method that selects by atlas routes its atlas."""
     inputs = {"prompts": paths.prompts(run.model, run.workload),
               **method_inputs(config, run.model, run.device, run.method, run.slots)}
-    if method_rule(config, run.method) in ROUTED_RULES and not method_config(config, run.method).route_source.learned:
+    if method_kind(config, run.method).reads_routes and not method_config(config, run.method).route_source.learned:
         variant = paths.atlas_variant(run.method, run.slots)
         inputs["atlas"] = paths.atlas(run.model, run.device, run.workload, variant)
     return inputs
@@ -108,10 +110,10 @@ def method_inputs(config: dict, model: str, device: str, method: str, slots: int
     for a method that selects by routes its coefficients and, with learned routes, its route predictor."""
     entry = config["models"][model]
     inputs = {"target": entry["target"]}
-    kind = method_rule(config, method)
-    if kind != "ar":
+    k = method_kind(config, method)
+    if k.drafts:
         inputs["drafter"] = entry["drafter"]
-    if kind in ROUTED_RULES:
+    if k.reads_routes:
         inputs["coefficients"] = paths.calibration(model, device, paths.cache_mode(slots))
         if method_config(config, method).route_source.learned:
             inputs["predictor"] = paths.predictor(model)
@@ -119,41 +121,37 @@ def method_inputs(config: dict, model: str, device: str, method: str, slots: int
 
 
 def reference_run(config: dict, run: DecodeRun) -> DecodeRun | None:
-    """The AR run whose outputs a method's lossless check compares against (the smallest AR slot count)."""
+    """The AR run whose outputs a method's lossless check compares against (the smallest AR slot count): a run of
+    the report's reference kind (`specfit.speculative.kinds.REFERENCE`)."""
     ars = [r for r in decode_runs(config) if (r.model, r.device, r.workload) == (run.model, run.device, run.workload)
-           and method_rule(config, r.method) == "ar"]
+           and REFERENCE in method_kind(config, r.method).roles]
     reference = min(ars, key=lambda r: r.slots, default=None)
     return None if reference == run else reference
 
 
-# The cost model each theory run's Table 5 is computed under (`specfit.stages.theory`), by the rule of its method: the
-# paper's for SpecFit, the cache-aware cost for specfit-ca and specfit-prefetch (beyond the paper; specfit-prefetch's
-# cycles record the copies in flight as they selected, which that cost reads).
-THEORY_COSTS = {"specfit": "paper", "specfit-ca": "cache_aware", "specfit-prefetch": "cache_aware"}
-
-
 def theory_runs(config: dict) -> list[DecodeRun]:
     """The pools of Table 5: per (model, device, workload), the run with the cache at the model's main slot count
-    and exact routes of SpecFit (the paper's cost), of specfit-ca and of specfit-prefetch (the cache-aware cost),
-    the first method of each rule where several are configured."""
+    and exact routes of each kind with a theory cost (`specfit.speculative.kinds.Kind.theory_cost`: SpecFit the
+    paper's, specfit-ca and specfit-prefetch the cache-aware cost), the first method of each kind where several are
+    configured."""
     runs = {}
     for r in decode_runs(config):
-        if (method_rule(config, r.method) in THEORY_COSTS
-                and method_config(config, r.method).route_source.name == "atlas"
+        k = method_kind(config, r.method)
+        if (k.theory_cost is not None and method_config(config, r.method).route_source.name == "atlas"
                 and r.slots == config["models"][r.model]["main_slots"][r.device]):
-            runs.setdefault((r.model, r.device, r.workload, method_rule(config, r.method)), r)
+            runs.setdefault((r.model, r.device, r.workload, k.name), r)
     return list(runs.values())
 
 
 def theory_cost(config: dict, run: DecodeRun) -> str:
-    """The cost model of a theory run's Table 5: "paper" or "cache_aware" (`THEORY_COSTS`)."""
-    return THEORY_COSTS[method_rule(config, run.method)]
+    """The cost model of a theory run's Table 5: "paper" or "cache_aware" (its kind's `theory_cost`)."""
+    return method_kind(config, run.method).theory_cost
 
 
 def theory_file(config: dict, run: DecodeRun) -> str:
     """A theory run's Table 5 (`specfit.planning.paths.theory`): under the paper's cost the workload's file, under another
     the method's beside it."""
-    method = None if theory_cost(config, run) == "paper" else run.method
+    method = None if theory_cost(config, run) == PAPER else run.method
     return paths.theory(run.model, run.device, run.workload, method)
 
 

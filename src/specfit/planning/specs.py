@@ -85,10 +85,10 @@ def calibrate(config: dict, model: str, device: str, cache: str) -> dict:
 
 
 def method_entry(config: dict, method: str) -> dict:
-    """A method's config entry as `specfit.speculative.config.MethodConfig` takes it: ``rule`` is the registered
-    name. Only the keys the entry sets (the stage fills the defaults), so a default it does not use reruns nothing."""
+    """A method's config entry as `specfit.speculative.config.MethodConfig` takes it: its ``kind`` is the name.
+    Only the keys the entry sets (the stage fills the defaults), so a default it does not use reruns nothing."""
     entry = dict(config["methods"][method])
-    return {"name": entry.pop("rule"), **entry}
+    return {"name": entry.pop("kind"), **entry}
 
 
 def _limits(config: dict, workload: str) -> dict:

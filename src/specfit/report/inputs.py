@@ -20,7 +20,7 @@ from specfit.planning.matrix import (
     decode_runs,
     is_toy,
     method_config,
-    method_rule,
+    method_kind,
     theory_cost,
     theory_file,
     theory_runs,
@@ -29,7 +29,7 @@ from specfit.planning.stage import paths_of
 from specfit.report.page import Estimate, est
 from specfit.report.quantities import METRICS_REQUIRED, THEORY_CACHE_AWARE_REQUIRED, THEORY_REQUIRED
 from specfit.results import intervals
-from specfit.speculative.config import ROUTED_RULES
+from specfit.speculative.kinds import routed
 
 log = logging.getLogger("specfit.report")
 
@@ -202,20 +202,20 @@ def predictor_metrics(model: str) -> str:
     return f"{paths.predictor(model)}/{PREDICTOR_METRICS}"
 
 
-def methods_with(spec: dict, rules: tuple[str, ...], routes: str | None = None) -> list[str]:
-    """The config's methods whose rule is one of ``rules`` and, if given, whose routes come from ``routes`` (atlas:
+def methods_with(spec: dict, kinds: tuple[str, ...], routes: str | None = None) -> list[str]:
+    """The config's methods whose kind is one of ``kinds`` and, if given, whose routes come from ``routes`` (atlas:
     exact; noisy: simulated; learned: a learned route predictor)."""
-    return [m for m in spec["methods"] if method_rule(spec, m) in rules
+    return [m for m in spec["methods"] if method_kind(spec, m).name in kinds
             and (routes is None or method_config(spec, m).route_source.name == routes)]
 
 
-def first_method(spec: dict, rule: str, routes: str | None = None) -> str | None:
-    """The config's first method of ``rule`` (and ``routes``, if given; `methods_with`), None if it has none."""
-    return next(iter(methods_with(spec, (rule,), routes)), None)
+def first_method(spec: dict, kind: str, routes: str | None = None) -> str | None:
+    """The config's first method of ``kind`` (and ``routes``, if given; `methods_with`), None if it has none."""
+    return next(iter(methods_with(spec, (kind,), routes)), None)
 
 
 def learned_methods(spec: dict) -> list[str]:
-    return methods_with(spec, ROUTED_RULES, "learned")
+    return methods_with(spec, routed(), "learned")
 
 
 def load_inputs(spec: dict, inputs: dict) -> Inputs:

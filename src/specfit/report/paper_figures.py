@@ -5,6 +5,7 @@ computed by the same code as this run's, and `Beside`, what it has for one of it
 from dataclasses import dataclass
 
 from specfit.report.page import as_pct, pct_less, pct_more, ratio, share_of
+from specfit.speculative.kinds import PAPER_KINDS
 
 # paper_results.yaml counters -> metrics.json keys, so that paper and run go through the same code
 PAPER_COUNTERS = {"draft_nodes": "draft_nodes_per_cycle", "committed": "committed_per_cycle", "cycles": "cycles",
@@ -12,7 +13,7 @@ PAPER_COUNTERS = {"draft_nodes": "draft_nodes_per_cycle", "committed": "committe
 PAPER_CACHE = {"cache": "cache", "nocache": "no_cache"}
 PAPER_DEVICES = ("a100", "rtx4090")
 PAPER_WORKLOADS = ("summarization", "gsm8k")  # the workload keys of paper_results.yaml
-RULES = ("ar", "eagle3", "specfit")  # the paper's methods
+RULES = PAPER_KINDS  # the paper's methods
 CELLS = tuple((rule, mode) for mode in ("nocache", "cache") for rule in RULES)  # Table 4's (method, cache), in order
 
 

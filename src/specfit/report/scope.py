@@ -11,6 +11,7 @@ from specfit.report.page import Estimate, Section, cache_cell
 from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, Beside
 from specfit.report.quantities import LINK_EMULATED
 from specfit.report.verdict import Outcome
+from specfit.speculative.kinds import AR, EAGLE3, SPECFIT, SPECFIT_CA
 
 
 def slot_order(slots) -> list[int]:
@@ -21,7 +22,7 @@ def slot_order(slots) -> list[int]:
 @dataclass(frozen=True)
 class Roles:
     """The config's methods in the paper's roles: AR, EAGLE-3, SpecFit (exact routes), SpecFit noisy routes; and,
-    beyond the paper, the cache- and draft-aware SpecFit (rule specfit-ca; None: no such method, no section)."""
+    beyond the paper, the cache- and draft-aware SpecFit (kind specfit-ca; None: no such method, no section)."""
 
     ar: str | None
     eagle3: str | None
@@ -31,11 +32,12 @@ class Roles:
 
     @classmethod
     def of(cls, spec: dict) -> "Roles":
-        return cls(first_method(spec, "ar"), first_method(spec, "eagle3"), first_method(spec, "specfit", "atlas"),
-                   methods_with(spec, ("specfit",), "noisy"), first_method(spec, "specfit-ca"))
+        return cls(first_method(spec, AR.name), first_method(spec, EAGLE3.name),
+                   first_method(spec, SPECFIT.name, "atlas"), methods_with(spec, (SPECFIT.name,), "noisy"),
+                   first_method(spec, SPECFIT_CA.name))
 
     def by_rule(self) -> dict[str, str | None]:
-        return {"ar": self.ar, "eagle3": self.eagle3, "specfit": self.specfit}
+        return {AR.name: self.ar, EAGLE3.name: self.eagle3, SPECFIT.name: self.specfit}
 
 
 def paper_device(spec: dict, device: str) -> str:

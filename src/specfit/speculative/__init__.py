@@ -5,8 +5,10 @@
 - `draft`: the drafter's state and the candidate pool drafted level by level
 - `tree`: tree attention masks, positions and KV-cache pruning
 - `verify`: the target side: prefill, tree verification, greedy acceptance
-- `methods`: the registered methods (AR, EAGLE-3, SpecFit; specfit-ca, beyond the paper, with the cache-aware cost)
-  and `build_method`
+- `kinds`: the method kinds, each declaring once what the workflow and the report ask of it (torch-free)
+- `methods`: the methods (AR, EAGLE-3, SpecFit; specfit-ca, beyond the paper, with the cache-aware cost) and
+  `build_method`
+- `prefetching`: the methods that prefetch experts while they draft (beyond the paper)
 - `routes`: SpecFit's route sources (live target queries, the atlas, a noisy predictor) and `route_source_for`
 - `learned`: learned routes (beyond the paper): the route predictor and the source that predicts with it
 - `request`: one request's decoding: `Session` and `decode_request`

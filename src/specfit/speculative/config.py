@@ -37,10 +37,6 @@ class RouteSource:
         return next(s for s in ROUTE_SOURCES.values() if s.live and s.noisy == self.noisy)
 
 
-# Registered methods that read expert routes: their runs read coefficients and an atlas (built by the atlas rule with
-# their own rule and live routes) or a learned predictor. A method of your own that reads routes joins this list.
-ROUTED_RULES = ("specfit", "specfit-ca", "specfit-prefetch", "eagle3-prefetch")
-
 ROUTE_SOURCES = {s.name: s for s in (
     RouteSource("atlas", live=False, noisy=False),  # measured runs: the atlas, exact
     RouteSource("noisy", live=False, noisy=True),  # measured runs: the atlas at `accuracy`
@@ -64,7 +60,7 @@ class MethodConfig:
     of a parameter a method does not use cannot rerun it; `of_entry` fills the rest from here.
     """
 
-    name: str  # a registered method, or "module:name" (see `specfit.speculative.methods.build_method`)
+    name: str  # its kind: a registered one, or "module:name" (`specfit.speculative.kinds.kind`)
     k_max: int = 7  # K: most draft nodes one cycle verifies
     max_depth: int = 5  # pool levels
     top_k_expand: int = 2  # children per expanded node, and nodes expanded per level
@@ -80,10 +76,13 @@ class MethodConfig:
 
     @classmethod
     def of_entry(cls, entry: dict) -> MethodConfig:
-        """From a method entry of config.yaml, whose ``rule`` is the registered name."""
+        """From a method entry of config.yaml, whose ``kind`` is the name."""
         entry = dict(entry)
-        name = entry.pop("rule")
+        if "rule" in entry:
+            raise SpecFitError(f"method entry {entry}: its key 'rule' was renamed to 'kind'")
+        name = entry.pop("kind")
         unknown = set(entry) - {f.name for f in fields(cls)}
         if unknown:
             raise SpecFitError(f"method entry {entry} has unknown keys {sorted(unknown)}")
         return cls(name=name, **entry)
+

@@ -1,17 +1,16 @@
-"""Decoding methods: a drafting policy plus a selection rule, registered by name.
+"""Decoding methods: a drafting policy plus a selection rule, one class per method kind.
 
 The request loop drafts the candidate pool one level at a time, up to ``max_depth`` (fewer near the length
 limit), and after each level asks the method's ``select`` whether to verify now and which nodes. A method is a
-subclass of `Method` in one module, registered with ``@register_method("name")``, plus one config entry.
+subclass of `Method`; its kind (`specfit.speculative.kinds`) names the class and declares what the workflow and
+the report ask of it. The prefetching methods are in `specfit.speculative.prefetching`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from specfit.selection.pool import CandidatePool, Pool
 from specfit.selection.selectors import Selection, holds_level, select_specfit, select_specfit_ca, select_top_prob
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
+from specfit.speculative.kinds import Kind, kind, register_kind
 from specfit.speculative.routes import LiveRoutes, find_source, route_source_for
 
 
@@ -34,8 +34,6 @@ class Decision:
 
 
 class Method:
-    name: ClassVar[str]
-    drafts: ClassVar[bool] = True  # False: no drafter, every cycle verifies the root alone
     live: LiveRoutes | None = None  # the route source that builds an atlas as it goes (SpecFit's atlas build)
 
     def __init__(self, config: MethodConfig):
@@ -45,6 +43,20 @@ class Method:
     def from_inputs(cls, config: MethodConfig, inputs: dict, seed: int, num_experts: int) -> Method:
         """Build the method from the decode rule's inputs (coefficients, atlas, ...)."""
         return cls(config)
+
+    @property
+    def name(self) -> str:
+        """Its kind's name."""
+        return self.config.name
+
+    @property
+    def kind(self) -> Kind:
+        return kind(self.config.name)
+
+    @property
+    def drafts(self) -> bool:
+        """False: no drafter, every cycle verifies the root alone (the kind's declaration)."""
+        return self.kind.drafts
 
     @property
     def max_depth(self) -> int:
@@ -75,13 +87,13 @@ class Method:
         return None
 
 
-METHODS: dict[str, type[Method]] = {}
+def register_method(name: str, *, drafts: bool = True, reads_routes: bool = False):
+    """Register a method class of your own as kind ``name`` (`specfit.speculative.kinds.register_kind`), named
+    ``module:name`` in the config. ``reads_routes``: its runs read coefficients and an atlas (or a learned
+    predictor), as SpecFit's do; ``drafts``: False for a method without a drafter."""
 
-
-def register_method(name: str):
     def register(cls: type[Method]) -> type[Method]:
-        cls.name = name
-        METHODS[name] = cls
+        register_kind(Kind(name, f"{cls.__module__}:{cls.__qualname__}", drafts=drafts, reads_routes=reads_routes))
         return cls
 
     return register
@@ -90,35 +102,24 @@ def register_method(name: str):
 def build_method(
     config: MethodConfig | dict, inputs: dict | None = None, seed: int = 0, num_experts: int = 0
 ) -> Method:
-    """The registered method ``config.name``; ``inputs`` are the decode rule's input paths.
+    """The method of kind ``config.name``; ``inputs`` are the decode rule's input paths.
 
     A name ``module:name`` imports ``module`` first, so a method can live in a module of its own, in this package
-    or outside it, and register itself with ``@register_method(name)`` when imported.
+    or outside it, and register its kind with ``@register_method(name)`` when imported.
     """
     config = config if isinstance(config, MethodConfig) else MethodConfig(**config)
-    module, sep, name = config.name.rpartition(":")
-    if sep:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise SpecFitError(f"method {config.name!r}: cannot import {module!r} ({err})") from err
-        config = dataclasses.replace(config, name=name)
-    if config.name not in METHODS:
-        raise SpecFitError(f"unknown method {config.name!r}; registered: {sorted(METHODS)}")
-    return METHODS[config.name].from_inputs(config, inputs or {}, seed, num_experts)
+    k = kind(config.name)
+    config = dataclasses.replace(config, name=k.name)
+    return k.implementation().from_inputs(config, inputs or {}, seed, num_experts)
 
 
-@register_method("ar")
 class AR(Method):
-    """Serial greedy decoding: no drafter, one target forward per output token."""
-
-    drafts = False
+    """Serial greedy decoding: no drafter (its kind does not draft), one target forward per output token."""
 
     def select(self, cycle, pool, final):
         return Decision((), 0)
 
 
-@register_method("eagle3")
 class Eagle3(Method):
     """EAGLE-3: the full pool, then the k_max nodes of highest path probability (all when the pool has fewer)."""
 
@@ -128,7 +129,6 @@ class Eagle3(Method):
         return Decision(select_top_prob(pool.view(), self.config.k_max).nodes, pool.depth)
 
 
-@register_method("specfit")
 class SpecFit(Method):
     """Eq. 5 with adaptive depth (Section 3.3): after level d, select over V<=d and draft on only if the
     selection holds a level-d node; at the last level select over the whole pool.
@@ -148,7 +148,7 @@ class SpecFit(Method):
     @classmethod
     def from_inputs(cls, config, inputs, seed, num_experts):
         if "coefficients" not in inputs:
-            raise SpecFitError("method specfit needs the `coefficients` input (the fitted b and beta)")
+            raise SpecFitError(f"method {config.name} needs the `coefficients` input (the fitted b and beta)")
         coefficients = read_json(inputs["coefficients"])
         routes = route_source_for(config, inputs, seed, num_experts)
         return cls(config, coefficients["b"], coefficients["beta"], routes, num_experts)
@@ -183,15 +183,14 @@ class SpecFit(Method):
         return Decision(chosen.nodes, depth)
 
 
-@register_method("specfit-ca")
 class SpecFitCA(SpecFit):
     """SpecFit that knows the expert cache and what drafting costs (beyond the paper; the paper's is `specfit`).
 
     **Cost.** T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) + D(d): M counts the experts of the per-layer union that the
     layer's cache does not hold when the cycle selects (each is one host-to-device copy of the verify forward), H
-    those it holds, and D(d) what drafting d levels cost (`specfit.selection.coefficients.DraftCost`: the drafter's catch-up
-    on the committed tokens, which also gives level 1, each further level's drafter forward, and one selection per
-    level). The residency is read from the offload engine once per cycle; the search stays exact
+    those it holds, and D(d) what drafting d levels cost (`specfit.selection.coefficients.DraftCost`: the drafter's
+    catch-up on the committed tokens, which also gives level 1, each further level's drafter forward, and one
+    selection per level). The residency is read from the offload engine once per cycle; the search stays exact
     (`specfit.selection.select_specfit_ca`, with intercepts b_k + D(d)). Coefficients: the calibration's
     cache-aware NNLS fit to cycle times without their drafting (``cache_aware.without_drafting``), so drafting is
     counted once, by D(d), and its ``drafting`` fit.
@@ -240,7 +239,7 @@ class SpecFitCA(SpecFit):
     @classmethod
     def from_inputs(cls, config, inputs, seed, num_experts):
         if "coefficients" not in inputs:
-            raise SpecFitError("method specfit-ca needs the `coefficients` input (the calibration's fits)")
+            raise SpecFitError(f"method {config.name} needs the `coefficients` input (the calibration's fits)")
         routes = route_source_for(config, inputs, seed, num_experts)
         return cls.from_coefficients(config, read_json(inputs["coefficients"]), routes, num_experts)
 
@@ -306,127 +305,3 @@ class SpecFitCA(SpecFit):
         root_only = view.cache_aware_time((), self.b[0], self.beta_miss, self.beta_hit)  # T̂_CA of the root alone
         self._last = (root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
         return Decision(chosen.nodes, depth)
-
-
-def prefetch_order(routes: np.ndarray, path_prob, nodes) -> tuple[list[tuple[int, int]], list[set[int]]]:
-    """The experts the subtree root + ``nodes`` is predicted to need, most valuable first, and per layer the set.
-
-    ``routes`` [n+1, L, k] the nodes' predicted experts (negative: padding). Under the cache-aware cost every
-    expert of the union that is not resident costs β_miss and a resident one β_hit, so each would cut T̂ of the
-    subtree by β_miss − β_hit: they are ranked by the probability that the node needing them is still verified
-    when the cycle verifies (the largest path probability of a node routing to it, the root's 1 first: the subtree
-    can still change with the next level), then by layer (an earlier layer's copy is on the critical path first),
-    then by expert id. Returns ((layer, expert) pairs, [L] sets of expert ids).
-    """
-    _, layers, _ = routes.shape
-    best: dict[tuple[int, int], float] = {}
-    for v in (0, *nodes):
-        p = 1.0 if v == 0 else float(path_prob[v])
-        for layer in range(layers):
-            for e in routes[v, layer].tolist():
-                if e >= 0 and best.get((layer, e), -1.0) < p:
-                    best[layer, e] = p
-    needed = [set() for _ in range(layers)]
-    for layer, e in best:
-        needed[layer].add(e)
-    return sorted(best, key=lambda le: (-best[le], le[0], le[1])), needed
-
-
-class Prefetching:
-    """After each drafted level that is not the last, prefetch the experts of the subtree the method would verify
-    now (`prefetch_order`), those not resident, within what the link can move before the next level is drafted:
-    ``(next_level_ms − backlog) / copy_ms`` copies, ``next_level_ms`` the calibrated time of one more drafted level
-    and its selection (`DraftCost.next_level_ms`), the backlog what the link still has to move, ``copy_ms`` the
-    engine's time per copy (β_miss where the link is measured, not modelled). The prefetch never evicts an expert
-    the subtree is predicted to need (`specfit.engine.offload.OffloadEngine.prefetch`). Prefetch changes only what
-    the cache holds: the output is AR's whatever it copies.
-    """
-
-    drafting: DraftCost
-    beta_miss: float
-
-    def copy_budget(self, cycle: Cycle) -> int:
-        """The copies the link can move before the next level is drafted (0 without an expert cache to land in)."""
-        engine = cycle.target.engine if cycle.target is not None else None
-        if engine is None or engine.config.slots == 0:
-            return 0
-        copy_ms = engine.copy_ms or self.beta_miss
-        return int((self.drafting.next_level_ms - engine.link_backlog_ms()) // copy_ms) if copy_ms > 0 else 0
-
-    def prefetch(self, cycle: Cycle, budget: int, routes: np.ndarray, path_prob, nodes) -> int:
-        """Prefetch at most ``budget`` of the experts of root + ``nodes`` (``routes`` [n+1, L, k]) not resident."""
-        engine = cycle.target.engine
-        resident = engine.resident()  # [L, N]
-        order, needed = prefetch_order(routes, path_prob, nodes)
-        wanted = [(layer, e) for layer, e in order if not resident[layer, e]][:budget]
-        return engine.prefetch(wanted, needed) if wanted else 0
-
-
-@register_method("specfit-prefetch")
-class SpecFitPrefetch(Prefetching, SpecFitCA):
-    """specfit-ca that prefetches, after each drafted level it drafts on from, the predicted experts of the subtree it
-    would verify now (`Prefetching`; beyond the paper).
-
-    Its cost is specfit-ca's, read again after every level, so selection, the depth rule and the skipping rule see
-    what the prefetch already bought: the residency is the engine's at that level, and an expert whose prefetched
-    copy is still in flight is a hit that still pays what is left of its copy, (β_miss − β_hit) times the fraction
-    left (`specfit.selection.pool.Pool.in_flight`; the search stays exact).
-    """
-
-    def view(self, cycle, pool):
-        self._read_resident(cycle)  # every level: the prefetch of the level before changed it
-        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1],
-                         in_flight=self._in_flight)
-
-    def _read_resident(self, cycle):
-        super()._read_resident(cycle)
-        engine = cycle.target.engine if cycle.target is not None else None
-        self._in_flight = None
-        if self._resident[1] is not None and engine.copy_ms:  # [L, N] fraction of each copy left
-            self._in_flight = np.minimum(engine.in_flight_ms() / engine.copy_ms, 1.0) * self._resident[1]
-
-    def in_flight(self, cycle):
-        return self._in_flight if self._resident[0] is cycle else None
-
-    def choose(self, view, depth):
-        self._chosen = (view, chosen := super().choose(view, depth))
-        return chosen
-
-    def select(self, cycle, pool, final):
-        decision = super().select(cycle, pool, final)
-        if decision is None and not self.route_source.full_pool:  # drafting on: the link is idle until verification
-            if (budget := self.copy_budget(cycle)) > 0:
-                view, chosen = self._chosen
-                self.prefetch(cycle, budget, view.routes, view.path_prob, chosen.nodes)
-        return decision
-
-
-@register_method("eagle3-prefetch")
-class Eagle3Prefetch(Prefetching, Eagle3):
-    """EAGLE-3 that prefetches its fixed tree (the SP-MoE pattern; beyond the paper): after each drafted
-    level but the last, the experts of the k_max most probable nodes so far, predicted by its route source
-    (`Prefetching`); the verified tree is EAGLE-3's. Coefficients give the drafting time that budgets the copies.
-    """
-
-    def __init__(self, config: MethodConfig, drafting: DraftCost, beta_miss: float, routes, num_experts: int):
-        super().__init__(config)
-        self.drafting, self.beta_miss = drafting, float(beta_miss)
-        self.route_source, self.num_experts = routes, num_experts
-        self.live = find_source(routes, LiveRoutes)
-
-    @classmethod
-    def from_inputs(cls, config, inputs, seed, num_experts):
-        if "coefficients" not in inputs:
-            raise SpecFitError(f"method {config.name} needs the `coefficients` input (the calibrated drafting time)")
-        coefficients = read_json(inputs["coefficients"])
-        _, beta_miss, _, drafting = cache_aware_cost(coefficients)
-        return cls(config, drafting, beta_miss, route_source_for(config, inputs, seed, num_experts), num_experts)
-
-    def select(self, cycle, pool, final):
-        if self.route_source.full_pool:  # an atlas build: the routes of the full pool, once, for the record
-            if final and pool.n > 0:
-                self.route_source.routes(cycle, pool)
-        elif not final and pool.n > 0 and (budget := self.copy_budget(cycle)) > 0:
-            chosen = select_top_prob(pool.view(), self.config.k_max).nodes
-            self.prefetch(cycle, budget, self.route_source.routes(cycle, pool), pool.path_prob, chosen)
-        return super().select(cycle, pool, final)

@@ -19,15 +19,15 @@ import dataclasses
 
 from specfit.errors import SpecFitError
 from specfit.planning.stage import stage_main
-from specfit.speculative.config import ROUTED_RULES
+from specfit.speculative.kinds import kind, routed
 from specfit.speculative.stream import StreamSpec, run_stream
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     spec = StreamSpec.from_dict(spec)
     method = spec.method
-    if method.name not in ROUTED_RULES:
-        raise SpecFitError(f"an atlas is built for a method that reads routes ({', '.join(ROUTED_RULES)}), "
+    if not kind(method.name).reads_routes:
+        raise SpecFitError(f"an atlas is built for a method that reads routes ({', '.join(routed())}), "
                            f"not {method.name!r}")
     if method.route_source.live:
         raise SpecFitError(f"an atlas is built for the routes a measured run reads, not {method.routes!r}")

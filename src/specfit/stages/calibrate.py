@@ -57,13 +57,14 @@ from specfit.selection.pool import CandidatePool
 from specfit.selection.search import compile_kernels
 from specfit.selection.selectors import select_min_union, select_top_prob
 from specfit.speculative.config import MethodConfig
+from specfit.speculative.kinds import EAGLE3, SPECFIT_CA
 from specfit.speculative.methods import Decision, Method, SpecFitCA, build_method
 from specfit.speculative.request import Limits, Session
 from specfit.speculative.tree import crop
 
 log = logging.getLogger("specfit.stages.calibrate")
 
-TRAJECTORY = MethodConfig(name="eagle3")  # the paper's generator: top-2 expansion, depth 5, K = 7
+TRAJECTORY = MethodConfig(name=EAGLE3.name)  # the paper's generator: top-2 expansion, depth 5, K = 7
 PROBE_TREES = ("prob", "union")  # probability-prefix and minimum-expert-union probe trees
 
 
@@ -104,7 +105,7 @@ def shadow_selection(state: ProbeState, num_experts: int, cache: bool) -> Method
     """specfit-ca over ``state``'s routes, with the paper's A100 coefficients (what it selects does not matter,
     only what selecting costs)."""
     coefficients = {**preset("paper-a100", cache), "cache_aware": None, "drafting": None}
-    return SpecFitCA.from_coefficients(MethodConfig(name="specfit-ca"), coefficients, _StateRoutes(state.routes),
+    return SpecFitCA.from_coefficients(MethodConfig(name=SPECFIT_CA.name), coefficients, _StateRoutes(state.routes),
                                        num_experts)
 
 

@@ -40,6 +40,7 @@ from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.planning.stage import stage_main
 from specfit.results.records import read_prompts
 from specfit.speculative.config import MethodConfig
+from specfit.speculative.kinds import EAGLE3
 from specfit.speculative.learned import POOL_NODES, RoutePredictor, node_inputs, pool_times
 from specfit.speculative.methods import Eagle3
 from specfit.speculative.request import Limits, decode_request
@@ -130,7 +131,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     engine = make_engine(model, 0, 2, None, spec["torch_device"])
     drafter = load_drafter(inputs["drafter"], model, device=spec["torch_device"], key=keys["drafter"])
     limits = Limits(spec["limit_tokens"], spec["max_new_tokens"], eos_ids(model))
-    method = MethodConfig("eagle3", k_max=spec["k_max"], max_depth=spec["max_depth"],
+    method = MethodConfig(EAGLE3.name, k_max=spec["k_max"], max_depth=spec["max_depth"],
                           top_k_expand=spec["top_k_expand"])
     with torch.inference_mode():
         data = collect(model, drafter, engine, prompts, limits, method)

@@ -1,11 +1,12 @@
 """Verification and transfer counters (Tables 2 and 3), tokens per transfer, and where the time a SpecFit cycle saves
 against a cached EAGLE-3 cycle comes from (section 4.2)."""
 
-from specfit.planning.matrix import method_rule
+from specfit.planning.matrix import method_kind
 from specfit.report.page import CACHE, METHOD, Section, fmt, note, pct_less, pct_more, share_of, table, tagged
 from specfit.report.quantities import TOKENS_PER_TRANSFER, metric, tokens_per_transfer
 from specfit.report.scope import Scope
 from specfit.results.metrics import SPLIT_KEYS
+from specfit.speculative.kinds import REFERENCE
 
 KEYS = ("draft_nodes_per_cycle", "committed_per_cycle", *SPLIT_KEYS, "cycles", "ms_per_cycle", "h2d_per_token",
         "draft_ms_per_cycle", "verify_ms_per_cycle")
@@ -38,7 +39,8 @@ def workload(s: Scope, sec: Section, w: str) -> bool:
         return fmt(pct_more(tokens_per_transfer(s.i.metrics[r]), tokens_per_transfer(base)), ".1f")
 
     eagle = s.roles.eagle3
-    counters = [metric(s.i.metrics, k, emulated, ar=lambda r: method_rule(s.spec, r.method) == "ar") for k in KEYS]
+    counters = [metric(s.i.metrics, k, emulated, ar=lambda r: REFERENCE in method_kind(s.spec, r.method).roles)
+                for k in KEYS]
     paper = [(f"Paper {s.gpu} {name}", lambda r, k=key, f=spec: fmt(s.paper_value(r, k), f)) for name, key, spec in (
         ("ms/cycle", "ms_per_cycle", ".1f"), ("committed", "committed_per_cycle", ".2f"))] if s.at_paper_scale else []
     sec.tables.append(table(s.id("counters", w), tagged(f"Counters per verification cycle, {s.title(w)}", emulated),

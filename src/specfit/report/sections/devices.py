@@ -5,6 +5,7 @@ from specfit.report.page import Section, cache_cell, interval_note, note, table,
 from specfit.report.paper_figures import CELLS
 from specfit.report.quantities import column, metric, tps_cell, x_cell
 from specfit.report.scope import ModelScope, paper_workload
+from specfit.speculative.kinds import AR
 
 KEYS = ("draft_nodes_per_cycle", "committed_per_cycle", "cycles", "ms_per_cycle", "h2d_per_token")
 
@@ -34,8 +35,8 @@ def group_table(v: ModelScope, sec: Section, group: str, on: dict[str, str]) -> 
         runs = v.on[d].paper_runs(w)
         for rule, mode in CELLS:
             if runs[rule, mode] in v.i.metrics:
-                sec.missing += v.i.missing_requests([runs[rule, mode], runs["ar", "nocache"]])
-                rows.append((d, w, rule, mode, runs[rule, mode], runs["ar", "nocache"]))
+                sec.missing += v.i.missing_requests([runs[rule, mode], runs[AR.name, "nocache"]])
+                rows.append((d, w, rule, mode, runs[rule, mode], runs[AR.name, "nocache"]))
     if not rows:
         return
 
@@ -46,5 +47,5 @@ def group_table(v: ModelScope, sec: Section, group: str, on: dict[str, str]) -> 
         ("Cache", lambda x: cache_cell(v.on[x[0]].main if x[3] == "cache" else 0)),
         (column("tps_dec", emulated), lambda x: tps_cell(v.i.tps(x[4]))),
         (tagged("Speedup over AR without cache", emulated), lambda x: x_cell(v.i.speedup(x[4], x[5]))),
-        *(metric(v.i.metrics, k, emulated, run=lambda x: x[4], ar=lambda x: x[2] == "ar") for k in KEYS)], rows,
+        *(metric(v.i.metrics, k, emulated, run=lambda x: x[4], ar=lambda x: x[2] == AR.name) for k in KEYS)], rows,
         key=lambda x: x[4]))

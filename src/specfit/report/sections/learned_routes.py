@@ -10,6 +10,7 @@ from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interv
 from specfit.report.quantities import METRICS, ROUTE_PREDICTOR, column, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Outcome, Verdict, at_least, judged, not_judged, overall
+from specfit.speculative.kinds import EAGLE3, SPECFIT
 from specfit.speculative.routes import predictor_cost
 
 TITLE = "Beyond the paper: learned routes"
@@ -41,9 +42,9 @@ def ms_per_cycle(m: dict | None) -> float | None:
 
 def judge(i: Inputs, c: Cell) -> None:
     """The cell's ratios, and its verdict on goals 2-4."""
-    learned, atlas, eagle, metrics = c.runs["learned"], c.runs["atlas"], c.runs["eagle3"], i.metrics
+    learned, atlas, eagle, metrics = c.runs["learned"], c.runs["atlas"], c.runs[EAGLE3.name], i.metrics
     c.ratios = {"atlas": i.speedup(learned, atlas), "atlas/eagle3": i.speedup(atlas, eagle),
-                "eagle3": i.speedup(learned, eagle)}
+                EAGLE3.name: i.speedup(learned, eagle)}
     e = c.ratios["atlas"]  # learned at least TPS_GOAL of exact routes; a tie counts as met
     if e is None or e.verdict is None:
         c.goals["tps"] = not_judged([learned, atlas], metrics, "exact-route")
@@ -52,13 +53,13 @@ def judge(i: Inputs, c: Cell) -> None:
                           else at_least(e.value, TPS_GOAL))
     e = c.ratios["atlas/eagle3"]  # faster than EAGLE-3 where exact routes are; a tie does not count
     if e is None or e.verdict is None:
-        c.goals["eagle3"] = not_judged([atlas, eagle], metrics, "exact-route or EAGLE-3")
+        c.goals[EAGLE3.name] = not_judged([atlas, eagle], metrics, "exact-route or EAGLE-3")
     elif e.verdict != Verdict.FASTER:
-        c.goals["eagle3"] = Outcome(Verdict.NOT_REQUIRED, "exact routes slower than EAGLE-3"
+        c.goals[EAGLE3.name] = Outcome(Verdict.NOT_REQUIRED, "exact routes slower than EAGLE-3"
                                     if e.verdict == Verdict.SLOWER else "exact routes tie with EAGLE-3", e.verdict)
     else:
-        o = judged(c.ratios["eagle3"], (Verdict.FASTER,), [learned, eagle], metrics, "EAGLE-3")
-        c.goals["eagle3"] = Outcome(o.verdict, str(o.basis), o.basis) if o.verdict == Verdict.MISSED else o
+        o = judged(c.ratios[EAGLE3.name], (Verdict.FASTER,), [learned, eagle], metrics, "EAGLE-3")
+        c.goals[EAGLE3.name] = Outcome(o.verdict, str(o.basis), o.basis) if o.verdict == Verdict.MISSED else o
     share = share_pct(metrics.get(learned))  # the predictor's share of a cycle at most SHARE_GOAL_PCT
     c.goals["share"] = (Outcome(Verdict.NOT_JUDGED, "no metrics.json") if learned not in metrics
                         else Outcome(Verdict.NOT_JUDGED, f"its metrics.json has no {ROUTE_PREDICTOR}") if share is None
@@ -70,7 +71,7 @@ def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bo
     """The verdict on its four goals together, then on each (worded in templates/notes.j2). Goal 1 is the
     predictor's; goals 2-4 hold over the cells when every cell that requires one meets it."""
     states = [Verdict.NOT_JUDGED if predictor is None else at_least(predictor["route_accuracy"], ACCURACY_GOAL).verdict,
-              *(overall([c.goals[key] for c in cells]).verdict for key in ("tps", "eagle3", "share"))]
+              *(overall([c.goals[key] for c in cells]).verdict for key in ("tps", EAGLE3.name, "share"))]
     shares = [x for c in cells if (x := share_pct(s.i.metrics.get(c.runs["learned"]))) is not None]
     return notes("learned_goals", model=s.model, device=s.device, states=states, p=predictor, pct=pct,
                  which={v: [j + 1 for j, state in enumerate(states) if state == v]
@@ -80,17 +81,17 @@ def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bo
                  cells=cells, goal=f"{100 * ACCURACY_GOAL:.0f}", tps_goal=f"{100 * TPS_GOAL:.0f}",
                  share_goal=f"{SHARE_GOAL_PCT:g}", atlas=atlas, eagle=eagle,
                  ties=sum(c.goals["tps"].basis == Verdict.TIE for c in cells),
-                 required=sum(c.goals["eagle3"].verdict != Verdict.NOT_REQUIRED for c in cells),
+                 required=sum(c.goals[EAGLE3.name].verdict != Verdict.NOT_REQUIRED for c in cells),
                  largest=tagged(f"; largest share {max(shares):.2f}%", emulated) if shares else "")
 
 
 def section(s: Scope) -> Section | None:
     """None when no method has ``routes: learned`` or none runs on this device."""
     i, cells = s.i, []
-    rule = ("specfit",)  # the paper's SpecFit (the cache-aware and prefetching ones: sections.specfit_ca, .prefetch)
-    noisy = {("noisy", m): m for m in methods_with(s.spec, rule, "noisy")}
-    for method in methods_with(s.spec, rule, "learned"):
-        cells += s.cells(method, {"atlas": s.roles.specfit, "learned": method, **noisy, "eagle3": s.roles.eagle3})
+    kinds = (SPECFIT.name,)  # the paper's SpecFit (the cache-aware and prefetching: sections.specfit_ca, .prefetch)
+    noisy = {("noisy", m): m for m in methods_with(s.spec, kinds, "noisy")}
+    for method in methods_with(s.spec, kinds, "learned"):
+        cells += s.cells(method, {"atlas": s.roles.specfit, "learned": method, **noisy, EAGLE3.name: s.roles.eagle3})
     if not cells:
         return None
     sec = Section(TITLE)
@@ -104,7 +105,7 @@ def section(s: Scope) -> Section | None:
     def routes(role, run):  # a run's routes and their accuracy, by its role in the cell
         if isinstance(role, tuple):  # ("noisy", method)
             return "noisy (simulated)", f"{pct(method_config(s.spec, run.method).accuracy, '.0f')} (configured)"
-        return {"atlas": ("exact (atlas)", "100% (exact)"), "eagle3": ("none (full draft tree)", MISSING),
+        return {"atlas": ("exact (atlas)", "100% (exact)"), EAGLE3.name: ("none (full draft tree)", MISSING),
                 "learned": ("learned", MISSING if predictor is None
                             else f"{pct(predictor['route_accuracy'])} (held-out)")}[role]
 
@@ -125,7 +126,7 @@ def section(s: Scope) -> Section | None:
         ("Method", lambda x: x[1].method), ("Routes", lambda x: x[2]), ("Route accuracy", lambda x: x[3]),
         per_cycle("draft_nodes_per_cycle"), per_cycle("committed_per_cycle"),
         (column("tps_dec", emulated), lambda x: tps_cell(i.tps(x[1]))),
-        (tagged(f"/ {atlas} (×)", emulated), lambda x: MISSING if x[1] in (x[0].runs["atlas"], x[0].runs["eagle3"])
+        (tagged(f"/ {atlas} (×)", emulated), lambda x: MISSING if x[1] in (x[0].runs["atlas"], x[0].runs[EAGLE3.name])
          else x_cell(i.speedup(x[1], x[0].runs["atlas"]))),
         (share_header, lambda x: share(x[1]) if x[1] == x[0].runs["learned"] else MISSING)], rows, key=lambda x: x[1]))
     sec.tables.append(table(s.id("learned-routes-goals"), tagged(f"{learned} against their goals per cell, "
@@ -134,8 +135,8 @@ def section(s: Scope) -> Section | None:
         (tagged(f"{learned} / {atlas} (×)", emulated), lambda c: x_cell(c.ratios["atlas"])),
         (f"≥ {100 * TPS_GOAL:.0f}% of {atlas}", lambda c: c.goals["tps"].answer()),
         (tagged(f"{atlas} / {eagle} (×)", emulated), lambda c: x_cell(c.ratios["atlas/eagle3"])),
-        (tagged(f"{learned} / {eagle} (×)", emulated), lambda c: x_cell(c.ratios["eagle3"])),
-        (f"Faster than {eagle} where {atlas} is", lambda c: c.goals["eagle3"].answer()),
+        (tagged(f"{learned} / {eagle} (×)", emulated), lambda c: x_cell(c.ratios[EAGLE3.name])),
+        (f"Faster than {eagle} where {atlas} is", lambda c: c.goals[EAGLE3.name].answer()),
         (share_header, lambda c: share(c.runs["learned"])),
         (f"≤ {SHARE_GOAL_PCT:g}% of a cycle", lambda c: c.goals["share"].answer())], cells,
         key=lambda c: (c.workload, c.slots)))

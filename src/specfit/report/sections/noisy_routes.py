@@ -5,6 +5,7 @@ from specfit.planning.matrix import DecodeRun, method_config, workload_ids
 from specfit.report.page import MISSING, Section, cache_cell, interval_note, table, tagged
 from specfit.report.quantities import column, tps_cell, x_cell
 from specfit.report.scope import Scope, paper_workload
+from specfit.speculative.kinds import AR
 
 
 def section(s: Scope) -> Section:
@@ -26,7 +27,7 @@ def workload(s: Scope, sec: Section, w: str, cited: dict) -> None:
         return
     ar = s.ar(w)
     if ar not in s.i.metrics:
-        sec.missing += s.i.missing([DecodeRun(s.model, s.device, w, s.roles.ar or "ar", 0)])
+        sec.missing += s.i.missing([DecodeRun(s.model, s.device, w, s.roles.ar or AR.name, 0)])
     paper = s.paper.routes(paper_workload(s.spec, w))
     rows = []  # run, its routes, the paper's speedup: exact routes beside each noisy run where the matrix has them
     for r in noisy:

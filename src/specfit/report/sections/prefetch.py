@@ -1,4 +1,4 @@
-"""Beyond the paper: prefetch while drafting (rules ``specfit-prefetch`` and ``eagle3-prefetch``). Per cell
+"""Beyond the paper: prefetch while drafting (kinds ``specfit-prefetch`` and ``eagle3-prefetch``). Per cell
 (workload × slots) where a prefetching method ran: each method's decode TPS, the ratios that split a gain into
 prefetch and selection, its goal, and per run where a cycle's time went and what its prefetches did
 (`specfit.engine.offload.OffloadEngine.prefetch`: issued, used by the next forward, evicted unused, copy time
@@ -9,31 +9,32 @@ from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note
 from specfit.report.quantities import column, metric, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Outcome, Verdict, judged, overall
+from specfit.speculative.kinds import AR, EAGLE3, EAGLE3_PREFETCH, RIVAL, SPECFIT_CA, SPECFIT_PREFETCH, with_role
 
 TITLE = "Beyond the paper: prefetch while drafting"
+RIVALS = with_role(RIVAL)  # AR, EAGLE-3, EAGLE-3 with prefetch: the best is the bar a prefetching SpecFit must beat
 # a cell's roles: the prefetching SpecFit (learned routes: deployable), its self without prefetch, its upper bound
-# with exact routes, the cache-aware SpecFit on exact routes, EAGLE-3 with and without prefetch, AR
-ROLES = ("prefetch", "self", "oracle", "specfit-ca", "eagle3-prefetch", "eagle3", "ar")
-RIVALS = ("ar", "eagle3", "eagle3-prefetch")  # the best of these is the bar a prefetching SpecFit must beat
+# with exact routes, the cache-aware SpecFit on exact routes, the rivals (last first)
+ROLES = ("prefetch", "self", "oracle", SPECFIT_CA.name, *RIVALS[::-1])
 # ratio key -> (numerator role, denominator role, what it isolates)
 RATIOS = {
     "prefetch": ("prefetch", "self", "prefetch alone"),
-    "selection": ("self", "eagle3", "selection alone"),
-    "eagle3": ("prefetch", "eagle3", "both"),
-    "specfit-ca": ("prefetch", "specfit-ca", "against exact-route specfit-ca"),
+    "selection": ("self", EAGLE3.name, "selection alone"),
+    EAGLE3.name: ("prefetch", EAGLE3.name, "both"),
+    SPECFIT_CA.name: ("prefetch", SPECFIT_CA.name, "against exact-route specfit-ca"),
     "oracle": ("oracle", "prefetch", "exact routes over learned"),
-    "eagle3-prefetch": ("eagle3-prefetch", "eagle3", "prefetch of EAGLE-3's tree"),
+    EAGLE3_PREFETCH.name: (EAGLE3_PREFETCH.name, EAGLE3.name, "prefetch of EAGLE-3's tree"),
 }
 
 
 def roles(s: Scope) -> dict[str, str | None]:
     """Role -> the config's method in it (None: none configured)."""
     spec = s.spec
-    return {"prefetch": first_method(spec, "specfit-prefetch", "learned"),
-            "self": first_method(spec, "specfit-ca", "learned"),
-            "oracle": first_method(spec, "specfit-prefetch", "atlas"), "specfit-ca": s.roles.specfit_ca,
-            "eagle3-prefetch": first_method(spec, "eagle3-prefetch"),
-            "eagle3": s.roles.eagle3, "ar": s.roles.ar}
+    return {"prefetch": first_method(spec, SPECFIT_PREFETCH.name, "learned"),
+            "self": first_method(spec, SPECFIT_CA.name, "learned"),
+            "oracle": first_method(spec, SPECFIT_PREFETCH.name, "atlas"), SPECFIT_CA.name: s.roles.specfit_ca,
+            EAGLE3_PREFETCH.name: first_method(spec, EAGLE3_PREFETCH.name),
+            EAGLE3.name: s.roles.eagle3, AR.name: s.roles.ar}
 
 
 def judge(s: Scope, c: Cell) -> None:
@@ -55,9 +56,9 @@ def judge(s: Scope, c: Cell) -> None:
     pre = c.runs["prefetch"]
     c.goals["best"] = judged(c.ratios["best"], (Verdict.FASTER,), [pre, *(rivals or [None])], i.metrics,
                              "AR, EAGLE-3 or EAGLE-3 with prefetch")
-    for k, what in (("specfit-ca", "specfit-ca"), ("prefetch", "non-prefetching self")):
+    for k, what in ((SPECFIT_CA.name, SPECFIT_CA.name), ("prefetch", "non-prefetching self")):
         c.goals[k] = judged(c.ratios[k], (Verdict.FASTER,), [pre, c.runs[RATIOS[k][1]]], i.metrics, what)
-    c.goals["goal"] = overall([c.goals[k] for k in ("best", "specfit-ca", "prefetch")])
+    c.goals["goal"] = overall([c.goals[k] for k in ("best", SPECFIT_CA.name, "prefetch")])
 
 
 def per_cycle(m: dict, value) -> float | None:
@@ -86,7 +87,7 @@ def precision(m: dict) -> float | None:
 def section(s: Scope) -> Section | None:
     """None when no prefetching method ran on this device."""
     names = roles(s)
-    cells = [c for rule in ("specfit-prefetch", "eagle3-prefetch") for m in methods_with(s.spec, (rule,))
+    cells = [c for k in (SPECFIT_PREFETCH.name, EAGLE3_PREFETCH.name) for m in methods_with(s.spec, (k,))
              for c in s.cells(m, names)]
     cells = list({(c.workload, c.slots): c for c in cells}.values())
     if not cells:
@@ -105,7 +106,7 @@ def section(s: Scope) -> Section | None:
         ("Best of " + ", ".join(label[r] for r in RIVALS), lambda c: MISSING if c.best is None else names[c.best]),
         (tagged(f"{label['prefetch']} / best (×)", emulated), lambda c: x_cell(c.ratios["best"])),
         ("Goal met", lambda c: c.goals["goal"].answer())], cells, key=lambda c: (c.workload, c.slots)))
-    rows = [(c, role, c.runs[role]) for c in cells for role in ROLES if c.runs[role] in i.metrics and role != "ar"]
+    rows = [(c, role, c.runs[role]) for c in cells for role in ROLES if c.runs[role] in i.metrics and role != AR.name]
 
     def m(x):
         return i.metrics[x[2]]
@@ -129,7 +130,7 @@ def section(s: Scope) -> Section | None:
         value(tagged("Copy ms hidden per cycle", emulated), lambda x: prefetched(x, "hidden_ms"))],
         rows, key=lambda x: x[2]))
     sec.notes += [note("prefetch", pre=label["prefetch"], own=label["self"], oracle=label["oracle"],
-                       ca=label["specfit-ca"], e3p=label["eagle3-prefetch"], e3=label["eagle3"]),
+                       ca=label[SPECFIT_CA.name], e3p=label[EAGLE3_PREFETCH.name], e3=label[EAGLE3.name]),
                   note("prefetch_goal", cells=[c for c in cells if c.cached], pre=label["prefetch"]),
                   note("prefetch_time"), interval_note(i.seed), note("prefetch_theory", oracle=label["oracle"])]
     return sec

@@ -1,4 +1,4 @@
-"""Beyond the paper: the cache- and draft-aware SpecFit (rule ``specfit-ca``) beside AR, EAGLE-3 and the
+"""Beyond the paper: the cache- and draft-aware SpecFit (kind ``specfit-ca``) beside AR, EAGLE-3 and the
 paper's SpecFit in every cell (workload × slots) where it ran, judged against its goal (`judge`) with the
 paired bootstrap intervals; for a cell that misses it, where the time went and why, in words made from those numbers.
 """
@@ -7,11 +7,12 @@ from specfit.report.page import MISSING, Section, Table, cache_cell, fmt, interv
 from specfit.report.quantities import LATER_KEYS, METRICS, metric, tps_cell, x_cell
 from specfit.report.scope import Cell, Scope
 from specfit.report.verdict import Verdict, judged, overall
+from specfit.speculative.kinds import AR, BASELINE, COMPARED, EAGLE3, SPECFIT, SPECFIT_CA, kind, with_role
 
 TITLE = "Beyond the paper: specfit-ca"
-BASELINES = ("ar", "eagle3")  # the best of these in a cell is the bar to meet (a tie counts)
-ROLES = ("ar", "eagle3", "specfit", "specfit-ca")  # the table's methods, by rule
-LABELS = {"ar": "AR", "eagle3": "EAGLE-3", "specfit": "SpecFit", "specfit-ca": "specfit-ca"}  # when a role is absent
+BASELINES = with_role(BASELINE)  # AR, EAGLE-3: the best of these in a cell is the bar to meet (a tie counts)
+ROLES = with_role(COMPARED)  # AR, EAGLE-3, SpecFit, specfit-ca: the table's methods, by kind
+LABELS = {k: kind(k).shown for k in ROLES}  # when a role is absent
 # the parts of a cycle as the stream times them (specfit.speculative.request.Session), metrics.json keys
 PARTS = (("verify", "verify_ms_per_cycle"), ("drafting", "draft_ms_per_cycle"), ("selection", "select_ms_per_cycle"),
          ("commit", "commit_ms_per_cycle"))
@@ -23,43 +24,43 @@ NOISE = 0.05  # H2D/token enters the sentence when it differs by more than this 
 def judge(s: Scope, c: Cell) -> None:
     """Goal met: specfit-ca / best ties or wins, and with the cache specfit-ca / SpecFit wins; each part is a goal of
     its own (by the ratio's key), and one that fails decides the cell even when the other cannot be judged."""
-    i, ca = s.i, c.runs["specfit-ca"]
+    i, ca = s.i, c.runs[SPECFIT_CA.name]
     base = [c.runs[b] for b in BASELINES if c.runs[b] is not None]
     if base and all(r in i.metrics for r in base):
         best = max(base, key=lambda r: i.metrics[r]["tps_dec"] or 0.0)
         c.best = next(b for b in BASELINES if c.runs[b] == best)
     c.ratios = {"best": None if c.best is None else i.speedup(ca, c.runs[c.best]),
-                "specfit": i.speedup(ca, c.runs["specfit"])}
+                SPECFIT.name: i.speedup(ca, c.runs[SPECFIT.name])}
     c.goals["best"] = judged(c.ratios["best"], (Verdict.TIE, Verdict.FASTER), [ca, *(base or [None])], i.metrics,
                              "AR or EAGLE-3")
     if c.cached:
-        c.goals["specfit"] = judged(c.ratios["specfit"], (Verdict.FASTER,), [ca, c.runs["specfit"]], i.metrics,
+        c.goals[SPECFIT.name] = judged(c.ratios[SPECFIT.name], (Verdict.FASTER,), [ca, c.runs[SPECFIT.name]], i.metrics,
                                     "SpecFit")
     c.goals["goal"] = overall(list(c.goals.values()))
 
 
 def section(s: Scope) -> Section | None:
-    """None when no method has rule specfit-ca or it has no run on this device."""
+    """None when no method has kind specfit-ca or it has no run on this device."""
     if (ca := s.roles.specfit_ca) is None:
         return None
-    names = {"ar": s.roles.ar, "eagle3": s.roles.eagle3, "specfit": s.roles.specfit, "specfit-ca": ca}
+    names = {AR.name: s.roles.ar, EAGLE3.name: s.roles.eagle3, SPECFIT.name: s.roles.specfit, SPECFIT_CA.name: ca}
     if not (cells := s.cells(ca, names)):
         return None
     i, (sec, emulated) = s.i, s.section_on(TITLE, cells)
     for c in cells:
         judge(s, c)
     label = {role: names[role] or LABELS[role] for role in ROLES}
-    sec.tables.append(table(s.id("specfit-ca"), tagged(f"{ca} against its goal per cell, {s.model} / "
+    sec.tables.append(table(s.id(SPECFIT_CA.name), tagged(f"{ca} against its goal per cell, {s.model} / "
                                                        f"{s.device}", emulated), [
         ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
         *((tagged(f"{label[role]} Decode TPS", emulated), lambda c, role=role: tps_cell(i.tps(c.runs[role])))
           for role in ROLES),
-        (f"Best of {label['ar']}, {label['eagle3']}", lambda c: MISSING if c.best is None else names[c.best]),
+        (f"Best of {label[AR.name]}, {label[EAGLE3.name]}", lambda c: MISSING if c.best is None else names[c.best]),
         (tagged(f"{ca} / best (×)", emulated), lambda c: x_cell(c.ratios["best"])),
-        (tagged(f"{ca} / {label['specfit']} (×)", emulated), lambda c: x_cell(c.ratios["specfit"]) + (
-            "" if c.cached or c.ratios["specfit"] is None else " (not counted: no cache)")),
+        (tagged(f"{ca} / {label[SPECFIT.name]} (×)", emulated), lambda c: x_cell(c.ratios[SPECFIT.name]) + (
+            "" if c.cached or c.ratios[SPECFIT.name] is None else " (not counted: no cache)")),
         ("Goal met", lambda c: c.goals["goal"].answer())], cells, key=lambda c: (c.workload, c.slots)))
-    sec.notes += [note("specfit_ca", ca=ca, ar=label["ar"], eagle3=label["eagle3"], specfit=label["specfit"]),
+    sec.notes += [note("specfit_ca", ca=ca, ar=label[AR.name], eagle3=label[EAGLE3.name], specfit=label[SPECFIT.name]),
                   note("specfit_ca_goal", cells=cells), interval_note(i.seed)]
     if missed := [c for c in cells if c.goals["goal"].verdict == Verdict.MISSED]:
         where_the_time_went(s, sec, missed, ca, emulated)
@@ -108,7 +109,7 @@ def where_the_time_went(s: Scope, sec: Section, missed: list[Cell], ca: str, emu
         return i.metrics[x[1]]
 
     def cycle(key):  # a part of the cycle in ms
-        return metric(i.metrics, key, emulated, run=lambda x: x[1], ar=lambda x: x[0] == "ar", spec=".2f")
+        return metric(i.metrics, key, emulated, run=lambda x: x[1], ar=lambda x: x[0] == AR.name, spec=".2f")
 
     for c in missed:
         present = [(role, c.runs[role]) for role in ROLES if c.runs[role] in i.metrics]
@@ -119,14 +120,14 @@ def where_the_time_went(s: Scope, sec: Section, missed: list[Cell], ca: str, emu
              lambda x: fmt(m(x).get("committed_per_cycle"), ".2f")),
             (tagged("ms per committed token", emulated), lambda x: fmt(ms_per_token(m(x)), ".2f")),
             metric(i.metrics, "h2d_per_token", emulated, run=lambda x: x[1]),
-            ("Cycles that drafted nothing (%)", lambda x: MISSING if x[0] == "ar"
+            ("Cycles that drafted nothing (%)", lambda x: MISSING if x[0] == AR.name
              else fmt(drafted_nothing_pct(m(x)), ".1f"))], present, key=lambda x: x[1]))
-        for k in ("best", "specfit"):  # the parts of the goal, by ratio
+        for k in ("best", SPECFIT.name):  # the parts of the goal, by ratio
             if k in c.goals and c.goals[k].verdict == Verdict.MISSED:
                 role = c.best if k == "best" else k
                 reasons.append([c.workload, cache_cell(c.slots), c.runs[role].method, why(
-                    ca, i.metrics[c.runs["specfit-ca"]], c.runs[role].method, i.metrics[c.runs[role]], role == "ar",
-                    c.ratios[k])])
+                    ca, i.metrics[c.runs[SPECFIT_CA.name]], c.runs[role].method, i.metrics[c.runs[role]],
+                    role == AR.name, c.ratios[k])])
     sec.tables.append(Table(s.id("specfit-ca-why"), tagged(f"Why {ca} misses the goal, {s.model} / {s.device}",
                                                               emulated),
                             ["Workload", "Cache", "Against", tagged("Why (from the numbers above)", emulated)],

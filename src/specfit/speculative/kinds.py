@@ -1,0 +1,106 @@
+"""Method kinds: what the workflow, the decode stage and the report ask of each kind of method, declared once.
+
+A config's method entry names its ``kind``; everything else reads the kind's declaration here: whether it drafts,
+whether it reads expert routes (then its runs read coefficients and an atlas or a learned predictor, and the atlas
+rule builds its atlas), the cost model of its Table 5 theory run, its roles in the report, and the class that
+implements it (imported only when a run decodes with it). Torch-free and import-light: planning reads it.
+
+A kind from outside the package is named ``module:name`` in the config: resolving it imports ``module``, which
+registers its kind with ``@register_method(name, reads_routes=...)`` (`specfit.speculative.methods`), a
+`register_kind` call. Such a kind has no theory run and no role in the report's comparisons.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from specfit.errors import SpecFitError
+
+# Roles in the report: what the report compares a kind as (`Kind.roles`).
+REFERENCE = "reference"  # the lossless check's reference and the speedups' denominator: AR
+BASELINE = "baseline"  # a bar the cache-aware SpecFit must meet (the best of them; a tie counts)
+RIVAL = "rival"  # a bar a prefetching SpecFit must beat (the best of them)
+COMPARED = "compared"  # a column of the cache-aware section's table
+
+# Cost models a theory run's Table 5 is computed under (`specfit.stages.theory`).
+PAPER = "paper"  # the paper's SpecFit, whose cost model is Eq. 4
+CACHE_AWARE = "cache_aware"  # the cache-aware cost T̂_CA (beyond the paper)
+THEORY_COSTS = (PAPER, CACHE_AWARE)
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    impl: str  # "module:Class" of its `specfit.speculative.methods.Method`, imported by `build_method`
+    drafts: bool = True  # False: no drafter, every cycle verifies the root alone
+    reads_routes: bool = False  # selects by expert routes Ê_{l,v}: coefficients and an atlas or a learned predictor
+    theory_cost: str | None = None  # the cost model of its theory run (one of THEORY_COSTS), None: no theory run
+    roles: tuple[str, ...] = ()  # what the report compares it as (REFERENCE, BASELINE, RIVAL, COMPARED)
+    label: str = ""  # the report's name for it where the config has no method of it (its name when empty)
+
+    def __post_init__(self):
+        if self.theory_cost not in (None, *THEORY_COSTS):
+            raise SpecFitError(f"method kind {self.name!r}: theory cost {self.theory_cost!r} is not one of "
+                               f"{', '.join(THEORY_COSTS)}")
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.name
+
+    def implementation(self) -> type:
+        """The class that implements the kind, imported now."""
+        module, _, attr = self.impl.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+_METHODS = "specfit.speculative.methods"
+_PREFETCHING = "specfit.speculative.prefetching"
+
+AR = Kind("ar", f"{_METHODS}:AR", drafts=False, roles=(REFERENCE, BASELINE, RIVAL, COMPARED), label="AR")
+EAGLE3 = Kind("eagle3", f"{_METHODS}:Eagle3", roles=(BASELINE, RIVAL, COMPARED), label="EAGLE-3")
+SPECFIT = Kind("specfit", f"{_METHODS}:SpecFit", reads_routes=True, theory_cost=PAPER, roles=(COMPARED,),
+               label="SpecFit")
+SPECFIT_CA = Kind("specfit-ca", f"{_METHODS}:SpecFitCA", reads_routes=True, theory_cost=CACHE_AWARE,
+                  roles=(COMPARED,))
+SPECFIT_PREFETCH = Kind("specfit-prefetch", f"{_PREFETCHING}:SpecFitPrefetch", reads_routes=True,
+                        theory_cost=CACHE_AWARE)
+EAGLE3_PREFETCH = Kind("eagle3-prefetch", f"{_PREFETCHING}:Eagle3Prefetch", reads_routes=True, roles=(RIVAL,))
+
+PAPER_KINDS = (AR.name, EAGLE3.name, SPECFIT.name)  # the paper's three methods, which key its results
+
+BUILTIN = (AR, EAGLE3, SPECFIT, SPECFIT_CA, SPECFIT_PREFETCH, EAGLE3_PREFETCH)
+KINDS: dict[str, Kind] = {k.name: k for k in BUILTIN}  # and the kinds registered from outside
+
+
+def register_kind(k: Kind) -> Kind:
+    """Register a kind from outside the package (a module named ``module:name``); registering it again replaces
+    it. A built-in kind's name is refused."""
+    if k.name in {b.name for b in BUILTIN}:
+        raise SpecFitError(f"method kind {k.name!r} is built in: name yours otherwise")
+    KINDS[k.name] = k
+    return k
+
+
+def kind(name: str) -> Kind:
+    """The kind ``name``: a registered one, or ``module:name``, which imports ``module`` first (it registers it)."""
+    module, sep, bare = name.rpartition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise SpecFitError(f"method kind {name!r}: cannot import {module!r} ({err})") from err
+        name = bare
+    if name not in KINDS:
+        raise SpecFitError(f"unknown method kind {name!r}; registered: {', '.join(sorted(KINDS))}, or module:name")
+    return KINDS[name]
+
+
+def with_role(role: str) -> tuple[str, ...]:
+    """The built-in kinds the report compares as ``role``, in registry order."""
+    return tuple(k.name for k in BUILTIN if role in k.roles)
+
+
+def routed() -> tuple[str, ...]:
+    """The registered kinds that read expert routes."""
+    return tuple(k.name for k in KINDS.values() if k.reads_routes)
