@@ -24,16 +24,18 @@ def to_show(sections, scope) -> list[Section]:
     return out
 
 
-def parts(v: ModelScope) -> list[Part]:
+def parts(model_scope: ModelScope) -> list[Part]:
     """One model's parts of the page: one per device, then one across devices and against the paper."""
     out = []
-    for d, s in v.on.items():
-        notes = [f"Main slot count (with-cache runs and fit): {s.main} per layer."]
-        if s.link_emulated:
-            label = next(s.i.metrics[r]["timing_label"] for r in s.runs if r in s.i.metrics)
+    for d, scope in model_scope.on.items():
+        notes = [f"Main slot count (with-cache runs and fit): {scope.main} per layer."]
+        if scope.link_emulated:
+            label = next(scope.inputs.metrics[r]["timing_label"] for r in scope.runs if r in scope.inputs.metrics)
             notes.append(f"Timings on this device (tagged “{EMULATED}”): {label}.")
-        out.append(Part(f"{v.model} on {d}: {v.spec['devices'][d].get('label') or d}", notes, to_show(PER_DEVICE, s)))
-    out.append(Part(f"{v.model}: across devices and against the paper", [], to_show(ACROSS_DEVICES, v)))
+        out.append(Part(f"{model_scope.model} on {d}: {model_scope.spec['devices'][d].get('label') or d}", notes,
+                        to_show(PER_DEVICE, scope)))
+    out.append(Part(f"{model_scope.model}: across devices and against the paper", [], to_show(ACROSS_DEVICES,
+                                                                                              model_scope)))
     return out
 
 

@@ -40,7 +40,7 @@ class Roles:
         return {AR.name: self.ar, EAGLE3.name: self.eagle3, SPECFIT.name: self.specfit}
 
 
-def paper_device(spec: dict, device: str) -> str:
+def paper_gpu(spec: dict, device: str) -> str:
     """The paper's GPU a device stands for: named in its name, label or coefficients, else by order."""
     d = spec["devices"][device]
     for name in PAPER_DEVICES:
@@ -100,12 +100,12 @@ class Scope:
     """One (model, device): its runs by workload, its main slot count, the paper's GPU and workloads it stands for."""
 
     def __init__(self, inputs: Inputs, figures: Figures, model: str, device: str):
-        self.i, self.figures, self.model, self.device, self.spec = inputs, figures, model, device, inputs.spec
+        self.inputs, self.figures, self.model, self.device, self.spec = inputs, figures, model, device, inputs.spec
         self.roles = Roles.of(self.spec)
         self.main = self.spec["models"][model]["main_slots"][device]
         self.runs = [r for r in inputs.runs if (r.model, r.device) == (model, device)]
         self.workloads = [w for w in self.spec["workloads"] if any(r.workload == w for r in self.runs)]
-        self.gpu = paper_device(self.spec, device)
+        self.gpu = paper_gpu(self.spec, device)
         self.paper = Beside(inputs.paper, self.gpu)
         self.stand_ins = stand_ins(self.spec, inputs.runs, self.roles, model, device)
         self.link_emulated = self.emulated(self.runs)
@@ -136,13 +136,13 @@ class Scope:
         return self.run(workload, self.roles.ar, 0)
 
     def emulated(self, runs) -> bool:
-        return any(self.i.metrics[r][LINK_EMULATED] for r in runs if r in self.i.metrics)
+        return any(self.inputs.metrics[r][LINK_EMULATED] for r in runs if r in self.inputs.metrics)
 
     def present(self, sec: Section, runs: list[DecodeRun]) -> tuple[list[DecodeRun], bool]:
         """How a section opens on some runs: the metrics.json of those without go to its missing inputs. Returns
         the runs with metrics and whether any of them was timed over an emulated link."""
-        sec.missing += self.i.missing(runs)
-        present = [r for r in runs if r in self.i.metrics]
+        sec.missing += self.inputs.missing(runs)
+        present = [r for r in runs if r in self.inputs.metrics]
         return present, self.emulated(present)
 
     def section_on(self, title: str, cells: list[Cell]) -> tuple[Section, bool]:
@@ -150,7 +150,7 @@ class Scope:
         inputs. Returns it and whether any of those runs was timed over an emulated link or device."""
         runs = [r for c in cells for r in c.runs.values() if r is not None]
         sec = Section(title)
-        sec.missing += self.i.missing(runs) + self.i.missing_requests(runs)
+        sec.missing += self.inputs.missing(runs) + self.inputs.missing_requests(runs)
         return sec, self.emulated(runs)
 
     def cells(self, method: str, roles: dict) -> list[Cell]:
@@ -190,9 +190,9 @@ class ModelScope:
     """One model on each device it ran on, the devices in the paper's order (`Scope` per device)."""
 
     def __init__(self, inputs: Inputs, figures: Figures, model: str):
-        self.i, self.model, self.spec = inputs, model, inputs.spec
+        self.inputs, self.model, self.spec = inputs, model, inputs.spec
         devices = [d for d in self.spec["devices"] if any(r.model == model and r.device == d for r in inputs.runs)]
-        devices.sort(key=lambda d: PAPER_DEVICES.index(paper_device(self.spec, d)))
+        devices.sort(key=lambda d: PAPER_DEVICES.index(paper_gpu(self.spec, d)))
         self.on = {d: Scope(inputs, figures, model, d) for d in devices}
 
     def id(self, name: str, *more) -> str:

@@ -11,10 +11,12 @@ R2_GOAL = 0.9  # the cache-aware model with the cache, R² on the probe means
 NAMES = {"cache": "With cache", "nocache": "Without cache"}
 
 
-def section(s: Scope) -> Section:
+def section(scope: Scope) -> Section:
     sec = Section("Calibration fit T(S) = b_|S| + β F(S) (Appendix B)")
-    fits = {mode: f for mode in paths.CACHE_MODES if (f := s.i.calibration.get((s.model, s.device, mode)))}
-    sec.missing += [paths.calibration(s.model, s.device, mode) for mode in paths.CACHE_MODES if mode not in fits]
+    fits = {mode: f for mode in paths.CACHE_MODES if (f := scope.inputs.calibration.get((scope.model, scope.device,
+                                                                                         mode)))}
+    sec.missing += [paths.calibration(scope.model, scope.device,
+                                      mode) for mode in paths.CACHE_MODES if mode not in fits]
     if not fits:
         return sec
     emulated = any(f["link_emulated"] for f in fits.values())
@@ -29,22 +31,23 @@ def section(s: Scope) -> Section:
             ("rmse_ms", "RMSE (ms)", lambda f: fmt(f["rmse_ms"], ".2f"), lambda p: MISSING),
             ("n_points", "Points", lambda f: fmt(f["n_points"], "d"), lambda p: "144"),
             ("source", "Source", lambda f: str(f["source"]), lambda p: "paper")]
-    paper = s.i.paper["coefficients_ms"][s.gpu]
-    sec.tables.append(table(s.id("calibration"), tagged(f"Cost coefficients, {s.model} / {s.device}", emulated), [
+    paper = scope.inputs.paper["coefficients_ms"][scope.gpu]
+    sec.tables.append(table(scope.id("calibration"), tagged(f"Cost coefficients, {scope.model} / {scope.device}",
+                                                            emulated), [
         ("Coefficient", lambda q: q[1]),
         *((fit_header(mode, f), lambda q, f=f: q[2](f)) for mode, f in fits.items()),
-        *((f"Paper {s.gpu}, {which}", lambda q, p=p: q[3](p)) for which, p in (("with cache", paper["cache"]),
+        *((f"Paper {scope.gpu}, {which}", lambda q, p=p: q[3](p)) for which, p in (("with cache", paper["cache"]),
                                                                                ("without cache", paper["no_cache"])))],
         rows, key=lambda q: q[0]))
-    cache_aware(s, sec, fits, [b(k) for k in range(n_b)], emulated)
-    frames = {NAMES[mode]: s.i.points[s.model, s.device, mode] for mode in fits
-              if (s.model, s.device, mode) in s.i.points}
-    sec.missing += [paths.calibration_points(s.model, s.device, mode) for mode in fits
+    cache_aware(scope, sec, fits, [b(k) for k in range(n_b)], emulated)
+    frames = {NAMES[mode]: scope.inputs.points[scope.model, scope.device, mode] for mode in fits
+              if (scope.model, scope.device, mode) in scope.inputs.points}
+    sec.missing += [paths.calibration_points(scope.model, scope.device, mode) for mode in fits
                     if NAMES[mode] not in frames and fits[mode]["source"] == "fit"]
     if frames:
-        fig = calibration_scatter(frames, tagged(f"{s.model} / {s.device}: calibration probes", emulated))
-        sec.figures.append(s.figures.save(fig, slug(s.model, s.device, "calibration"), tagged(
-            f"Calibration, {s.model} / {s.device}: measured vs predicted cycle time", emulated)))
+        fig = calibration_scatter(frames, tagged(f"{scope.model} / {scope.device}: calibration probes", emulated))
+        sec.figures.append(scope.figures.save(fig, slug(scope.model, scope.device, "calibration"), tagged(
+            f"Calibration, {scope.model} / {scope.device}: measured vs predicted cycle time", emulated)))
     return sec
 
 
@@ -52,7 +55,7 @@ def fit_header(mode: str, fit: dict) -> str:
     return tagged(f"{NAMES[mode]} ({fit['slots']} slots)", fit["link_emulated"])
 
 
-def cache_aware(s: Scope, sec: Section, fits: dict, b_cells: list, emulated: bool) -> None:
+def cache_aware(scope: Scope, sec: Section, fits: dict, b_cells: list, emulated: bool) -> None:
     """The cache-aware model beside the paper's, fitted on the same probes, and the drafting time of one level;
     ``b_cells``: the cell of each b_k, as the paper's model prints it."""
 
@@ -80,13 +83,14 @@ def cache_aware(s: Scope, sec: Section, fits: dict, b_cells: list, emulated: boo
             ("n_points", "Points (probes / repeats)", ca(lambda c: f"{c['n_probes']} / {c['n_points']}")),
             ("drafting", "Drafting cost D(d): start / further level / selection (ms)", drafting),
             ("goal", f"Goal: R² ≥ {R2_GOAL} with the cache", goal)]
-    sec.tables.append(table(s.id("calibration-cache-aware"), tagged(
-        f"Cache-aware cost T(S) = b_|S| + β_miss M(S) + β_hit H(S) beside b_|S| + β F(S), {s.model} / {s.device}",
+    sec.tables.append(table(scope.id("calibration-cache-aware"), tagged(
+        f"Cache-aware cost T(S) = b_|S| + β_miss M(S) + β_hit H(S) beside b_|S| + β F(S), "
+        f"{scope.model} / {scope.device}",
         emulated), [("Quantity", lambda q: q[1]),
                     *((fit_header(mode, f), lambda q, mode=mode, f=f: q[2](mode, f)) for mode, f in fits.items())],
         rows, key=lambda q: q[0]))
     if "cache" in fits and (ca := fits["cache"]["cache_aware"]) is not None:
-        sec.notes.append(note("calibration_goal", model=s.model, device=s.device, goal=R2_GOAL,
+        sec.notes.append(note("calibration_goal", model=scope.model, device=scope.device, goal=R2_GOAL,
                               verdict=r2_goal(ca).verdict, r2_means=f"{ca['r2_means']:.3f}",
                               r2_paper=f"{fits['cache']['r2']:.3f}"))
     sec.notes.append(note("calibration_cache_aware"))

@@ -18,44 +18,44 @@ RATIOS = (
 )
 
 
-def section(s: Scope) -> Section | None:
-    if not s.at_paper_scale:
+def section(scope: Scope) -> Section | None:
+    if not scope.at_paper_scale:
         return None  # the CPU's own regime (a link-only device, the wall clock): shown, never a verdict
-    if s.roles.specfit is None or not s.stand_ins:
+    if scope.roles.specfit is None or not scope.stand_ins:
         return None
     sec = Section("The paper's claims, confronted")
     sec.notes.append(note("claims_rule"))
     rows = []
-    for pw, w in s.stand_ins.items():
-        rows += (ratio_claims(s, sec, pw, w) + noisy_claim(s, sec, pw, w) + sweep_claim(s, sec, pw, w)
-                 + theory_claim(s, pw, w))
+    for pw, w in scope.stand_ins.items():
+        rows += (ratio_claims(scope, sec, pw, w) + noisy_claim(scope, sec, pw, w) + sweep_claim(scope, sec, pw, w)
+                 + theory_claim(scope, pw, w))
     if rows:
-        sec.tables.append(table(s.id("claims"), tagged(f"The paper's claims on {s.model} / {s.device}",
-                                                       s.link_emulated), [
+        sec.tables.append(table(scope.id("claims"), tagged(f"The paper's claims on {scope.model} / {scope.device}",
+                                                       scope.link_emulated), [
             ("Workload", lambda r: r[1]), ("Claim", lambda r: r[2]), ("Paper", lambda r: r[3]),
-            (tagged("This run", s.link_emulated), lambda r: r[4]), ("Verdict", lambda r: str(r[5]))],
+            (tagged("This run", scope.link_emulated), lambda r: r[4]), ("Verdict", lambda r: str(r[5]))],
             rows, key=lambda r: r[0]))
-        sec.notes.append(interval_note(s.i.seed))
+        sec.notes.append(interval_note(scope.inputs.seed))
     return sec if sec.tables or sec.missing else None
 
 
-def ratio(s: Scope, sec: Section, num, den) -> Estimate | None:
+def ratio(scope: Scope, sec: Section, num, den) -> Estimate | None:
     """TPS(num) / TPS(den) (or, given tuples of runs, the ratio of their products) from the decode runs
     (`specfit.report.inputs.Inputs.tps_ratio`); their missing files go to the section's."""
     num, den = (x if isinstance(x, tuple) else (x,) for x in (num, den))
-    sec.missing += s.i.missing([*num, *den]) + s.i.missing_requests([*num, *den])
-    return s.i.tps_ratio(num, den)
+    sec.missing += scope.inputs.missing([*num, *den]) + scope.inputs.missing_requests([*num, *den])
+    return scope.inputs.tps_ratio(num, den)
 
 
-def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
-    paper, runs, rows = s.paper.cells(pw), s.paper_runs(w), []
+def ratio_claims(scope: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
+    paper, runs, rows = scope.paper.cells(pw), scope.paper_runs(w), []
     if paper is None:
         return []
     for key, claim, a, b in RATIOS:
         num, den = runs[a], runs[b]
-        if num not in s.runs or den not in s.runs:
+        if num not in scope.runs or den not in scope.runs:
             continue
-        e = ratio(s, sec, num, den)
+        e = ratio(scope, sec, num, den)
         p = paper[a]["tps_dec"] / paper[b]["tps_dec"]
         direction = Verdict.of(p, p)  # the paper's ratio has no interval: its direction
         rows.append((f"{key}/{w}", w, claim, f"{p:.2f}× ({direction})", x_cell(e),
@@ -63,35 +63,36 @@ def ratio_claims(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
     return rows
 
 
-def noisy_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
+def noisy_claim(scope: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
     """Section 4.6: 60%-accurate routes decode as fast as exact ones (2.26× vs 2.27× over AR without the cache)."""
-    routes = s.paper.routes(pw)
-    noisy = [m for m in s.roles.noisy if s.run(w, m, s.main) in s.runs]
+    routes = scope.paper.routes(pw)
+    noisy = [m for m in scope.roles.noisy if scope.run(w, m, scope.main) in scope.runs]
     if routes is None or not noisy:
         return []
-    e = ratio(s, sec, s.run(w, noisy[0], s.main), s.run(w, s.roles.specfit, s.main))
+    e = ratio(scope, sec, scope.run(w, noisy[0], scope.main), scope.run(w, scope.roles.specfit, scope.main))
     p = routes["simulated_60pct_speedup"] / routes["exact_routes_speedup"]
     return [(f"noisy-routes/{w}", w, f"SpecFit with 60%-accurate routes ({noisy[0]}) against exact routes",
              f"{p:.3f}× ({Verdict.TIE})", x_cell(e), confronted(Verdict.TIE, None if e is None else e.verdict))]
 
 
-def sweep_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
+def sweep_claim(scope: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
     """Figure 4: SpecFit's gain over EAGLE-3 grows as the cache shrinks (21.6% at 48 slots to 31.6% without a cache).
     Judged on the sweep's ends: the gain without a cache over the gain at the main slots, (SpecFit / EAGLE-3 at 0) /
     (SpecFit / EAGLE-3 at main), with its own paired interval, confronted with the paper's (above 1: the gain grows);
     the gains at every slot count are shown beside it."""
-    fit, eagle = s.roles.specfit, s.roles.eagle3
-    slots = slot_order({r.slots for r in s.runs_of(w) if r.method == fit}
-                       & {r.slots for r in s.runs_of(w) if r.method == eagle})
-    sweep = s.paper.sweep(pw, 4)
-    if sweep is None or len(slots) < 3 or slots[-1] != 0 or slots[0] != s.main:
+    fit, eagle = scope.roles.specfit, scope.roles.eagle3
+    slots = slot_order({r.slots for r in scope.runs_of(w) if r.method == fit}
+                       & {r.slots for r in scope.runs_of(w) if r.method == eagle})
+    sweep = scope.paper.sweep(pw, 4)
+    if sweep is None or len(slots) < 3 or slots[-1] != 0 or slots[0] != scope.main:
         return []
-    measured = [ratio(s, sec, s.run(w, fit, x), s.run(w, eagle, x)) for x in slots]
+    measured = [ratio(scope, sec, scope.run(w, fit, x), scope.run(w, eagle, x)) for x in slots]
     # (SpecFit / EAGLE-3 at 0) / (SpecFit / EAGLE-3 at main) = (SpecFit at 0 * EAGLE-3 at main) / (the other two)
-    growth = ratio(s, sec, (s.run(w, fit, 0), s.run(w, eagle, s.main)), (s.run(w, eagle, 0), s.run(w, fit, s.main)))
+    growth = ratio(scope, sec, (scope.run(w, fit, 0), scope.run(w, eagle, scope.main)), (scope.run(w, eagle, 0),
+                                                                                         scope.run(w, fit, scope.main)))
     verdict = confronted(Verdict.FASTER, None if growth is None else growth.verdict)
     shown = ", ".join(f"{x}: {x_cell(g)}" for x, g in zip(slots, measured, strict=True))
-    shown += f"; 0 over {s.main}: {x_cell(growth)}"
+    shown += f"; 0 over {scope.main}: {x_cell(growth)}"
     gains = dict(zip(sweep["slots"], sweep["specfit_gain_pct"]))
     paper = ", ".join(f"{x}: {1 + g / 100:.2f}×" for x, g in gains.items())
     paper += f"; 0 over {sweep['slots'][0]}: {(1 + gains[0] / 100) / (1 + gains[sweep['slots'][0]] / 100):.2f}×"
@@ -99,11 +100,11 @@ def sweep_claim(s: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
              "without a cache over the gain at the main slots decides)", paper, shown, verdict)]
 
 
-def theory_claim(s: Scope, pw: str, w: str) -> list[tuple]:
+def theory_claim(scope: Scope, pw: str, w: str) -> list[tuple]:
     """Table 5: the per-cycle ratio rule is within 1% of λ* and within the bound of Eq. 7."""
-    paper = s.paper.table5(pw)
-    run = s.run(w, s.roles.specfit, s.main)
-    t = s.i.theory.get(run)
+    paper = scope.paper.table5(pw)
+    run = scope.run(w, scope.roles.specfit, scope.main)
+    t = scope.inputs.theory.get(run)
     if paper is None or t is None:
         return []
     holds = t["gap_pct"] <= t["bound_pct"] + 1e-9 and t["gap_pct"] < 1.0

@@ -10,42 +10,43 @@ from specfit.speculative.kinds import AR
 KEYS = ("draft_nodes_per_cycle", "committed_per_cycle", "cycles", "ms_per_cycle", "h2d_per_token")
 
 
-def section(v: ModelScope) -> Section | None:
-    if len(v.on) < 2:
+def section(model_scope: ModelScope) -> Section | None:
+    if len(model_scope.on) < 2:
         return None
     sec = Section("Devices side by side (Table 4 style)")
-    for group in dict.fromkeys(paper_workload(v.spec, w) or w for w in v.spec["workloads"]):
-        on = {d: w for d in v.on if (w := v.workload_on(d, group)) is not None}
+    for group in dict.fromkeys(paper_workload(model_scope.spec, w) or w for w in model_scope.spec["workloads"]):
+        on = {d: w for d in model_scope.on if (w := model_scope.workload_on(d, group)) is not None}
         if len(on) < 2:
             continue
-        group_table(v, sec, group, on)
+        group_table(model_scope, sec, group, on)
     if not sec.tables:
         sec.notes.append("No workload runs on more than one device.")
     else:
         sec.notes.append(note("devices_stand_ins"))
-        sec.notes.append(interval_note(v.i.seed))
+        sec.notes.append(interval_note(model_scope.inputs.seed))
     return sec
 
 
-def group_table(v: ModelScope, sec: Section, group: str, on: dict[str, str]) -> None:
+def group_table(model_scope: ModelScope, sec: Section, group: str, on: dict[str, str]) -> None:
     """One workload group's table: the workload of each device in ``on`` (device -> workload)."""
-    emulated = any(v.on[d].link_emulated for d in on)
+    emulated = any(model_scope.on[d].link_emulated for d in on)
     rows = []  # device, workload, rule, cache mode, its run, AR's without the cache
     for d, w in on.items():
-        runs = v.on[d].paper_runs(w)
+        runs = model_scope.on[d].paper_runs(w)
         for rule, mode in CELLS:
-            if runs[rule, mode] in v.i.metrics:
-                sec.missing += v.i.missing_requests([runs[rule, mode], runs[AR.name, "nocache"]])
+            if runs[rule, mode] in model_scope.inputs.metrics:
+                sec.missing += model_scope.inputs.missing_requests([runs[rule, mode], runs[AR.name, "nocache"]])
                 rows.append((d, w, rule, mode, runs[rule, mode], runs[AR.name, "nocache"]))
     if not rows:
         return
 
     shown = ", ".join(f"{d}: {w}" for d, w in on.items()) if any(w != group for w in on.values()) else ""
-    sec.tables.append(table(v.id("devices", group), tagged(
+    sec.tables.append(table(model_scope.id("devices", group), tagged(
         f"{group} on every device" + (f" ({shown})" if shown else ""), emulated), [
         ("Device", lambda x: x[0]), ("Workload", lambda x: x[1]), ("Method", lambda x: x[2]),
-        ("Cache", lambda x: cache_cell(v.on[x[0]].main if x[3] == "cache" else 0)),
-        (column("tps_dec", emulated), lambda x: tps_cell(v.i.tps(x[4]))),
-        (tagged("Speedup over AR without cache", emulated), lambda x: x_cell(v.i.speedup(x[4], x[5]))),
-        *(metric(v.i.metrics, k, emulated, run=lambda x: x[4], ar=lambda x: x[2] == AR.name) for k in KEYS)], rows,
+        ("Cache", lambda x: cache_cell(model_scope.on[x[0]].main if x[3] == "cache" else 0)),
+        (column("tps_dec", emulated), lambda x: tps_cell(model_scope.inputs.tps(x[4]))),
+        (tagged("Speedup over AR without cache", emulated), lambda x: x_cell(model_scope.inputs.speedup(x[4], x[5]))),
+        *(metric(model_scope.inputs.metrics, k, emulated, run=lambda x: x[4],
+                 ar=lambda x: x[2] == AR.name) for k in KEYS)], rows,
         key=lambda x: x[4]))

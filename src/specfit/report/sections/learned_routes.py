@@ -40,11 +40,11 @@ def ms_per_cycle(m: dict | None) -> float | None:
     return None if seconds is None or not m.get("cycles") else 1e3 * seconds / m["cycles"]
 
 
-def judge(i: Inputs, c: Cell) -> None:
+def judge(inputs: Inputs, c: Cell) -> None:
     """The cell's ratios, and its verdict on goals 2-4."""
-    learned, atlas, eagle, metrics = c.runs["learned"], c.runs["atlas"], c.runs[EAGLE3.name], i.metrics
-    c.ratios = {"atlas": i.speedup(learned, atlas), "atlas/eagle3": i.speedup(atlas, eagle),
-                EAGLE3.name: i.speedup(learned, eagle)}
+    learned, atlas, eagle, metrics = c.runs["learned"], c.runs["atlas"], c.runs[EAGLE3.name], inputs.metrics
+    c.ratios = {"atlas": inputs.speedup(learned, atlas), "atlas/eagle3": inputs.speedup(atlas, eagle),
+                EAGLE3.name: inputs.speedup(learned, eagle)}
     e = c.ratios["atlas"]  # learned at least TPS_GOAL of exact routes; a tie counts as met
     if e is None or e.verdict is None:
         c.goals["tps"] = not_judged([learned, atlas], metrics, "exact-route")
@@ -66,17 +66,17 @@ def judge(i: Inputs, c: Cell) -> None:
                         else at_least(SHARE_GOAL_PCT, share))
 
 
-def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bool, atlas: str, eagle: str
+def goal_notes(scope: Scope, cells: list[Cell], predictor: dict | None, emulated: bool, atlas: str, eagle: str
                ) -> list[str]:
     """The verdict on its four goals together, then on each (worded in templates/notes.j2). Goal 1 is the
     predictor's; goals 2-4 hold over the cells when every cell that requires one meets it."""
     states = [Verdict.NOT_JUDGED if predictor is None else at_least(predictor["route_accuracy"], ACCURACY_GOAL).verdict,
               *(overall([c.goals[key] for c in cells]).verdict for key in ("tps", EAGLE3.name, "share"))]
-    shares = [x for c in cells if (x := share_pct(s.i.metrics.get(c.runs["learned"]))) is not None]
-    return notes("learned_goals", model=s.model, device=s.device, states=states, p=predictor, pct=pct,
-                 which={v: [j + 1 for j, state in enumerate(states) if state == v]
-                        for v in (Verdict.MISSED, Verdict.NOT_JUDGED)},
-                 path=predictor_metrics(s.model), low=predictor and [
+    shares = [x for c in cells if (x := share_pct(scope.inputs.metrics.get(c.runs["learned"]))) is not None]
+    return notes("learned_goals", model=scope.model, device=scope.device, states=states, p=predictor, pct=pct,
+                 which={verdict: [j + 1 for j, state in enumerate(states) if state == verdict]
+                        for verdict in (Verdict.MISSED, Verdict.NOT_JUDGED)},
+                 path=predictor_metrics(scope.model), low=predictor and [
                      j for j, r in enumerate(predictor["recall_per_layer"]) if r < ACCURACY_GOAL],
                  cells=cells, goal=f"{100 * ACCURACY_GOAL:.0f}", tps_goal=f"{100 * TPS_GOAL:.0f}",
                  share_goal=f"{SHARE_GOAL_PCT:g}", atlas=atlas, eagle=eagle,
@@ -85,52 +85,55 @@ def goal_notes(s: Scope, cells: list[Cell], predictor: dict | None, emulated: bo
                  largest=tagged(f"; largest share {max(shares):.2f}%", emulated) if shares else "")
 
 
-def section(s: Scope) -> Section | None:
+def section(scope: Scope) -> Section | None:
     """None when no method has ``routes: learned`` or none runs on this device."""
-    i, cells = s.i, []
+    inputs, cells = scope.inputs, []
     kinds = (SPECFIT.name,)  # the paper's SpecFit (the cache-aware and prefetching: sections.specfit_ca, .prefetch)
-    noisy = {("noisy", m): m for m in methods_with(s.spec, kinds, "noisy")}
-    for method in methods_with(s.spec, kinds, "learned"):
-        cells += s.cells(method, {"atlas": s.roles.specfit, "learned": method, **noisy, EAGLE3.name: s.roles.eagle3})
+    noisy = {("noisy", m): m for m in methods_with(scope.spec, kinds, "noisy")}
+    for method in methods_with(scope.spec, kinds, "learned"):
+        cells += scope.cells(method, {"atlas": scope.roles.specfit, "learned": method, **noisy,
+                                      EAGLE3.name: scope.roles.eagle3})
     if not cells:
         return None
     sec = Section(TITLE)
     keys = [r for c in cells for r in c.runs.values() if r is not None]
-    predictor = i.predictor.get(s.model)
-    sec.missing += i.missing(keys) + i.missing_requests(keys) + ([] if predictor else [predictor_metrics(s.model)])
-    emulated = s.emulated(keys)
+    predictor = inputs.predictor.get(scope.model)
+    sec.missing += inputs.missing(keys) + inputs.missing_requests(keys)
+    sec.missing += [] if predictor else [predictor_metrics(scope.model)]
+    emulated = scope.emulated(keys)
     for c in cells:
-        judge(i, c)
+        judge(inputs, c)
 
     def routes(role, run):  # a run's routes and their accuracy, by its role in the cell
         if isinstance(role, tuple):  # ("noisy", method)
-            return "noisy (simulated)", f"{pct(method_config(s.spec, run.method).accuracy, '.0f')} (configured)"
+            return "noisy (simulated)", f"{pct(method_config(scope.spec, run.method).accuracy, '.0f')} (configured)"
         return {"atlas": ("exact (atlas)", "100% (exact)"), EAGLE3.name: ("none (full draft tree)", MISSING),
                 "learned": ("learned", MISSING if predictor is None
                             else f"{pct(predictor['route_accuracy'])} (held-out)")}[role]
 
     rows = [(c, r, *routes(role, r)) for c in cells for role, r in c.runs.items() if r is not None]
     atlas = next((c.runs["atlas"].method for c in cells if c.runs["atlas"] is not None), None) or "exact routes"
-    eagle, learned = s.roles.eagle3 or "EAGLE-3", cells[0].runs["learned"].method
+    eagle, learned = scope.roles.eagle3 or "EAGLE-3", cells[0].runs["learned"].method
 
     def per_cycle(key):
-        return METRICS[key].label + " per cycle", lambda x: fmt((i.metrics.get(x[1]) or {}).get(key), ".2f")
+        return METRICS[key].label + " per cycle", lambda x: fmt((inputs.metrics.get(x[1]) or {}).get(key), ".2f")
 
     def share(run):
-        return fmt(share_pct(i.metrics.get(run)), ".2f")
+        return fmt(share_pct(inputs.metrics.get(run)), ".2f")
 
     share_header = tagged("Predictor share of cycle time (%)", emulated)
-    sec.tables.append(table(s.id("learned-routes"), tagged(f"Exact vs learned vs simulated noisy routes, {s.model} "
-                                                           f"/ {s.device}", emulated), [
+    sec.tables.append(table(scope.id("learned-routes"),
+                            tagged(f"Exact vs learned vs simulated noisy routes, {scope.model} "
+                                                           f"/ {scope.device}", emulated), [
         ("Workload", lambda x: x[0].workload), ("Cache", lambda x: cache_cell(x[0].slots)),
         ("Method", lambda x: x[1].method), ("Routes", lambda x: x[2]), ("Route accuracy", lambda x: x[3]),
         per_cycle("draft_nodes_per_cycle"), per_cycle("committed_per_cycle"),
-        (column("tps_dec", emulated), lambda x: tps_cell(i.tps(x[1]))),
+        (column("tps_dec", emulated), lambda x: tps_cell(inputs.tps(x[1]))),
         (tagged(f"/ {atlas} (×)", emulated), lambda x: MISSING if x[1] in (x[0].runs["atlas"], x[0].runs[EAGLE3.name])
-         else x_cell(i.speedup(x[1], x[0].runs["atlas"]))),
+         else x_cell(inputs.speedup(x[1], x[0].runs["atlas"]))),
         (share_header, lambda x: share(x[1]) if x[1] == x[0].runs["learned"] else MISSING)], rows, key=lambda x: x[1]))
-    sec.tables.append(table(s.id("learned-routes-goals"), tagged(f"{learned} against their goals per cell, "
-                                                                 f"{s.model} / {s.device}", emulated), [
+    sec.tables.append(table(scope.id("learned-routes-goals"), tagged(f"{learned} against their goals per cell, "
+                                                                 f"{scope.model} / {scope.device}", emulated), [
         ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
         (tagged(f"{learned} / {atlas} (×)", emulated), lambda c: x_cell(c.ratios["atlas"])),
         (f"≥ {100 * TPS_GOAL:.0f}% of {atlas}", lambda c: c.goals["tps"].answer()),
@@ -140,22 +143,22 @@ def section(s: Scope) -> Section | None:
         (share_header, lambda c: share(c.runs["learned"])),
         (f"≤ {SHARE_GOAL_PCT:g}% of a cycle", lambda c: c.goals["share"].answer())], cells,
         key=lambda c: (c.workload, c.slots)))
-    sec.notes += [note("learned_routes", learned=learned), *goal_notes(s, cells, predictor, emulated, atlas, eagle),
-                  interval_note(i.seed)]
+    sec.notes += [note("learned_routes", learned=learned), *goal_notes(scope, cells, predictor, emulated, atlas, eagle),
+                  interval_note(inputs.seed)]
     if predictor is not None:
-        predictor_table(s, sec, predictor, [c.runs["learned"] for c in cells], emulated)
+        predictor_table(scope, sec, predictor, [c.runs["learned"] for c in cells], emulated)
     return sec
 
 
-def predictor_table(s: Scope, sec: Section, p: dict, learned: list[DecodeRun], emulated: bool) -> None:
+def predictor_table(scope: Scope, sec: Section, p: dict, learned: list[DecodeRun], emulated: bool) -> None:
     """The predictor (``p``: its metrics.json) beside its cost at the paper's model's size and the paper's estimate;
     ``learned``: the runs that used it on this device."""
     big = predictor_cost(**PAPER_SIZE)
-    paper = s.i.paper.get("route_prediction", {})
+    paper = scope.inputs.paper.get("route_prediction", {})
     head = paper.get("linear_head_predictor", {})
     paper_params, paper_mflop, paper_ms = (head.get(k) for k in ("params_millions", "mflop_per_node",
                                                                  "added_ms_per_cycle"))
-    per_cycle = [x for x in (ms_per_cycle(s.i.metrics.get(r)) for r in learned) if x is not None]
+    per_cycle = [x for x in (ms_per_cycle(scope.inputs.metrics.get(r)) for r in learned) if x is not None]
     device, t, big_mflop = p["torch_device"], p["training"], big["flop_per_node"] / 1e6
     rows = [  # key, quantity, this model's, at the paper model's size, the paper's estimate (a dash where not given)
         ("route_accuracy", "Held-out route accuracy (draft nodes, mean over layers)", pct(p["route_accuracy"]), MISSING,
@@ -172,7 +175,7 @@ def predictor_table(s: Scope, sec: Section, p: dict, learned: list[DecodeRun], e
          MISSING if paper_mflop is None else f"{paper_mflop:g} MFLOP"),
         ("us_per_pool", f"µs per pool of {p['pool_nodes_timed']} nodes (on {device}: compute only, no link)",
          fmt(p["us_per_pool"], ".1f")),
-        ("ms_per_cycle", tagged(f"Predictor ms per decode cycle in the {s.device} runs", emulated),
+        ("ms_per_cycle", tagged(f"Predictor ms per decode cycle in the {scope.device} runs", emulated),
          MISSING if not per_cycle else f"{min(per_cycle):.3f}" if len(per_cycle) == 1
          else f"{min(per_cycle):.3f} – {max(per_cycle):.3f}",
          MISSING, MISSING if not paper_ms else "–".join(f"{x:g}" for x in paper_ms) + " (added ms per cycle)"),
@@ -183,12 +186,13 @@ def predictor_table(s: Scope, sec: Section, p: dict, learned: list[DecodeRun], e
     big_size = ", ".join(f"{PAPER_SIZE[k]} {what}" for k, what in (("num_layers", "MoE layers"),
                                                                    ("num_experts", "experts")))
     sec.tables.append(Table(
-        s.id("route-predictor"), f"The route predictor of {s.model} ({predictor_metrics(s.model)}), and its cost at "
-        f"{PAPER_MODEL}'s size", ["Quantity", f"{s.model} ({size})", f"At {PAPER_MODEL}'s size (hidden "
+        scope.id("route-predictor"),
+        f"The route predictor of {scope.model} ({predictor_metrics(scope.model)}), and its cost at "
+        f"{PAPER_MODEL}'s size", ["Quantity", f"{scope.model} ({size})", f"At {PAPER_MODEL}'s size (hidden "
                                   f"{PAPER_SIZE['hidden_size']}, {big_size})", "Paper's estimate (section 4.6)"],
         [[*row[1:], *[MISSING] * (5 - len(row))] for row in rows], [row[0] for row in rows]))
     versus = f"{big['params'] / (paper_params * 1e6):.1f}" if paper_params and paper_mflop else ""
     sec.notes.append(note("route_predictor", paper_model=PAPER_MODEL, params=millions(big["params"]),
                           mflop=f"{big_mflop:.3g}", versus=versus, paper_params=f"{paper_params:g}" if versus else "",
-                          paper_mflop=f"{paper_mflop:g}" if versus else "", device=device, run_device=s.device,
+                          paper_mflop=f"{paper_mflop:g}" if versus else "", device=device, run_device=scope.device,
                           emulated=emulated))

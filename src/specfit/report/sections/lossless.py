@@ -6,13 +6,13 @@ from specfit.report.quantities import LOSSLESS, RESUMED, TIMING_LABEL
 from specfit.report.scope import Scope
 
 
-def section(s: Scope) -> Section:
+def section(scope: Scope) -> Section:
     sec = Section("Lossless check: each run's outputs against the AR reference")
     rows, keys, divergences = [], [], []
-    for w in s.workloads:
-        present, _ = s.present(sec, s.runs_of(w))
+    for w in scope.workloads:
+        present, _ = scope.present(sec, scope.runs_of(w))
         for r in present:
-            m = s.i.metrics[r]
+            m = scope.inputs.metrics[r]
             check = m[LOSSLESS]
             run = [w, r.method, cache_cell(r.slots)]
             common = [*run, fmt(m["n_requests"], "d"), fmt(m["n_output_tokens"], "d"), str(m[TIMING_LABEL]),
@@ -27,11 +27,12 @@ def section(s: Scope) -> Section:
             divergences += [[*run, str(d["request_id"]), str(d["position"]), fmt(d.get("ours"), "d"),
                              fmt(d.get("reference"), "d"), fmt(d["margin"], ".4g")] for d in divs]
     if rows:
-        sec.tables.append(Table(s.id("lossless"), "Lossless check per run", [
+        sec.tables.append(Table(scope.id("lossless"), "Lossless check per run", [
             "Workload", "Method", "Cache", "Requests", "Output tokens", "Timing", "Resumed", "Reference",
             "Identical to the reference", "Not identical (first divergence, top-2 margin)", "Verdict"], rows, keys))
     if divergences:
-        sec.tables.append(Table(s.id("divergences"), "Every divergence: first differing output position, the tokens "
+        sec.tables.append(Table(scope.id("divergences"),
+                                "Every divergence: first differing output position, the tokens "
                                 "there, and the target's top-2 logit margin on the reference's prefix (a small margin "
                                 "points to a numerical near-tie, not a bug)",
                                 ["Workload", "Method", "Cache", "Request", "Position", "This run's token",

@@ -7,51 +7,53 @@ from specfit.report.quantities import tps_cell, x_cell
 from specfit.report.scope import ModelScope
 
 
-def section(v: ModelScope) -> Section:
-    i = v.i
+def section(model_scope: ModelScope) -> Section:
+    inputs = model_scope.inputs
     sec = Section("The paper's headline figures beside this run's")
     sec.notes += [note("headline_miniature"), note("headline_ratios")]
-    mapping = ", ".join(f"{d} ↔ {i.paper['setup']['devices'][s.gpu]['name']}" for d, s in v.on.items())
+    mapping = ", ".join(f"{d} ↔ {inputs.paper['setup']['devices'][scope.gpu]['name']}" for d,
+                        scope in model_scope.on.items())
     sec.notes.append(f"Devices are mapped by name, label or order: {mapping}.")
     standing = []
-    for d, s in v.on.items():
-        for pw, w in s.stand_ins.items():
-            paper = s.paper.cells(pw)
+    for d, scope in model_scope.on.items():
+        for pw, w in scope.stand_ins.items():
+            paper = scope.paper.cells(pw)
             if paper is None:
                 continue
             if w != pw:
                 standing.append(f"{w} on {d} for the paper's {pw}")
-            tables(v, sec, d, pw, w, paper)
+            tables(model_scope, sec, d, pw, w, paper)
     if standing:
         sec.notes.append("Workloads are mapped by their config key `paper`: " + "; ".join(standing) + ".")
     if sec.tables:
-        sec.notes.append(interval_note(i.seed) + " The paper's figures carry no interval.")
+        sec.notes.append(interval_note(inputs.seed) + " The paper's figures carry no interval.")
     return sec
 
 
-def tables(v: ModelScope, sec: Section, d: str, pw: str, w: str, paper: dict) -> None:
+def tables(model_scope: ModelScope, sec: Section, d: str, pw: str, w: str, paper: dict) -> None:
     """Table 4's cells and the headline ratios of one device's workload beside the paper's."""
-    i, s = v.i, v.on[d]
-    key = s.paper_runs(w)
-    run = {k: i.metrics.get(r) or {} for k, r in key.items()}
-    sec.missing += i.missing_requests(key.values())
-    name, emulated = w if w == pw else f"{w} (paper: {pw})", s.link_emulated
+    inputs, scope = model_scope.inputs, model_scope.on[d]
+    key = scope.paper_runs(w)
+    run = {k: inputs.metrics.get(r) or {} for k, r in key.items()}
+    sec.missing += inputs.missing_requests(key.values())
+    name, emulated = w if w == pw else f"{w} (paper: {pw})", scope.link_emulated
     ar = paper["ar", "nocache"]["tps_dec"]
-    sec.tables.append(table(v.id("paper", d, w), tagged(f"{d} vs paper {s.gpu}, {name}", emulated), [
+    sec.tables.append(table(model_scope.id("paper", d, w), tagged(f"{d} vs paper {scope.gpu}, {name}", emulated), [
         ("Method", lambda c: c[0]), ("Cache", lambda c: "Yes" if c[1] == "cache" else "No"),
         ("Paper Decode TPS", lambda c: fmt(paper[c]["tps_dec"], ".2f")),
-        (tagged("This run Decode TPS", emulated), lambda c: tps_cell(i.tps(key[c]))),
+        (tagged("This run Decode TPS", emulated), lambda c: tps_cell(inputs.tps(key[c]))),
         ("Paper speedup", lambda c: x_cell(ratio(paper[c]["tps_dec"], ar))),
-        (tagged("This run speedup", emulated), lambda c: x_cell(i.speedup(key[c], key["ar", "nocache"]))),
+        (tagged("This run speedup", emulated), lambda c: x_cell(inputs.speedup(key[c], key["ar", "nocache"]))),
         ("Paper ms/cycle", lambda c: fmt(paper[c].get("ms_per_cycle"), ".1f")),
         (tagged("This run ms/cycle", emulated), lambda c: fmt(run[c].get("ms_per_cycle"), ".1f")),
         ("Paper H2D/token", lambda c: fmt(paper[c].get("h2d_per_token"), ".1f")),
         ("This run H2D/token", lambda c: fmt(run[c].get("h2d_per_token"), ".1f"))], CELLS))
     # the text's own figure where it states one (computed from rounded table values it can differ)
-    claims = s.paper.claims(pw)
-    ratios = headline({k: i.metrics.get(r) for k, r in key.items()},
-                      lambda a, b: i.speedup(key[a], key[b]), lambda a, b: i.request_speedup(key[a], key[b]))
-    sec.tables.append(table(v.id("headline", d, w), tagged(f"Headline ratios, {d} vs paper {s.gpu}, {name}",
+    claims = scope.paper.claims(pw)
+    ratios = headline({k: inputs.metrics.get(r) for k, r in key.items()},
+                      lambda a, b: inputs.speedup(key[a], key[b]), lambda a, b: inputs.request_speedup(key[a], key[b]))
+    sec.tables.append(table(model_scope.id("headline", d, w),
+                            tagged(f"Headline ratios, {d} vs paper {scope.gpu}, {name}",
                                                            emulated), [
         ("Quantity", lambda h: h[0]), ("Paper", lambda h: fmt(claims.get(h[1]), h[3])),
         (tagged("This run", emulated), lambda h: show(h[2], h[3], "×" if h[0].endswith("(×)") else ""))],

@@ -27,37 +27,37 @@ RATIOS = {
 }
 
 
-def roles(s: Scope) -> dict[str, str | None]:
+def roles(scope: Scope) -> dict[str, str | None]:
     """Role -> the config's method in it (None: none configured)."""
-    spec = s.spec
+    spec = scope.spec
     return {"prefetch": first_method(spec, SPECFIT_PREFETCH.name, "learned"),
             "self": first_method(spec, SPECFIT_CA.name, "learned"),
-            "oracle": first_method(spec, SPECFIT_PREFETCH.name, "atlas"), SPECFIT_CA.name: s.roles.specfit_ca,
+            "oracle": first_method(spec, SPECFIT_PREFETCH.name, "atlas"), SPECFIT_CA.name: scope.roles.specfit_ca,
             EAGLE3_PREFETCH.name: first_method(spec, EAGLE3_PREFETCH.name),
-            EAGLE3.name: s.roles.eagle3, AR.name: s.roles.ar}
+            EAGLE3.name: scope.roles.eagle3, AR.name: scope.roles.ar}
 
 
-def judge(s: Scope, c: Cell) -> None:
+def judge(scope: Scope, c: Cell) -> None:
     """The ratios of `RATIOS`, and the goal: with the cache, the prefetching SpecFit faster (by more than the
     interval) than the best of AR, EAGLE-3 and EAGLE-3 with prefetch, than specfit-ca and than its own self without
     prefetch; without the cache not required (a prefetch has no slot to land in)."""
-    i = s.i
-    c.ratios = {k: i.speedup(c.runs[a], c.runs[b]) for k, (a, b, _) in RATIOS.items()}
-    rivals = [c.runs[r] for r in RIVALS if c.runs[r] in i.metrics]
+    inputs = scope.inputs
+    c.ratios = {k: inputs.speedup(c.runs[a], c.runs[b]) for k, (a, b, _) in RATIOS.items()}
+    rivals = [c.runs[r] for r in RIVALS if c.runs[r] in inputs.metrics]
     if rivals:
-        best = max(rivals, key=lambda r: i.metrics[r]["tps_dec"] or 0.0)
+        best = max(rivals, key=lambda r: inputs.metrics[r]["tps_dec"] or 0.0)
         c.best = next(r for r in RIVALS if c.runs[r] == best)
-        c.ratios["best"] = i.speedup(c.runs["prefetch"], best)
+        c.ratios["best"] = inputs.speedup(c.runs["prefetch"], best)
     else:
         c.ratios["best"] = None
     if not c.cached:
         c.goals["goal"] = Outcome(Verdict.NOT_REQUIRED, "no cache to prefetch into")
         return
     pre = c.runs["prefetch"]
-    c.goals["best"] = judged(c.ratios["best"], (Verdict.FASTER,), [pre, *(rivals or [None])], i.metrics,
+    c.goals["best"] = judged(c.ratios["best"], (Verdict.FASTER,), [pre, *(rivals or [None])], inputs.metrics,
                              "AR, EAGLE-3 or EAGLE-3 with prefetch")
     for k, what in ((SPECFIT_CA.name, SPECFIT_CA.name), ("prefetch", "non-prefetching self")):
-        c.goals[k] = judged(c.ratios[k], (Verdict.FASTER,), [pre, c.runs[RATIOS[k][1]]], i.metrics, what)
+        c.goals[k] = judged(c.ratios[k], (Verdict.FASTER,), [pre, c.runs[RATIOS[k][1]]], inputs.metrics, what)
     c.goals["goal"] = overall([c.goals[k] for k in ("best", SPECFIT_CA.name, "prefetch")])
 
 
@@ -84,40 +84,41 @@ def precision(m: dict) -> float | None:
     return None if not counters or not counters["issued"] else counters["used"] / counters["issued"]
 
 
-def section(s: Scope) -> Section | None:
+def section(scope: Scope) -> Section | None:
     """None when no prefetching method ran on this device."""
-    names = roles(s)
-    cells = [c for k in (SPECFIT_PREFETCH.name, EAGLE3_PREFETCH.name) for m in methods_with(s.spec, (k,))
-             for c in s.cells(m, names)]
+    names = roles(scope)
+    cells = [c for k in (SPECFIT_PREFETCH.name, EAGLE3_PREFETCH.name) for m in methods_with(scope.spec, (k,))
+             for c in scope.cells(m, names)]
     cells = list({(c.workload, c.slots): c for c in cells}.values())
     if not cells:
         return None
-    i, (sec, emulated) = s.i, s.section_on(TITLE, cells)
+    inputs, (sec, emulated) = scope.inputs, scope.section_on(TITLE, cells)
     for c in cells:
-        judge(s, c)
+        judge(scope, c)
     label = {role: names[role] or role for role in ROLES}
-    sec.tables.append(table(s.id("prefetch"), tagged(f"Prefetching methods against its goal per cell, "
-                                                     f"{s.model} / {s.device}", emulated), [
+    sec.tables.append(table(scope.id("prefetch"), tagged(f"Prefetching methods against its goal per cell, "
+                                                     f"{scope.model} / {scope.device}", emulated), [
         ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
-        *((tagged(f"{label[role]} Decode TPS", emulated), lambda c, role=role: tps_cell(i.tps(c.runs[role])))
+        *((tagged(f"{label[role]} Decode TPS", emulated), lambda c, role=role: tps_cell(inputs.tps(c.runs[role])))
           for role in ROLES),
         *((tagged(f"{label[a]} / {label[b]} (×): {what}", emulated), lambda c, k=k: x_cell(c.ratios[k]))
           for k, (a, b, what) in RATIOS.items()),
         ("Best of " + ", ".join(label[r] for r in RIVALS), lambda c: MISSING if c.best is None else names[c.best]),
         (tagged(f"{label['prefetch']} / best (×)", emulated), lambda c: x_cell(c.ratios["best"])),
         ("Goal met", lambda c: c.goals["goal"].answer())], cells, key=lambda c: (c.workload, c.slots)))
-    rows = [(c, role, c.runs[role]) for c in cells for role in ROLES if c.runs[role] in i.metrics and role != AR.name]
+    rows = [(c, role,
+             c.runs[role]) for c in cells for role in ROLES if c.runs[role] in inputs.metrics and role != AR.name]
 
     def m(x):
-        return i.metrics[x[2]]
+        return inputs.metrics[x[2]]
 
     def value(header, get, spec=".2f"):
         return header, lambda x: fmt(get(m(x)), spec)
 
-    sec.tables.append(table(s.id("prefetch-time"), tagged(f"Where a cycle's time went and what the prefetches did, "
-                                                          f"{s.model} / {s.device}", emulated), [
+    sec.tables.append(table(scope.id("prefetch-time"), tagged(f"Where a cycle's time went and what the prefetches did, "
+                                                          f"{scope.model} / {scope.device}", emulated), [
         ("Workload", lambda x: x[0].workload), ("Cache", lambda x: cache_cell(x[0].slots)),
-        ("Method", lambda x: x[2].method), *(metric(i.metrics, k, emulated, run=lambda x: x[2], spec=".2f")
+        ("Method", lambda x: x[2].method), *(metric(inputs.metrics, k, emulated, run=lambda x: x[2], spec=".2f")
                                             for k in ("ms_per_cycle", "draft_ms_per_cycle", "select_ms_per_cycle",
                                                       "verify_ms_per_cycle")),
         value(tagged("Copy stall ms/cycle", emulated), stall_ms),
@@ -132,5 +133,5 @@ def section(s: Scope) -> Section | None:
     sec.notes += [note("prefetch", pre=label["prefetch"], own=label["self"], oracle=label["oracle"],
                        ca=label[SPECFIT_CA.name], e3p=label[EAGLE3_PREFETCH.name], e3=label[EAGLE3.name]),
                   note("prefetch_goal", cells=[c for c in cells if c.cached], pre=label["prefetch"]),
-                  note("prefetch_time"), interval_note(i.seed), note("prefetch_theory", oracle=label["oracle"])]
+                  note("prefetch_time"), interval_note(inputs.seed), note("prefetch_theory", oracle=label["oracle"])]
     return sec

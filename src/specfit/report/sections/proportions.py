@@ -19,35 +19,35 @@ def goal(o: Outcome | None) -> str:
     return MISSING if o is None else o.word()
 
 
-def section(s: Scope) -> Section | None:
-    emulate = s.spec["devices"][s.device].get("emulate")
+def section(scope: Scope) -> Section | None:
+    emulate = scope.spec["devices"][scope.device].get("emulate")
     if emulate is None:
         return None
     sec = Section(f"The emulated {emulate['name']}: proportions")
-    sec.notes.append(note("proportions", device=s.device, name=emulate["name"]))
-    for pw, w in s.stand_ins.items():
-        runs = {k: r for k, r in s.paper_runs(w).items() if k[0] != "specfit"}
-        sec.missing += s.i.missing(list(runs.values()))
-        m = {k: s.i.metrics.get(r) for k, r in runs.items()}
-        if any(v is None for v in m.values()):
+    sec.notes.append(note("proportions", device=scope.device, name=emulate["name"]))
+    for pw, w in scope.stand_ins.items():
+        runs = {k: r for k, r in scope.paper_runs(w).items() if k[0] != "specfit"}
+        sec.missing += scope.inputs.missing(list(runs.values()))
+        m = {k: scope.inputs.metrics.get(r) for k, r in runs.items()}
+        if any(value is None for value in m.values()):
             continue
         toy = run_proportions(*(m[k] for k in (("ar", "cache"), ("ar", "nocache"), ("eagle3", "cache"),
                                                ("eagle3", "nocache"))), emulate)
-        if (s.gpu, pw) not in REQUESTS:  # no table of the paper for this GPU and workload
+        if (scope.gpu, pw) not in REQUESTS:  # no table of the paper for this GPU and workload
             continue
-        paper = paper_proportions(s.i.paper, pw, s.gpu)
+        paper = paper_proportions(scope.inputs.paper, pw, scope.gpu)
         rows = [(key, name, toy[key], paper[key], None if (met := proportion_met(key, toy[key], paper[key])) is None
                  else Outcome.of(met)) for key, name in PROPORTIONS]
-        caption = f"Proportions, {s.title(w)}, beside the {NAMES[s.gpu]}'s {pw}"
-        sec.tables.append(table(s.id("proportions", w), caption, [
+        caption = f"Proportions, {scope.title(w)}, beside the {NAMES[scope.gpu]}'s {pw}"
+        sec.tables.append(table(scope.id("proportions", w), caption, [
             ("Quantity", lambda r: r[1]),
             ("This run", lambda r: shown(r[0], r[2])), ("Paper", lambda r: shown(r[0], r[3])),
             ("Goal met", lambda r: goal(r[4]))], rows, key=lambda r: r[0]))
-    fit = s.i.calibration.get((s.model, s.device, "cache"))
+    fit = scope.inputs.calibration.get((scope.model, scope.device, "cache"))
     rows = [("r2", f"with-cache NNLS fit of the paper's model, R² (goal ≥ {R2_GOAL})",
              MISSING if fit is None else fmt(fit["r2"], ".3f"), None if fit is None else at_least(fit["r2"], R2_GOAL))]
-    sec.tables.append(table(s.id("device-checks"), f"The emulated {emulate['name']}: fit, "
-                            f"{s.model} / {s.device}", [
+    sec.tables.append(table(scope.id("device-checks"), f"The emulated {emulate['name']}: fit, "
+                            f"{scope.model} / {scope.device}", [
         ("Check", lambda r: r[1]), ("This run", lambda r: r[2]), ("Goal met", lambda r: goal(r[3]))], rows,
         key=lambda r: r[0]))
     return sec

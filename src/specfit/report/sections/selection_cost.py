@@ -6,25 +6,27 @@ from specfit.report.quantities import metric
 from specfit.report.scope import Scope
 
 
-def section(s: Scope) -> Section:
+def section(scope: Scope) -> Section:
     sec = Section("Host work per cycle (section 4.6)")
-    paper = s.paper.selection_cost()
+    paper = scope.paper.selection_cost()
     runs, emulated = [], False
-    for w in s.workloads:
-        present, any_emulated = s.present(sec, s.runs_of(w))
+    for w in scope.workloads:
+        present, any_emulated = scope.present(sec, scope.runs_of(w))
         emulated |= any_emulated
         runs += present
 
     def beside(key, spec):  # the paper's figure beside SpecFit's run at the main slots
-        return lambda r: (fmt(paper[key].get(s.paper_key(r.workload)), spec)
-                          if paper is not None and r.method == s.roles.specfit and r.slots == s.main else MISSING)
+        return lambda r: (fmt(paper[key].get(scope.paper_key(r.workload)), spec)
+                          if paper is not None and r.method == scope.roles.specfit and r.slots == scope.main
+                          else MISSING)
 
     if runs:
-        sec.tables.append(table(s.id("selection-cost"), tagged(
+        sec.tables.append(table(scope.id("selection-cost"), tagged(
             "Host work per cycle (selection, route prediction, prefetch decisions), included in every measured "
             "throughput", emulated), [
-            ("Workload", lambda r: r.workload), METHOD, CACHE, metric(s.i.metrics, "select_ms_median", emulated),
-            metric(s.i.metrics, "select_share_pct", emulated),
+            ("Workload", lambda r: r.workload), METHOD, CACHE, metric(scope.inputs.metrics, "select_ms_median",
+                                                                      emulated),
+            metric(scope.inputs.metrics, "select_share_pct", emulated),
             ("Paper median ms (A100)", beside("median_ms_per_cycle", ".2f")),
             ("Paper share (%)", beside("share_of_decode_time_pct", ".1f"))], runs))
     return sec

@@ -21,39 +21,41 @@ TIMED = ("ms_per_cycle", "draft_ms_per_cycle", "select_ms_per_cycle", "verify_ms
 NOISE = 0.05  # H2D/token enters the sentence when it differs by more than this share (5%)
 
 
-def judge(s: Scope, c: Cell) -> None:
+def judge(scope: Scope, c: Cell) -> None:
     """Goal met: specfit-ca / best ties or wins, and with the cache specfit-ca / SpecFit wins; each part is a goal of
     its own (by the ratio's key), and one that fails decides the cell even when the other cannot be judged."""
-    i, ca = s.i, c.runs[SPECFIT_CA.name]
+    inputs, ca = scope.inputs, c.runs[SPECFIT_CA.name]
     base = [c.runs[b] for b in BASELINES if c.runs[b] is not None]
-    if base and all(r in i.metrics for r in base):
-        best = max(base, key=lambda r: i.metrics[r]["tps_dec"] or 0.0)
+    if base and all(r in inputs.metrics for r in base):
+        best = max(base, key=lambda r: inputs.metrics[r]["tps_dec"] or 0.0)
         c.best = next(b for b in BASELINES if c.runs[b] == best)
-    c.ratios = {"best": None if c.best is None else i.speedup(ca, c.runs[c.best]),
-                SPECFIT.name: i.speedup(ca, c.runs[SPECFIT.name])}
-    c.goals["best"] = judged(c.ratios["best"], (Verdict.TIE, Verdict.FASTER), [ca, *(base or [None])], i.metrics,
+    c.ratios = {"best": None if c.best is None else inputs.speedup(ca, c.runs[c.best]),
+                SPECFIT.name: inputs.speedup(ca, c.runs[SPECFIT.name])}
+    c.goals["best"] = judged(c.ratios["best"], (Verdict.TIE, Verdict.FASTER), [ca, *(base or [None])], inputs.metrics,
                              "AR or EAGLE-3")
     if c.cached:
-        c.goals[SPECFIT.name] = judged(c.ratios[SPECFIT.name], (Verdict.FASTER,), [ca, c.runs[SPECFIT.name]], i.metrics,
+        c.goals[SPECFIT.name] = judged(c.ratios[SPECFIT.name], (Verdict.FASTER,), [ca, c.runs[SPECFIT.name]],
+                                       inputs.metrics,
                                     "SpecFit")
     c.goals["goal"] = overall(list(c.goals.values()))
 
 
-def section(s: Scope) -> Section | None:
+def section(scope: Scope) -> Section | None:
     """None when no method has kind specfit-ca or it has no run on this device."""
-    if (ca := s.roles.specfit_ca) is None:
+    if (ca := scope.roles.specfit_ca) is None:
         return None
-    names = {AR.name: s.roles.ar, EAGLE3.name: s.roles.eagle3, SPECFIT.name: s.roles.specfit, SPECFIT_CA.name: ca}
-    if not (cells := s.cells(ca, names)):
+    names = {AR.name: scope.roles.ar, EAGLE3.name: scope.roles.eagle3, SPECFIT.name: scope.roles.specfit,
+             SPECFIT_CA.name: ca}
+    if not (cells := scope.cells(ca, names)):
         return None
-    i, (sec, emulated) = s.i, s.section_on(TITLE, cells)
+    inputs, (sec, emulated) = scope.inputs, scope.section_on(TITLE, cells)
     for c in cells:
-        judge(s, c)
+        judge(scope, c)
     label = {role: names[role] or LABELS[role] for role in ROLES}
-    sec.tables.append(table(s.id(SPECFIT_CA.name), tagged(f"{ca} against its goal per cell, {s.model} / "
-                                                       f"{s.device}", emulated), [
+    sec.tables.append(table(scope.id(SPECFIT_CA.name), tagged(f"{ca} against its goal per cell, {scope.model} / "
+                                                       f"{scope.device}", emulated), [
         ("Workload", lambda c: c.workload), ("Cache", lambda c: cache_cell(c.slots)),
-        *((tagged(f"{label[role]} Decode TPS", emulated), lambda c, role=role: tps_cell(i.tps(c.runs[role])))
+        *((tagged(f"{label[role]} Decode TPS", emulated), lambda c, role=role: tps_cell(inputs.tps(c.runs[role])))
           for role in ROLES),
         (f"Best of {label[AR.name]}, {label[EAGLE3.name]}", lambda c: MISSING if c.best is None else names[c.best]),
         (tagged(f"{ca} / best (×)", emulated), lambda c: x_cell(c.ratios["best"])),
@@ -61,9 +63,9 @@ def section(s: Scope) -> Section | None:
             "" if c.cached or c.ratios[SPECFIT.name] is None else " (not counted: no cache)")),
         ("Goal met", lambda c: c.goals["goal"].answer())], cells, key=lambda c: (c.workload, c.slots)))
     sec.notes += [note("specfit_ca", ca=ca, ar=label[AR.name], eagle3=label[EAGLE3.name], specfit=label[SPECFIT.name]),
-                  note("specfit_ca_goal", cells=cells), interval_note(i.seed)]
+                  note("specfit_ca_goal", cells=cells), interval_note(inputs.seed)]
     if missed := [c for c in cells if c.goals["goal"].verdict == Verdict.MISSED]:
-        where_the_time_went(s, sec, missed, ca, emulated)
+        where_the_time_went(scope, sec, missed, ca, emulated)
     return sec
 
 
@@ -100,38 +102,40 @@ def why(name: str, m: dict, rival: str, r: dict, rival_is_ar: bool, e) -> str:
                 empty=drafted_nothing_pct(m), r_empty=None if rival_is_ar else drafted_nothing_pct(r))
 
 
-def where_the_time_went(s: Scope, sec: Section, missed: list[Cell], ca: str, emulated: bool) -> None:
+def where_the_time_went(scope: Scope, sec: Section, missed: list[Cell], ca: str, emulated: bool) -> None:
     """Per missed cell, each method's cycle in parts; then, per part of the goal it missed, the sentence that says
     why."""
-    i, reasons = s.i, []
+    inputs, reasons = scope.inputs, []
 
     def m(x):  # a row's metrics.json: (role, run)
-        return i.metrics[x[1]]
+        return inputs.metrics[x[1]]
 
     def cycle(key):  # a part of the cycle in ms
-        return metric(i.metrics, key, emulated, run=lambda x: x[1], ar=lambda x: x[0] == AR.name, spec=".2f")
+        return metric(inputs.metrics, key, emulated, run=lambda x: x[1], ar=lambda x: x[0] == AR.name, spec=".2f")
 
     for c in missed:
-        present = [(role, c.runs[role]) for role in ROLES if c.runs[role] in i.metrics]
-        sec.tables.append(table(s.id("where-the-time-went", c.workload, c.slots), tagged(
-            f"Where the time went, {s.title(c.workload)}, cache {cache_cell(c.slots)}", emulated), [
+        present = [(role, c.runs[role]) for role in ROLES if c.runs[role] in inputs.metrics]
+        sec.tables.append(table(scope.id("where-the-time-went", c.workload, c.slots), tagged(
+            f"Where the time went, {scope.title(c.workload)}, cache {cache_cell(c.slots)}", emulated), [
             ("Method", lambda x: x[1].method), *map(cycle, TIMED),
             (METRICS["committed_per_cycle"].label + " per cycle",
              lambda x: fmt(m(x).get("committed_per_cycle"), ".2f")),
             (tagged("ms per committed token", emulated), lambda x: fmt(ms_per_token(m(x)), ".2f")),
-            metric(i.metrics, "h2d_per_token", emulated, run=lambda x: x[1]),
+            metric(inputs.metrics, "h2d_per_token", emulated, run=lambda x: x[1]),
             ("Cycles that drafted nothing (%)", lambda x: MISSING if x[0] == AR.name
              else fmt(drafted_nothing_pct(m(x)), ".1f"))], present, key=lambda x: x[1]))
         for k in ("best", SPECFIT.name):  # the parts of the goal, by ratio
             if k in c.goals and c.goals[k].verdict == Verdict.MISSED:
                 role = c.best if k == "best" else k
                 reasons.append([c.workload, cache_cell(c.slots), c.runs[role].method, why(
-                    ca, i.metrics[c.runs[SPECFIT_CA.name]], c.runs[role].method, i.metrics[c.runs[role]],
+                    ca, inputs.metrics[c.runs[SPECFIT_CA.name]], c.runs[role].method, inputs.metrics[c.runs[role]],
                     role == AR.name, c.ratios[k])])
-    sec.tables.append(Table(s.id("specfit-ca-why"), tagged(f"Why {ca} misses the goal, {s.model} / {s.device}",
+    sec.tables.append(Table(scope.id("specfit-ca-why"),
+                            tagged(f"Why {ca} misses the goal, {scope.model} / {scope.device}",
                                                               emulated),
                             ["Workload", "Cache", "Against", tagged("Why (from the numbers above)", emulated)],
                             reasons))
     sec.notes.append(note("specfit_ca_time"))
-    if any(k not in i.metrics[r] for c in missed for r in c.runs.values() if r in i.metrics for k in LATER_KEYS):
+    if any(k not in inputs.metrics[r]
+           for c in missed for r in c.runs.values() if r in inputs.metrics for k in LATER_KEYS):
         sec.notes.append(note("specfit_ca_older"))

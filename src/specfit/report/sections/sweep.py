@@ -7,34 +7,34 @@ from specfit.report.quantities import TOKENS_PER_TRANSFER, column, gain_cell, to
 from specfit.report.scope import Scope, slot_order
 
 
-def section(s: Scope) -> Section:
+def section(scope: Scope) -> Section:
     sec = Section("Cache-size sweep (Figure 4)")
-    a, b = pair = (s.roles.eagle3, s.roles.specfit)
-    for w in s.workloads:
-        workload(s, sec, w, pair)
+    a, b = pair = (scope.roles.eagle3, scope.roles.specfit)
+    for w in scope.workloads:
+        workload(scope, sec, w, pair)
     if sec.tables:
-        sec.notes.append(interval_note(s.i.seed))
+        sec.notes.append(interval_note(scope.inputs.seed))
         sec.notes.append(note("sweep_tokens_per_transfer", tokens_per_transfer=TOKENS_PER_TRANSFER))
     elif not sec.missing:
         sec.notes.append(f"No workload has at least three slot values for both {a} and {b}.")
     return sec
 
 
-def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
+def workload(scope: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
     a, b = pair
-    slots = {m: {r.slots for r in s.runs_of(w) if r.method == m} for m in pair if m}
+    slots = {m: {r.slots for r in scope.runs_of(w) if r.method == m} for m in pair if m}
     if len(slots) < 2 or min(len(x) for x in slots.values()) < 3:
         return
     common = slot_order(slots[a] & slots[b])
-    runs = {(k, x): s.run(w, k, x) for k in pair for x in common}
-    present, emulated = s.present(sec, list(runs.values()))
+    runs = {(k, x): scope.run(w, k, x) for k in pair for x in common}
+    present, emulated = scope.present(sec, list(runs.values()))
     if not present:
         return
-    sec.missing += s.i.missing_requests(runs.values())
-    m = {k: s.i.metrics.get(r) or {} for k, r in runs.items()}
-    tps = {k: s.i.tps(r) for k, r in runs.items()}
+    sec.missing += scope.inputs.missing_requests(runs.values())
+    m = {k: scope.inputs.metrics.get(r) or {} for k, r in runs.items()}
+    tps = {k: scope.inputs.tps(r) for k, r in runs.items()}
     per = {k: tokens_per_transfer(m[k] or None) for k in runs}
-    paper = s.paper.sweep(s.paper_key(w), len(common))
+    paper = scope.paper.sweep(scope.paper_key(w), len(common))
     rank = {x: j for j, x in enumerate(common)}  # Figure 4's slot counts matched to this run's by rank
 
     def both(header, cell, timed=True):  # a column per method of the pair
@@ -56,12 +56,12 @@ def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
         pct_less(paper["ms_per_cycle"]["specfit"][rank[x]], paper["ms_per_cycle"]["eagle3"][rank[x]]), ".1f")),
                   *paper_both("H2D/token", "h2d_per_token"),
                   ("Paper tokens per transfer over EAGLE-3 (%)", stated)] if paper else []
-    sec.tables.append(table(s.id("sweep", w), tagged(f"Slot sweep, {s.title(w)} (0 = no cache)", emulated), [
+    sec.tables.append(table(scope.id("sweep", w), tagged(f"Slot sweep, {scope.title(w)} (0 = no cache)", emulated), [
         ("Slots", str), *both("Decode TPS", lambda k, x: tps_cell(tps[k, x])),
-        (tagged(f"{b} gain over {a} (%)", emulated), lambda x: gain_cell(s.i.speedup(runs[b, x], runs[a, x]))),
+        (tagged(f"{b} gain over {a} (%)", emulated), lambda x: gain_cell(scope.inputs.speedup(runs[b, x], runs[a, x]))),
         *paper_tps], common))
-    sec.tables.append(table(s.id("sweep-cost", w), tagged(f"Cycle time and transfers per slot count, "
-                                                          f"{s.title(w)} (0 = no cache)", emulated), [
+    sec.tables.append(table(scope.id("sweep-cost", w), tagged(f"Cycle time and transfers per slot count, "
+                                                          f"{scope.title(w)} (0 = no cache)", emulated), [
         ("Slots", str), *both("ms/cycle", lambda k, x: fmt(m[k, x].get("ms_per_cycle"), ".1f")),
         (tagged(f"{b} cycle shorter (%)", emulated),
          lambda x: fmt(pct_less(m[b, x].get("ms_per_cycle"), m[a, x].get("ms_per_cycle")), ".1f")),
@@ -73,7 +73,7 @@ def workload(s: Scope, sec: Section, w: str, pair: tuple[str, str]) -> None:
               (column("ms_per_cycle", emulated), {k: [m[k, x].get("ms_per_cycle") for x in common] for k in pair}),
               (column("h2d_per_token", False), {k: [m[k, x].get("h2d_per_token") for x in common] for k in pair}),
               (TOKENS_PER_TRANSFER, {k: [per[k, x] for x in common] for k in pair})]
-    fig = sweep_panels(panels, common, tagged(f"{s.model} / {s.device} / {w}: (a) decode TPS, (b) ms/cycle, "
+    fig = sweep_panels(panels, common, tagged(f"{scope.model} / {scope.device} / {w}: (a) decode TPS, (b) ms/cycle, "
                                                "H2D/token and tokens per transfer vs slots", emulated))
-    sec.figures.append(s.figures.save(fig, slug(s.model, s.device, w, "sweep"),
-                                      tagged(f"Slot sweep, {s.title(w)}", emulated)))
+    sec.figures.append(scope.figures.save(fig, slug(scope.model, scope.device, w, "sweep"),
+                                      tagged(f"Slot sweep, {scope.title(w)}", emulated)))
