@@ -13,7 +13,8 @@ import yaml
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
+from specfit.models.eagle3 import Eagle3Drafter
+from specfit.models.speculators import eagle3_config
 from specfit.planning import paths
 from specfit.results.records import PROMPTS_SCHEMA
 from specfit.speculative.request import Limits

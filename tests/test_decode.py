@@ -62,10 +62,10 @@ def test_no_stage_allocates_more_slots_than_its_run_asks_for(files, tmp_path):
 
 
 def test_a_crashed_stream_resumes(files, tmp_path, monkeypatch):
-    from specfit.speculative import stream
+    from specfit.speculative import loading
 
     run = outs(tmp_path, "ar")
-    real = stream.decode_request
+    real = loading.decode_request
     calls = []
 
     def crash_on_second_request(*args, request_id, **kwargs):
@@ -74,11 +74,11 @@ def test_a_crashed_stream_resumes(files, tmp_path, monkeypatch):
             raise RuntimeError("crash")
         return real(*args, request_id=request_id, **kwargs)
 
-    monkeypatch.setattr(stream, "decode_request", crash_on_second_request)
+    monkeypatch.setattr(loading, "decode_request", crash_on_second_request)
     with pytest.raises(RuntimeError):
         decode.run(spec("ar"), files, run)
     assert not run["requests"].exists()
-    monkeypatch.setattr(stream, "decode_request", real)
+    monkeypatch.setattr(loading, "decode_request", real)
     decode.run(spec("ar"), files, run)
     metrics = json.loads(run["metrics"].read_text())
     assert metrics["resumed"] == [{"request_id": 1, "requests_done": 1}]

@@ -113,7 +113,8 @@ def test_learned_routes_read_only_the_drafter_state(trained, target, drafter, pr
     with torch.inference_mode():
         state = new_draft_state()
         tgt = Target(target, None, drafter.aux_layer_ids)
-        root, aux = tgt.prefill(prompts[0])
+        logits, aux = tgt.forward(prompts[0])  # as Session.prefill runs the prompt
+        root = int(logits[-1].argmax())
         state.pending = (prompts[0][1:] + [root], [aux])
         sync(drafter, state)
         pool = CandidatePool.root_only(root)

@@ -3,8 +3,8 @@
 `Decoder.from_config` reads the workflow's config as the decode stage does: the model's checkpoints, the device
 (its link or emulated GPU), the method's entry and, for SpecFit, the coefficients calibrated for that model and
 device and the route predictor trained for that model (the workflow's outputs, `specfit.planning.matrix.method_inputs`).
-It loads through the decode stage's own `specfit.speculative.stream.load` and decodes through its cycle loop
-(`specfit.speculative.request.decode_cycles`), so a prompt decodes here as it would in a decode run.
+It loads and warms up through the decode stage's own `specfit.speculative.loading` and decodes through its cycle
+loop (`specfit.speculative.request.decode_cycles`), so a prompt decodes here as it would in a decode run.
 
 Only deployable methods: a method that reads its expert routes from an atlas (the target's own routes of the
 workflow's prompts) is an experiment oracle, refused with the deployable alternative (`deployable`).
@@ -40,12 +40,13 @@ from specfit.results.metrics import stream_metrics
 from specfit.results.records import CYCLE_SCHEMA
 from specfit.speculative.config import MethodConfig, route_source
 from specfit.speculative.kinds import AR, kind
+from specfit.speculative.loading import Loaded, load
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits
-from specfit.speculative.stream import Loaded, StreamSpec, load
+from specfit.speculative.stream import StreamSpec
 
-# the figures a generation reports, by their names in a decode run's metrics.json (`specfit.results.metrics.stream_metrics`),
-# beside model, device, method, routes, slots and the device's timing_label
+# the figures a generation reports, by their names in a decode run's metrics.json
+# (`specfit.results.metrics.stream_metrics`), beside model, device, method, routes, slots and the device's timing_label
 FIGURES = ("n_output_tokens", "cycles", "tps_dec", "committed_per_cycle", "draft_nodes_per_cycle", "h2d_per_token",
            "select_ms_per_cycle")
 MAX_NEW_TOKENS = 128
@@ -188,8 +189,7 @@ class Decoder:
         row = {"request_id": self.requests, "question_id": self.requests, "prompt_ids": prompt_ids}
         self.requests += 1
         if not self.warm:  # as the decode stage: compile and allocate off the record, then start from scratch
-            self.loaded.warm_up(row, dataclasses.replace(limits, max_new_tokens=min(self.spec.warmup_tokens,
-                                                                                     limits.max_new_tokens)))
+            self.loaded.warm_up(row, limits, self.spec.warmup_tokens)
             self.warm = True
         steps = self.loaded.decode_cycles(row, limits)
         output, shown = [], ""

@@ -26,7 +26,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, LlamaConfig, PreTrainedTokenizerFast, Qwen3MoeForCausalLM
 
-from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
+from specfit.models.eagle3 import Eagle3Drafter
+from specfit.models.speculators import eagle3_config
 from specfit.planning import specs
 from specfit.planning.config import SCHEMA, load_config
 

@@ -29,9 +29,9 @@ def no_weights(monkeypatch):
     def load_target_(*args, **kwargs):
         raise AssertionError("the target's weights were read before the checkpoints were checked")
 
-    from specfit.speculative import stream
+    from specfit.speculative import loading
 
-    monkeypatch.setattr(stream, "load_target", load_target_)
+    monkeypatch.setattr(loading, "load_target", load_target_)
     monkeypatch.setattr(calibrate, "load_target", load_target_)
 
 

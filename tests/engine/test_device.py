@@ -5,8 +5,9 @@ import time
 import pytest
 import torch
 
+from specfit.engine.cache import ExpertCache
 from specfit.engine.device import DeviceModel, Timeline, scaled
-from specfit.engine.offload import ExpertCache, OffloadConfig, make_engine, offload_experts
+from specfit.engine.offload import OffloadConfig, make_engine, offload_experts
 from specfit.errors import SpecFitError
 
 PARAMS = {"name": "A100", "fixed_ms": 10.0, "token_ms": 0.5, "expert_ms": 1.0, "copy_ms": 2.0, "draft_ms": 1.5}

@@ -1,8 +1,10 @@
 import pytest
 import torch
 
+from specfit.engine.cache import ExpertCache
+from specfit.engine.layer import EXPERTS_IMPLEMENTATION
 from specfit.engine.link import LinkModel
-from specfit.engine.offload import EXPERTS_IMPLEMENTATION, ExpertCache, OffloadConfig, offload_experts
+from specfit.engine.offload import OffloadConfig, offload_experts
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]

@@ -5,9 +5,10 @@ a protected expert, share the link with the forward's own misses, and leave the 
 import pytest
 import torch
 
+from specfit.engine.cache import ExpertCache
 from specfit.engine.device import DeviceModel, Timeline
 from specfit.engine.link import LinkModel
-from specfit.engine.offload import ExpertCache, OffloadConfig, offload_experts
+from specfit.engine.offload import OffloadConfig, offload_experts
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]

@@ -2,7 +2,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
+from specfit.models.eagle3 import Eagle3Drafter
+from specfit.models.speculators import eagle3_config
 
 
 def tiny_moe_config(**overrides) -> Qwen3MoeConfig:
@@ -35,7 +36,7 @@ def make_drafter():
 def random_drafter(target, draft_vocab_size=48, hidden_size=None, model_type="llama", seed=1, layers=1,
                    **options) -> Eagle3Drafter:
     """A drafter with random weights (std 0.2, so logits are far from uniform; norm gains around 1) and a
-    scattered draft vocab; ``options``: speculators flags (`specfit.models.eagle3.OPTIONS`)."""
+    scattered draft vocab; ``options``: speculators flags (`specfit.models.speculators.OPTIONS`)."""
     torch.manual_seed(seed)
     tc = target.config
     layer = dict(

@@ -4,11 +4,8 @@ from transformers import DynamicCache
 
 from specfit.errors import SpecFitError
 from specfit.models.checkpoint import tensor_shapes
-from specfit.models.eagle3 import (
-    Eagle3Drafter,
-    aux_hidden_states,
-    default_aux_layer_ids,
-)
+from specfit.models.eagle3 import Eagle3Drafter, aux_hidden_states
+from specfit.models.speculators import default_aux_layer_ids
 from specfit.speculative.tree import tree_mask, tree_positions
 
 # speculators variants: (model_type, decoder layers, options); each must keep the stepping invariants below

@@ -139,16 +139,16 @@ def test_offloaded_target_verifies_with_float32_logits(bf16_target):
     """With the offload engine and the decode path's `Target`: prefill and a tree verify give float32 logits."""
     from specfit.engine.offload import OffloadConfig, offload_experts
     from specfit.selection.pool import CandidatePool
-    from specfit.speculative.verify import Target
+    from specfit.speculative.request import Limits, Session
 
     model = copy.deepcopy(bf16_target)
     upcast_logits(model)
     engine = offload_experts(model, OffloadConfig(slots=2))
-    target = Target(model, engine)
+    session = Session(model, None, PROMPT[0].tolist(), Limits(10_000, 10_000, frozenset()), engine=engine)
     with torch.inference_mode():
-        logits, _ = target.forward(PROMPT[0].tolist())
+        logits, _ = session.target.forward(PROMPT[0].tolist())
         assert logits.dtype == torch.float32
         root = int(logits[-1].argmax())
         pool = CandidatePool.root_only(root)
-        verdict = target.verify(pool, ())
+        verdict = session.verify(pool, (), {})
     assert verdict.past_len == PROMPT.shape[1] and engine.stats()["forwards"] == 2

@@ -3,7 +3,7 @@
 from report_fakes import DEVICE, runs_by, tiny_spec
 from report_md import pct_text, ratio_of, rows, tps_text, x_text
 
-from specfit.report.scope import Roles, paper_device
+from specfit.report.scope import Roles, paper_gpu
 
 
 def test_paper_side_by_side_compares_ratios(built):
@@ -34,7 +34,7 @@ def test_roles_read_the_route_source_with_its_default():
 
 def test_devices_map_to_the_paper_by_name_then_order():
     spec = tiny_spec(devices=(DEVICE, "cpu-4090link", "cpu-other"))
-    assert [paper_device(spec, d) for d in spec["devices"]] == ["a100", "rtx4090", "rtx4090"]
+    assert [paper_gpu(spec, d) for d in spec["devices"]] == ["a100", "rtx4090", "rtx4090"]
 
 
 def test_the_paper_config_puts_its_workloads_and_noisy_routes_where_the_paper_has_them(root):

@@ -1,8 +1,10 @@
 import torch
 
 from specfit.selection.pool import CandidatePool
+from specfit.speculative.request import Limits, Session
 from specfit.speculative.tree import path_matrix, tree_mask
-from specfit.speculative.verify import Target
+
+NO_LIMITS = Limits(10_000, 10_000, frozenset())
 
 
 def sequential_logits(model, tokens):
@@ -41,11 +43,11 @@ def test_mask_shows_each_row_its_path():
 
 def test_tree_forward_gives_each_node_its_sequential_logits(target, prompts):
     prompt = prompts[1]
-    t = Target(target)
+    session = Session(target, None, prompt, NO_LIMITS)
     with torch.inference_mode():
-        root, _ = t.prefill(prompt)
-        pool = random_pool(root)
-        logits, _ = t.forward(pool.token, pool.parent, pool.level)  # [n+1, V]
+        session.prefill()
+        pool = random_pool(session.output[0])
+        logits, _ = session.target.forward(pool.token, pool.parent, pool.level)  # [n+1, V]
     for v in range(pool.n + 1):
         expected = sequential_logits(target, prompt + [pool.token[u] for u in [0, *path(pool, v)]])
         torch.testing.assert_close(logits[v], expected, atol=2e-5, rtol=1e-5)
@@ -65,28 +67,30 @@ def test_verify_accepts_the_greedy_path_and_prunes_the_cache(target, prompts):
     c = pool.add(b, greedy[2], 0.5)
     d = pool.add(c, greedy[3], 0.4)
     pool.add(c, (greedy[3] + 7) % 256, 0.1)
-    t = Target(target)
+    session = Session(target, None, prompt, NO_LIMITS)
     with torch.inference_mode():
-        t.prefill(prompt)
-        verdict = t.verify(pool, tuple(range(1, pool.n + 1)))
-        t.commit(verdict)
+        session.prefill()
+        verdict = session.verify(pool, tuple(range(1, pool.n + 1)), {})
+        session.commit(pool, verdict, {})
         assert verdict.accepted == [b, c, d] and verdict.next_root == greedy[4]
-        assert t.prefix_len == len(prompt) + 4
+        assert session.target.prefix_len == len(prompt) + 4
+        assert session.output == greedy
         # decoding on from the pruned cache continues the greedy sequence
-        logits, _ = t.forward([greedy[4]])
+        logits, _ = session.target.forward([greedy[4]])
     torch.testing.assert_close(logits[-1], sequential_logits(target, sequence), atol=2e-5, rtol=1e-5)
 
 
 def test_selected_subtree_only(target, prompts):
     """Verifying a subtree that leaves out the accepted path's continuation stops the path there."""
     prompt = prompts[0]
-    t = Target(target)
+    session = Session(target, None, prompt, NO_LIMITS)
     with torch.inference_mode():
-        root, _ = t.prefill(prompt)
-        nxt = int(t.forward([root])[0][-1].argmax())
-        t.cache.crop(-1)
+        session.prefill()
+        root = session.output[0]
+        nxt = int(session.target.forward([root])[0][-1].argmax())
+        session.target.cache.crop(-1)
         pool = CandidatePool.root_only(root)
         v = pool.add(0, nxt, 0.9)
         pool.add(v, 3, 0.5)
-        verdict = t.verify(pool, (v,))
+        verdict = session.verify(pool, (v,), {})
     assert verdict.accepted == [v] and verdict.kept == [0, 1] and verdict.past_len == len(prompt)

@@ -1,7 +1,8 @@
 import torch
 from transformers import DynamicCache, LlamaConfig
 
-from specfit.models.eagle3 import Eagle3Drafter, eagle3_config
+from specfit.models.eagle3 import Eagle3Drafter
+from specfit.models.speculators import eagle3_config
 from specfit.toy.drafter import Drafted, calibrate_confidence, ttt_forward
 
 

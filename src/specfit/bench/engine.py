@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from specfit.engine.offload import OffloadConfig, _SlotView, offload_experts
+from specfit.engine.layer import SlotView
+from specfit.engine.offload import OffloadConfig, offload_experts
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def bench_all_hit(model, engine, tokens: int, iters: int) -> tuple[float, float,
     index = index.to(device)  # [T, k] distinct experts per token
     weights = torch.softmax(torch.randn(tokens, engine.top_k, generator=gen), -1).to(device, hidden.dtype)  # [T, k]
     fused = {n: t.to(device) for n, t in layer.host.items()}  # the plain path reads the fused weights on the device
-    plain_view = _SlotView(module, fused, engine.num_experts, False)
+    plain_view = SlotView(module, fused, engine.num_experts, False)
 
     with torch.no_grad():
         module(hidden, index, weights)  # load them: the cache has every slot, nothing is evicted later

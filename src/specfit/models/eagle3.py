@@ -1,4 +1,4 @@
-"""The EAGLE-3 drafter, read and written in the vllm-project/speculators checkpoint format.
+"""The EAGLE-3 drafter module, read and written in the speculators checkpoint format (`specfit.models.speculators`).
 
 A first decoder layer (a Llama or Qwen3 layer of transformers whose q/k/v take ``2H`` inputs) over the target's
 fused features, then ``num_hidden_layers - 1`` plain decoder layers of the same kind (usually none). The
@@ -6,25 +6,6 @@ target's hidden states at three layers (``aux_layer_ids``, the inputs of those l
 ``output_hidden_states`` entries) are concatenated and fused by ``fc``; drafter position ``t`` then takes
 ``(embed(x_{t+1}), h_t)`` and predicts ``x_{t+2}`` over a reduced draft vocabulary. At deeper draft steps ``h`` is
 the drafter's own layer output at the parent position (its normed output with ``norm_output``).
-
-Checkpoint (``config.json`` + ``*.safetensors``)::
-
-    config.json  speculators_model_type "eagle3", transformer_layer_config (llama/qwen3 layer config),
-                 draft_vocab_size, norm_before_residual, target_hidden_size, eagle_aux_hidden_state_layer_ids
-    fc.weight    [H, 3H]
-    layers.0.*   hidden_norm, input_layernorm, self_attn.{q,k,v}_proj [*, 2H], o_proj, post_attention_layernorm, mlp
-    norm.weight  [H]
-    lm_head.weight [Vd, H]
-    d2t          [Vd] int64, target id = draft id + d2t[draft id]
-    t2d          [V] bool, target ids the draft vocabulary holds
-    embed_tokens.weight [V, H]  optional: taken from the target when absent
-    layers.1.* ...  plain decoder layers when transformer_layer_config.num_hidden_layers > 1
-    input_norm.weight [3H]      with norm_before_fc      fc_norm.i.weight [H]  with fc_norm
-
-The options of speculators' ``Eagle3SpeculatorConfig`` that change what the drafter computes (`OPTIONS`) are
-all implemented; a config that sets an option this module does not know, or that is not a speculators EAGLE-3
-checkpoint at all (a SpecForge / EAGLE training checkpoint, another speculators algorithm), is refused by name
-(`check_config`) before any weight is read.
 """
 
 from __future__ import annotations
@@ -36,116 +17,19 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig
-from transformers.models.llama.modeling_llama import (
-    LlamaDecoderLayer,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-)
-from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specfit.errors import SpecFitError
 from specfit.models.checkpoint import read_config, tensor_shapes, weight_files
-
-# model_type of transformer_layer_config -> (decoder layer, RMSNorm, rotary embedding) of transformers
-LAYER_CLASSES = {
-    "llama": (LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding),
-    "qwen3": (Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding),
-}
-
-
-DRAFTER_KEY = "models.<model>.drafter"  # the config.yaml key of a drafter folder, when the caller names none
-
-# speculators' Eagle3SpeculatorConfig options that change the drafter's computation (all implemented here)
-OPTIONS = {
-    "norm_before_residual": "the first layer's residual is the normed hidden state",
-    "norm_before_fc": "one RMSNorm (input_norm) over the concatenated target features before fc",
-    "fc_norm": "one RMSNorm per target feature (fc_norm.i) before fc",
-    "norm_output": "the drafter's normed output is the next draft step's hidden state (EAGLE 3.1)",
-}
-# config.json keys of a speculators drafter that do not change what it computes at inference
-INERT_KEYS = {
-    "architectures", "speculators_model_type", "speculators_config", "speculators_version", "transformer_layer_config",
-    "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "embed_requires_grad",
-    "enable_sp_ulysses", "torch_dtype", "dtype", "transformers_version", "has_no_defaults_at_init", "auto_map",
-}
-# what EAGLE-3 training code (SpecForge, the EAGLE repository) names its drafters in a plain config.json
-TRAINING_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Qwen3ForCausalLMEagle3")
-# a weight name prefix the config does not expect -> the option or key that would make the drafter read it
-UNEXPECTED_HINTS = {"input_norm.": "norm_before_fc: true", "fc_norm.": "fc_norm: true",
-                    "midlayer.": "the speculators format (convert the checkpoint with `speculators convert`)"}
-
-
-def _set_by(key: str | None) -> str:
-    return f" (set by `{key}` in config.yaml)" if key else ""
-
-
-def check_config(config: dict, path, key: str | None = DRAFTER_KEY) -> None:
-    """Refuse, by name, a drafter ``config.json`` this module would not run as it was trained."""
-    where = f"the drafter at {path}{_set_by(key)}"
-    kind = config.get("speculators_model_type")
-    if kind is None:
-        arch = config.get("architectures") or []
-        if set(arch) & set(TRAINING_ARCHITECTURES) or "draft_vocab_size" in config:
-            raise SpecFitError(
-                f"{where} is an EAGLE-3 checkpoint in the SpecForge / EAGLE training format (architectures "
-                f"{arch}, draft_vocab_size {config.get('draft_vocab_size')}, no speculators_model_type); SpecFit "
-                f"reads the speculators format. Convert it with `pip install speculators` and `speculators convert "
-                f"{path} --algorithm eagle3 --verifier <the target's folder> --output-path <a new folder>`, then set "
-                f"`{key or DRAFTER_KEY}` to the new folder"
-            )
-        raise SpecFitError(
-            f"{where} is not a speculators EAGLE-3 checkpoint: its config.json has no speculators_model_type "
-            f"(model_type {config.get('model_type')!r}, architectures {arch})"
-        )
-    if kind != "eagle3":
-        raise SpecFitError(
-            f"{where} is a speculators {kind!r} checkpoint; SpecFit drafts with EAGLE-3 only "
-            f"(speculators_model_type 'eagle3')"
-        )
-    layer = config.get("transformer_layer_config")
-    if not isinstance(layer, dict):
-        raise SpecFitError(f"{where}: config.json has no transformer_layer_config")
-    model_type = layer.get("model_type", "llama")
-    if model_type not in LAYER_CLASSES:
-        raise SpecFitError(
-            f"{where}: transformer_layer_config has model_type {model_type!r}; supported: {sorted(LAYER_CLASSES)}"
-        )
-    sliding = [i for i, t in enumerate(layer.get("layer_types") or []) if t != "full_attention"]
-    if sliding or layer.get("use_sliding_window"):
-        raise SpecFitError(
-            f"{where}: transformer_layer_config has sliding-window attention (layer_types / use_sliding_window), "
-            "which SpecFit's drafter does not implement"
-        )
-    loose = sorted(k for k, v in config.items() if not isinstance(v, bool) and k not in INERT_KEYS
-                   and (k in OPTIONS or _reads_as_boolean(v)))
-    if loose:
-        raise SpecFitError(
-            f"{where}: config.json sets {', '.join(f'{k}: {json.dumps(config[k])}' for k in loose)}; a drafter option "
-            "is a JSON boolean, true or false (a number or a string is not read as one)"
-        )
-    if config.get("norm_before_fc") and config.get("fc_norm"):
-        raise SpecFitError(f"{where}: config.json sets both norm_before_fc and fc_norm, which exclude each other")
-    unknown = sorted(k for k, v in config.items() if v is True and k not in OPTIONS and k not in INERT_KEYS)
-    if unknown:
-        raise SpecFitError(
-            f"{where}: config.json sets {', '.join(f'{k}: true' for k in unknown)}, an option SpecFit's EAGLE-3 "
-            f"drafter does not implement (it implements {', '.join(OPTIONS)}); it would draft differently from "
-            "how it was trained"
-        )
-
-
-def _reads_as_boolean(value) -> bool:
-    """A number or a string that someone may have meant as a boolean option (``1``, ``"false"``)."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "false", "yes", "no", "on", "off", "0", "1")
-    return isinstance(value, (int, float)) and value in (0, 1)
-
-
-def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's default taps (as in vLLM and speculators): low, middle and high layers of the target."""
-    return (2, num_layers // 2, num_layers - 3)
+from specfit.models.speculators import (
+    DRAFTER_KEY,
+    LAYER_CLASSES,
+    UNEXPECTED_HINTS,
+    build_layer_config,
+    check_config,
+    default_aux_layer_ids,
+    set_by,
+)
 
 
 def aux_hidden_states(hidden_states: tuple[torch.Tensor, ...], layer_ids) -> torch.Tensor:
@@ -205,56 +89,12 @@ def first_layer(drafter: Eagle3Drafter, input_ids, hidden, position_embeddings, 
     return h + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, m)) * linear(mlp.up_proj, m))
 
 
-def eagle3_config(
-    layer_config: PretrainedConfig,
-    draft_vocab_size: int,
-    aux_layer_ids,
-    target_hidden_size: int | None = None,
-    verifier: str | None = None,
-    speculative_tokens: int = 3,
-    **options: bool,
-) -> dict:
-    """A speculators ``config.json`` for a new drafter over ``layer_config``; ``options``: `OPTIONS` set true."""
-    unknown = set(options) - set(OPTIONS)
-    if unknown:
-        raise SpecFitError(f"unknown EAGLE-3 options {sorted(unknown)}; known: {sorted(OPTIONS)}")
-    return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "transformer_layer_config": layer_config.to_dict(),
-        "draft_vocab_size": draft_vocab_size,
-        **{name: bool(options.get(name, False)) for name in OPTIONS},
-        "target_hidden_size": target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {"proposal_type": "greedy", "speculative_tokens": speculative_tokens, "accept_tolerance": 0.0,
-                 "verifier_accept_k": 1}
-            ],
-            "verifier": {"name_or_path": verifier, "architectures": []},
-        },
-    }
-
-
-def _layer_config(config: dict) -> PretrainedConfig:
-    layer = dict(config.get("transformer_layer_config") or {})
-    model_type = layer.pop("model_type", "llama")
-    if model_type not in LAYER_CLASSES:
-        raise SpecFitError(
-            f"EAGLE-3 transformer_layer_config has model_type {model_type!r}; supported: {sorted(LAYER_CLASSES)}"
-        )
-    layer_config = AutoConfig.for_model(model_type, **layer)
-    layer_config._attn_implementation = "sdpa"  # a float additive mask; eager with a bool mask corrupts trees
-    return layer_config
-
 
 class Eagle3Drafter(nn.Module):
     def __init__(self, config: dict):
         super().__init__()
         self.config = config
-        self.layer_config = lc = _layer_config(config)
+        self.layer_config = lc = build_layer_config(config)
         layer_cls, norm_cls, rotary_cls = LAYER_CLASSES[lc.model_type]
         H = lc.hidden_size
         target_hidden = config.get("target_hidden_size") or H
@@ -325,7 +165,7 @@ class Eagle3Drafter(nn.Module):
             optional |= {"d2t", "t2d"}
         missing = sorted(set(expected) - set(present) - optional)
         unexpected = sorted(set(present) - set(expected))
-        where = f"the drafter at {path}{_set_by(key)}"
+        where = f"the drafter at {path}{set_by(key)}"
         if "embed_tokens.weight" in missing:
             raise SpecFitError(f"{where} has no embed_tokens; pass the target to take its embedding")
         if missing or unexpected:
@@ -368,7 +208,7 @@ class Eagle3Drafter(nn.Module):
             embed = target.get_input_embeddings().weight.detach()
             if tuple(embed.shape) != (V, H):
                 raise SpecFitError(
-                    f"the drafter at {path}{_set_by(key)} has no embed_tokens and its [vocab, hidden] = {[V, H]} "
+                    f"the drafter at {path}{set_by(key)} has no embed_tokens and its [vocab, hidden] = {[V, H]} "
                     f"differs from the target's embedding {list(embed.shape)}: it cannot take the target's"
                 )
             state["embed_tokens.weight"] = embed
@@ -385,7 +225,7 @@ class Eagle3Drafter(nn.Module):
         mapped = torch.arange(model.draft_vocab_size) + model.d2t.cpu()  # [Vd] target ids
         if mapped.min() < 0 or mapped.max() >= V or mapped.unique().numel() != model.draft_vocab_size:
             raise SpecFitError(
-                f"the drafter at {path}{_set_by(key)} has a d2t that does not map its {model.draft_vocab_size} "
+                f"the drafter at {path}{set_by(key)} has a d2t that does not map its {model.draft_vocab_size} "
                 f"draft tokens onto distinct ids of the target's vocabulary of {V}"
             )
         return model.to(device).eval()

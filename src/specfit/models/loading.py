@@ -16,8 +16,9 @@ import torch
 from specfit.errors import SpecFitError
 from specfit.models import shipped
 from specfit.models.checkpoint import check_tokenizer, read_config, tensor_shapes, weight_files
-from specfit.models.eagle3 import DRAFTER_KEY, Eagle3Drafter
+from specfit.models.eagle3 import Eagle3Drafter
 from specfit.models.precision import apply_logits_dtype
+from specfit.models.speculators import DRAFTER_KEY
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # config keys under which the families of transformers name their routed expert count
@@ -61,7 +62,7 @@ def check_drafter(path, target_config: dict, key: str = DRAFTER_KEY) -> dict:
     """The drafter's ``config.json`` (aux layers resolved), after checking it against the target's config.
 
     ``target_config``: the target's ``config.json`` (or a loaded config's ``to_dict()``). Checks the speculators
-    format and options (`specfit.models.eagle3.check_config`), the hidden size, the vocabulary, the tapped layers
+    format and options (`specfit.models.speculators.check_config`), the hidden size, the vocabulary, the tapped layers
     and every tensor's name and shape in the safetensors headers, and the shipped toy's files against its manifest.
     No weight is read.
     """

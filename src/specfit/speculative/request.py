@@ -1,10 +1,11 @@
 """One request at batch size 1: prefill, then verification cycles until EOS or the length limit.
 
-A `Session` holds one request's state (the target's KV cache, the drafter's state, the output so far) and runs
-its cycles: `Session.draft` drafts the pool level by level while the method asks for more, `Session.verify`
-verifies root + the selected subtree in one target forward and `Session.commit` keeps the root and the accepted
-path (KV rows, output, drafter state). `decode_request` (the decode stage) and the calibration probes both run
-cycles through it. KV and draft state are new per request; the offload engine's expert cache carries over.
+A `Session` holds one request's state (the target's KV cache, the drafter's state, the output so far) and owns
+its operations: `Session.prefill` runs the prompt, `Session.draft` drafts the pool level by level while the method
+asks for more, `Session.verify` verifies root + the selected subtree in one target forward and `Session.commit`
+keeps the root and the accepted path (KV rows, output, drafter state); the `Target` (`specfit.speculative.verify`)
+only runs the forwards. `decode_request` (the decode stage) and the calibration probes both run cycles through
+it. KV and draft state are new per request; the offload engine's expert cache carries over.
 
 Output tokens: the first comes from prefill; every cycle adds its accepted tokens and the target's next token
 (the next root), so ``committed`` sums to ``N - 1`` over a request, as Eq. 10 attributes the first to prefill.
@@ -23,7 +24,8 @@ from specfit.selection.pool import CandidatePool
 from specfit.speculative.cycle import Cycle, Stopwatch, VirtualClock
 from specfit.speculative.draft import DraftState, draft_level, new_draft_state, sync
 from specfit.speculative.methods import Decision, Method
-from specfit.speculative.verify import Target, Verdict
+from specfit.speculative.tree import keep_rows
+from specfit.speculative.verify import Target, Verdict, greedy_path
 
 SECTIONS = ("draft", "select", "verify", "commit")  # the timed parts of a cycle (CYCLE_SCHEMA's t_*_s)
 
@@ -72,7 +74,8 @@ class Session:
 
     def prefill(self) -> None:
         """Run the prompt through the target and the drafter; the first output token is the first root."""
-        root, aux = self.target.prefill(self.prompt_ids)
+        logits, aux = self.target.forward(self.prompt_ids)  # [P, V], [1, P, 3H] (None without a drafter)
+        root = int(logits[-1].argmax())
         self.output = [root]
         if self.drafter is not None:
             self.state = new_draft_state()
@@ -126,14 +129,31 @@ class Session:
             return pool, method.select(cycle, pool, final=True)
 
     def verify(self, pool: CandidatePool, nodes: tuple[int, ...], times: dict) -> Verdict:
+        """Verify root + ``nodes`` (ancestor-closed, ascending) in one tree forward of the target; `commit` prunes
+        its cache."""
         with self.clock.section(times, "verify"):
-            return self.target.verify(pool, nodes)
+            target = self.target
+            past = target.prefix_len
+            rows = (0, *nodes)
+            row_of = {v: i for i, v in enumerate(rows)}
+            parent = [row_of.get(pool.parent[v], -1) for v in rows]
+            logits, aux = target.forward([pool.token[v] for v in rows], parent, [pool.level[v] for v in rows])
+            predicted = logits.argmax(-1).tolist()  # [q] the target's next token after each row
+            accepted = greedy_path(pool, rows, predicted)
+            kept = [0] + [row_of[v] for v in accepted]  # query rows on the committed path
+            return Verdict(
+                accepted=accepted,
+                next_root=predicted[kept[-1]],
+                aux=aux[:, kept] if aux is not None else None,  # [1, len(kept), 3H]
+                past_len=past,
+                kept=kept,
+            )
 
     def commit(self, pool: CandidatePool, verdict: Verdict, times: dict) -> int:
         """Keep the root and the accepted path: the target's KV rows, the output (cut at EOS and at the limit)
         and what the drafter catches up on next cycle. Returns the tokens added to the output."""
         with self.clock.section(times, "commit"):
-            self.target.commit(verdict)
+            keep_rows(self.target.cache, verdict.past_len, verdict.kept)  # drop the rejected nodes' KV rows
             new = [pool.token[v] for v in verdict.accepted] + [verdict.next_root]
             if self.state is not None:  # the drafter catches up on these at the start of the next drafted cycle
                 tokens, chunks = self.state.pending or ([], [])  # after a cycle that did not draft: earlier ones

@@ -1,4 +1,6 @@
-"""The target side of a cycle: prefill, the tree-masked verification forward, greedy acceptance and commit.
+"""The target side of a cycle: the target's causal and tree-masked forwards over its KV cache, the route query, and
+greedy acceptance. The operations of a request (prefill, verify, commit) are `specfit.speculative.request.Session`'s,
+which runs them on this `Target`.
 
 The target verifies the root s plus the selected subtree S in one forward (paper Section 2): query row 0 is the
 root, rows 1.. the selected nodes in id order (parents first). Greedy acceptance takes the longest
@@ -14,7 +16,7 @@ from transformers import DynamicCache
 
 from specfit.models.eagle3 import aux_hidden_states
 from specfit.selection.pool import CandidatePool
-from specfit.speculative.tree import keep_rows, tree_mask, tree_positions
+from specfit.speculative.tree import tree_mask, tree_positions
 
 
 @dataclass
@@ -29,7 +31,8 @@ class Verdict:
 
 
 class Target:
-    """The target model of one request: its KV cache holds exactly the committed prefix between cycles."""
+    """The target model of one request and its forwards: its KV cache holds exactly the committed prefix between
+    cycles (`Session` prefills, verifies and commits through it)."""
 
     def __init__(self, model, engine=None, aux_layer_ids: tuple[int, ...] | None = None):
         self.model = model
@@ -61,33 +64,6 @@ class Target:
             return self.run(tokens, parent, depth).logits[0], None
         out = self.run(tokens, parent, depth, output_hidden_states=True)
         return out.logits[0], aux_hidden_states(out.hidden_states, self.aux_layer_ids)
-
-    def prefill(self, prompt_ids: list[int]) -> tuple[int, torch.Tensor | None]:
-        """Run the prompt; returns the first output token and the prompt's aux states [1, P, 3H]."""
-        logits, aux = self.forward(prompt_ids)
-        return int(logits[-1].argmax()), aux
-
-    def verify(self, pool: CandidatePool, nodes: tuple[int, ...]) -> Verdict:
-        """Verify root + ``nodes`` (ancestor-closed, ascending) in one tree forward; `commit` prunes the cache."""
-        past = self.prefix_len
-        rows = (0, *nodes)
-        row_of = {v: i for i, v in enumerate(rows)}
-        parent = [row_of.get(pool.parent[v], -1) for v in rows]
-        logits, aux = self.forward([pool.token[v] for v in rows], parent, [pool.level[v] for v in rows])
-        predicted = logits.argmax(-1).tolist()  # [q] the target's next token after each row
-        accepted = greedy_path(pool, rows, predicted)
-        kept = [0] + [row_of[v] for v in accepted]  # query rows on the committed path
-        return Verdict(
-            accepted=accepted,
-            next_root=predicted[kept[-1]],
-            aux=aux[:, kept] if aux is not None else None,
-            past_len=past,
-            kept=kept,
-        )
-
-    def commit(self, verdict: Verdict) -> None:
-        """Drop the KV rows of the rejected nodes."""
-        keep_rows(self.cache, verdict.past_len, verdict.kept)
 
     def routes(self, pool: CandidatePool) -> torch.Tensor:
         """[n+1, L, k] experts the target routes root + every pool node to, in one tree forward.

@@ -1,6 +1,7 @@
 """Decode stage: one method's timed request stream on the offloaded target (paper Section 4, Appendix B).
 
-The stream itself, its spec, inputs and outputs: `specfit.speculative.stream`; its metrics: `specfit.results.metrics`.
+The stream itself, its spec, inputs and outputs: `specfit.speculative.stream`; its loading and warm-up:
+`specfit.speculative.loading`; its metrics: `specfit.results.summary` (over `specfit.results.metrics`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ import torch
 from scipy.optimize import minimize_scalar
 from transformers import DynamicCache, LlamaConfig
 
-from specfit.models.eagle3 import Eagle3Drafter, aux_hidden_states, default_aux_layer_ids, eagle3_config
+from specfit.models.eagle3 import Eagle3Drafter, aux_hidden_states
+from specfit.models.speculators import default_aux_layer_ids, eagle3_config
 from specfit.toy.train import (
     conversations,
     span_conversations,
