@@ -43,8 +43,8 @@ from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits
 from specfit.speculative.stream import Loaded, StreamSpec, load
 
-# the figures a generation reports, by their names in a decode run's metrics.json (`specfit.results.metrics.stream_metrics`),
-# beside model, device, method, routes, slots and the device's timing_label
+# the figures a generation reports, by their names in a decode run's metrics.json
+# (`specfit.results.metrics.stream_metrics`), beside model, device, method, routes, slots and the device's timing_label
 FIGURES = ("n_output_tokens", "cycles", "tps_dec", "committed_per_cycle", "draft_nodes_per_cycle", "h2d_per_token",
            "select_ms_per_cycle")
 MAX_NEW_TOKENS = 128

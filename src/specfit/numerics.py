@@ -14,8 +14,8 @@ four toy targets with four sha256 on one machine (AVX-512 or AVX2, 1 or 2 thread
   The compatible branch is slower: on that EPYC the toy target trained in 578 s against 350 s (docs/toy.md);
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels capped likewise.
 
-A stage that times forwards rather than trains (`for_timing`, which `specfit.planning.stage.stage_main` calls for every stage
-but the toy's and the route predictor's training) then switches MKL to its ``AUTO`` branch: still the same results
+A stage that times forwards rather than trains (`for_timing`, which `specfit.planning.stage.stage_main` calls for every
+stage but the toy's and the route predictor's training) then switches MKL to its ``AUTO`` branch: still the same results
 run to run on one CPU with one thread, at the speed of MKL's own kernels for it (the strict AVX2 branch makes the
 drafter's head several times slower on some CPUs, and host work on the virtual clock is timed in these stages).
 

@@ -72,7 +72,7 @@ def decode_tps(rows) -> float:
 
 
 def request_tps(rows) -> float:
-    """Eq. 10's TPS_req, as specfit.results.metrics.stream_metrics computes it: every output token over whole requests."""
+    """Eq. 10's TPS_req as `specfit.results.metrics.stream_metrics` computes it: all output over whole requests."""
     return sum(r["n_output"] for r in rows) / sum(r["t_request_s"] for r in rows)
 
 

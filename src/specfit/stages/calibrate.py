@@ -273,9 +273,9 @@ def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol:
 
 
 def fit_draft_cost(rows: dict) -> dict:
-    """`specfit.selection.coefficients.DraftCost`'s drafting terms from the probes' "draft" sections (one row per repeat):
-    start and level by NNLS over the probes that caught the drafter up (those right after prefill do not; all probes
-    when none did); ``select_ms`` the probes' shadow selections per drafted level (`Probe`)."""
+    """`specfit.selection.coefficients.DraftCost`'s drafting terms from the probes' "draft" sections (one row per
+    repeat): start and level by NNLS over the probes that caught the drafter up (those right after prefill do not; all
+    probes when none did); ``select_ms`` the probes' shadow selections per drafted level (`Probe`)."""
     repeats = [len(t) for t in rows["draft_repeats_ms"]]
     levels = np.repeat(rows["levels"], repeats)  # [n * repeats]
     draft = np.concatenate(rows["draft_repeats_ms"])
