@@ -67,7 +67,7 @@ def fake_requests(rng, lengths, speed: float) -> list[dict]:
 
 
 def decode_tps(rows) -> float:
-    """As specfit.stages.decode.stream_metrics computes it."""
+    """As specfit.results.metrics.stream_metrics computes it."""
     return (sum(r["n_output"] for r in rows) - len(rows)) / sum(r["t_request_s"] - r["t_prefill_s"] for r in rows)
 
 
