@@ -1,7 +1,8 @@
 """The README and docs/: every relative link resolves, the README's two commands are the ones CI runs, and the
 artifacts of `specfit.planning.paths` (the one table of them) are the ones the README's DAG and data/README.md draw and
-.gitignore leaves out."""
+.gitignore leaves out; every package of src/specfit opens with one paragraph."""
 
+import ast
 import inspect
 import itertools
 import re
@@ -121,3 +122,11 @@ def test_gitignore_covers_every_output_and_not_the_shipped_toy(root):
     ignored = set(check.stdout.split())
     assert not [p for p in outputs if p not in ignored and f"{p}/f" not in ignored], "outputs .gitignore lets through"
     assert not [p for p in kept if p in ignored], "shipped toy files .gitignore hides"
+
+
+def test_every_package_opens_with_one_paragraph(root):
+    """Each package folder of src/specfit says what it holds in its __init__.py's docstring, one paragraph."""
+    src = root / "src"
+    docs = {p.parent.relative_to(src).as_posix(): ast.get_docstring(ast.parse(p.read_text()))
+            for p in sorted((src / "specfit").rglob("__init__.py"))}
+    assert not [name for name, doc in docs.items() if not doc or "\n\n" in doc.strip()]
