@@ -1,4 +1,4 @@
-"""Calibration stage: probe cycles on EAGLE-3 states and the NNLS fit of T̂(S) = b_|S| + β·F(S) (Appendix B), and of
+"""Stage calibrate: probe cycles on EAGLE-3 states and the NNLS fit of T̂(S) = b_|S| + β·F(S) (Appendix B), and of
 the cache-aware model T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) (specfit-ca's cost) on the same probes.
 
 States: EAGLE-3's trajectory on the calibration questions (GSM8K 401-403) after 0, 4 and 8 cycles, with the full

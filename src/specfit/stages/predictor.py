@@ -1,4 +1,4 @@
-"""Predictor stage: a learned route predictor, so that SpecFit needs no oracle (beyond the paper).
+"""Stage predictor: a learned route predictor, so that SpecFit needs no oracle (beyond the paper).
 
 The paper reads every draft node's routes from the target (an oracle) and only estimates a predictor: a linear
 head from a hidden state to every MoE layer's router, 12.6M parameters at Qwen3-30B-A3B's size (Section 4.6).
