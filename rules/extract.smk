@@ -1,4 +1,4 @@
-# Stage 1: a workload's questions (Spec-Bench, or the dataset its `source` names) -> prompts per workload and
+# extract: a workload's questions (Spec-Bench, or the dataset its `source` names) -> prompts per workload and
 # model (Parquet).
 
 

@@ -94,8 +94,8 @@ def test_stage_writes_parquet(questions_path, tokenizer, tmp_path):
     out = tmp_path / "p.parquet"
     spec = {"model": "toy", "question_ids": [401, 402], "limit_tokens": 512, "max_requests": None}
     subprocess.run(
-        [sys.executable, "-m", "specfit.stages.extract", "--spec", json.dumps(spec), "--in", f"questions={questions_path}",
-         "--in", f"tokenizer={tmp_path / 'tok'}", "--out", f"prompts={out}"],
+        [sys.executable, "-m", "specfit.stages.extract", "--spec", json.dumps(spec),
+         "--in", f"questions={questions_path}", "--in", f"tokenizer={tmp_path / 'tok'}", "--out", f"prompts={out}"],
         check=True, capture_output=True, timeout=120,
     )
     table = pq.read_table(out)

@@ -29,8 +29,8 @@ def spec(**over):
 
 
 def stream_spec(name, **method):
-    """The decode stage's spec as the workflow builds it (`specfit.planning.specs.decode`) for the tiny pair: a config of one
-    model, device and workload, ``method`` as its method entry; and a 3-token warm-up (a test's knob: the rule
+    """The decode stage's spec as the workflow builds it (`specfit.planning.specs.decode`) for the tiny pair: a config
+    of one model, device and workload, ``method`` as its method entry; and a 3-token warm-up (a test's knob: the rule
     leaves the stage's default)."""
     config = {"seed": 0, "models": {"tiny": {"dtype": "float32", "logits_dtype": "model"}},
               "devices": {"test": {"torch_device": DEVICE, "max_inflight": 2, "link": None, "emulate": None}},

@@ -4,18 +4,18 @@ the same weights on a laptop, a CI runner or a cluster node.
 
 Left alone, torch picks its vectorized kernels by the CPU's widest instructions (AVX-512 or AVX2) and MKL picks its
 GEMM by the CPU and splits it by thread count, and each choice rounds differently: the same seed and config trained
-four toy targets with four sha256 on one machine (AVX-512 or AVX2, 1 or 2 threads; docs/toy.md). Pinned:
+toy targets with other sha256 on one machine (AVX-512 or AVX2, 1 or 2 threads; docs/toy.md). Pinned:
 
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's AVX2 kernels, the same instructions on any CPU that has AVX2 and FMA;
 - ``MKL_CBWR=COMPATIBLE,STRICT``: MKL's conditional numerical reproducibility in its one branch that runs the same
   code on Intel and AMD CPUs (its SSE2 code without the instructions the two vendors round differently), results
-  independent of the thread count. Its AVX2 branch is reproducible across Intel CPUs only: on an AMD EPYC MKL ran
-  its own ``AUTO,STRICT`` code whichever branch was asked (``MKL_VERBOSE=1`` says so), and trained other weights.
-  The compatible branch is slower: on that EPYC the toy target trained in 578 s against 350 s (docs/toy.md);
+  independent of the thread count. Its AVX2 branch is reproducible across Intel CPUs only: on AMD CPUs MKL runs
+  its own ``AUTO,STRICT`` code whichever branch is asked (``MKL_VERBOSE=1`` says so), and trains other weights.
+  The compatible branch is slower, so the toy trains longer (docs/toy.md);
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels capped likewise.
 
-A stage that times forwards rather than trains (`for_timing`, which `specfit.planning.stage.stage_main` calls for every stage
-but the toy's and the route predictor's training) then switches MKL to its ``AUTO`` branch: still the same results
+A stage that times forwards rather than trains (`for_timing`, which `specfit.planning.stage.stage_main` calls for every
+stage but the toy's and the route predictor's training) then switches MKL to its ``AUTO`` branch: still the same results
 run to run on one CPU with one thread, at the speed of MKL's own kernels for it (the strict AVX2 branch makes the
 drafter's head several times slower on some CPUs, and host work on the virtual clock is timed in these stages).
 

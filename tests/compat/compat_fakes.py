@@ -262,8 +262,8 @@ def prompt_files(target_dir, compat_root) -> dict[str, Path]:
 
 
 def stream_spec(name: str, **method) -> dict:
-    """A decode stage's spec as the workflow builds it (`specfit.planning.specs.decode`) for models.qwen3-30b-a3b on the A100
-    of config.qwen3-30b-a3b.yaml, with the test device, the fakes' limits, 4 slots and ``method`` as the method's
+    """A decode stage's spec as the workflow builds it (`specfit.planning.specs.decode`) for models.qwen3-30b-a3b on the
+    A100 of config.qwen3-30b-a3b.yaml, with the test device, the fakes' limits, 4 slots and ``method`` as the method's
     entry; and a 3-token warm-up (a test's knob: the rule leaves the stage's default)."""
     config = load_config(ROOT / "config.yaml", ROOT / SCHEMA, ROOT / "config.qwen3-30b-a3b.yaml")
     config["devices"]["a100"]["torch_device"] = DEVICE

@@ -67,12 +67,12 @@ def fake_requests(rng, lengths, speed: float) -> list[dict]:
 
 
 def decode_tps(rows) -> float:
-    """As specfit.stages.decode.stream_metrics computes it."""
+    """As specfit.results.metrics.stream_metrics computes it."""
     return (sum(r["n_output"] for r in rows) - len(rows)) / sum(r["t_request_s"] - r["t_prefill_s"] for r in rows)
 
 
 def request_tps(rows) -> float:
-    """Eq. 10's TPS_req, as specfit.results.metrics.stream_metrics computes it: every output token over whole requests."""
+    """Eq. 10's TPS_req as `specfit.results.metrics.stream_metrics` computes it: all output over whole requests."""
     return sum(r["n_output"] for r in rows) / sum(r["t_request_s"] for r in rows)
 
 

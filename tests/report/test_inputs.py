@@ -116,8 +116,8 @@ def test_malformed_metrics_is_an_error(tree):
 
 
 def test_the_keys_read_are_the_keys_written():
-    """The metrics.json keys the report shows are ones `specfit.results.metrics.stream_metrics` writes (`metrics.KEYS`, in
-    its order)."""
+    """The metrics.json keys the report shows are ones `specfit.results.metrics.stream_metrics` writes (`metrics.KEYS`,
+    in its order)."""
     requests = [{"request_id": 0, "n_output": 5, "t_request_s": 1.0, "t_prefill_s": 0.2, "h2d_transfers": 7}]
     cycles = pa.table({"committed": [2, 2], "accepted": [1, 1], "drafted_levels": [2, 0], "t_draft_s": [0.1, 0.0],
                        "t_select_s": [0.01, 0.0], "t_verify_s": [0.2, 0.2], "t_commit_s": [0.01, 0.01],

@@ -91,8 +91,8 @@ def test_the_cpu_kernels_are_pinned_before_torch_computes():
 
 
 def test_timing_stages_switch_mkl_to_its_auto_branch_and_training_stages_keep_the_pin():
-    """`specfit.planning.stage.stage_main`: a stage that trains keeps the training pin (MKL's compatible branch), any other
-    switches to MKL's AUTO branch before it computes (`numerics.for_timing`); a value the user set stays in both."""
+    """`specfit.planning.stage.stage_main`: a stage that trains keeps the training pin (MKL's compatible branch);
+    any other switches to MKL's AUTO branch before it computes (`numerics.for_timing`). A value the user set stays."""
     code = ("import os, sys, specfit\n"
             "from specfit.planning.stage import stage_main\n"
             "def run(spec, inputs, outputs): print(os.environ.get('MKL_CBWR'))\n"

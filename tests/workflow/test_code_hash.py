@@ -7,14 +7,15 @@ import pytest
 import specfit.planning.code as wf
 from specfit.planning.code import code_closure, code_hash
 
-STAGES = ("specfit.stages.extract", "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.decode", "specfit.stages.theory",
-          "specfit.stages.report")
+STAGES = ("specfit.stages.extract", "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.decode",
+          "specfit.stages.theory", "specfit.stages.report")
 
 
 def test_calibration_does_not_run_the_decode_stream_or_its_metrics():
     closure = code_closure("specfit.stages.calibrate")
-    assert not {"specfit.stages.decode", "specfit.stages.atlas", "specfit.results.metrics", "specfit.results.summary",
-                "specfit.speculative.loading", "specfit.speculative.stream"} & set(closure)
+    decode = {"specfit.stages.decode", "specfit.stages.atlas", "specfit.results.metrics", "specfit.results.summary",
+              "specfit.speculative.loading", "specfit.speculative.stream"}
+    assert not decode & set(closure)
     assert "specfit.speculative.request" in closure  # the cycle API it shares with decode
 
 
@@ -47,7 +48,8 @@ def test_an_edit_to_decode_metrics_reruns_decode_and_atlas_not_calibration(packa
     before = {stage: code_hash(stage) for stage in STAGES}
     edit(package / "results" / "metrics.py")
     changed = {stage for stage in STAGES if code_hash(stage) != before[stage]}
-    assert changed == {"specfit.stages.decode", "specfit.stages.atlas", "specfit.stages.report"}  # the report reads metrics.json by its keys
+    # the report reads metrics.json by its keys
+    assert changed == {"specfit.stages.decode", "specfit.stages.atlas", "specfit.stages.report"}
 
 
 def test_an_edit_to_drafting_reruns_every_stage_that_drafts(package):

@@ -1,5 +1,5 @@
-"""The config-to-stage contract (specfit.planning.specs): each rule's spec for the shipped config and the smoke overlay, and
-the rules passing exactly those specs."""
+"""The config-to-stage contract (specfit.planning.specs): each rule's spec for the shipped config and the smoke overlay,
+and the rules passing exactly those specs."""
 
 import copy
 import json
@@ -15,9 +15,9 @@ from specfit.planning.code import code_closure
 from specfit.planning.config import SCHEMA, load_config
 from specfit.planning.matrix import DecodeRun, decode_runs, report_inputs
 
-STAGES = ("specfit.stages.extract", "specfit.stages.toy_tokenizer", "specfit.stages.toy_target", "specfit.stages.toy_drafter",
-          "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.predictor", "specfit.stages.decode", "specfit.stages.theory",
-          "specfit.stages.report")
+STAGES = ("specfit.stages.extract", "specfit.stages.toy_tokenizer", "specfit.stages.toy_target",
+          "specfit.stages.toy_drafter", "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.predictor",
+          "specfit.stages.decode", "specfit.stages.theory", "specfit.stages.report")
 EVALUATED = [*range(242, 321, 2), *range(401, 481)]  # summarization's and gsm8k's ids (calibration's are gsm8k's)
 A100_LINK = {"bandwidth_gbps": 0.175, "latency_us": 50}
 RTX4090 = {"name": "RTX 4090", "fixed_ms": 98.12, "token_ms": 2.23, "expert_ms": 8.624, "copy_ms": 9.847,
@@ -154,8 +154,8 @@ def test_report(config):
 
 
 def test_report_inputs(config, smoke):
-    """The report rule's inputs (`specfit.planning.matrix.report_inputs`): every run's metrics and requests, both fits and
-    their points per (model, device), each theory file once, the toy's folders (the smoke config's
+    """The report rule's inputs (`specfit.planning.matrix.report_inputs`): every run's metrics and requests, both fits
+    and their points per (model, device), each theory file once, the toy's folders (the smoke config's
     trained toy, config.yaml's shipped one) and the one learned route predictor the learned methods read."""
     inputs = report_inputs(smoke)
     runs = decode_runs(smoke)
@@ -186,7 +186,7 @@ def test_no_stage_runs_the_specs():
 
 # ------------------------------------------------------------------ the rules pass exactly these specs
 def _pattern(path: str) -> re.Pattern:
-    """A path pattern of specfit.planning.paths as a regex with a group per wildcard (`cache` constrained as in the rules)."""
+    """A specfit.planning.paths pattern as a regex with a group per wildcard (`cache` constrained as in the rules)."""
     regex = re.escape(path)
     for name in re.findall(r"\{(\w+)\}", path):
         value = "|".join(paths.CACHE_MODES) if name == "cache" else "[^/]+?"

@@ -4,8 +4,8 @@ Derives a GPU's parameters (:class:`specfit.engine.device.DeviceModel`) from the
 workload (A100: summarization, Table 2; RTX 4090: GSM8K, Table 4), feeds the model the per-cycle counters of every
 row of Tables 2-4 (nodes, drafted levels, expert union and copies per cycle), and prints its predicted ms per cycle
 beside the paper's, with the error per cell. Then prints the toy's parameters (the one scaling rule,
-:func:`specfit.engine.device.scaled`): the paper's own milliseconds, per-expert times times the experts of an AR token on the
-paper's model over the toy's, the numbers config.yaml's emulated devices carry. ``--step-ms`` rescales the unit.
+:func:`specfit.engine.device.scaled`): the paper's own milliseconds, per-expert times times the experts of an AR token
+on the paper's model over the toy's, the numbers config.yaml's emulated devices carry. ``--step-ms`` rescales the unit.
 The counters and the derivation: `specfit.engine.paper_gpus` and docs/device.md.
 """
 

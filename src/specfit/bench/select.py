@@ -42,7 +42,7 @@ def paper_pool(rng: np.random.Generator, depth: int = 5, layers: int = 48, exper
     popularity = rng.normal(0.0, 1.5, size=(layers, experts))  # [L, N]
     logits = popularity + rng.gumbel(size=(len(parent), layers, experts))  # [n+1, L, N]
     routes = np.argpartition(-logits, top_k, axis=-1)[..., :top_k]  # [n+1, L, top_k]
-    # C-contiguous int64, as the route sources hand them to the selector (a strided view encodes ~1 us slower)
+    # C-contiguous int64, as the route sources hand them to the selector (a strided view encodes slower)
     return np.array(parent), np.array(prob), np.ascontiguousarray(routes, dtype=np.int64)
 
 

@@ -4,9 +4,9 @@
 ``snakemake --cores 1 reports/all --forcerun decode`` after copying ``data/decode`` aside). For every job both
 hold, the log ratio of its decode TPS (metrics.json's ``tps_dec``) in B over A; it prints each job's, their mean,
 standard deviation and largest, then the standard deviation of the jobs an emulated device's virtual clock timed,
-of a GPU's and of those the CPU timed itself. These are what `specfit.results.intervals.VIRTUAL_SPREAD`, `PROCESS_SPREAD`
-and `CPU_SPREAD` stand for: the
-spread a ratio of two runs timed in different processes carries on top of the bootstrap over requests.
+of a GPU's and of those the CPU timed itself. These are what `specfit.results.intervals.VIRTUAL_SPREAD`,
+`PROCESS_SPREAD` and `CPU_SPREAD` stand for: the spread a ratio of two runs timed in different processes carries on top
+of the bootstrap over requests.
 
     python -m specfit.bench spread /tmp/run1/data/decode data/decode
 """

@@ -4,7 +4,8 @@ The manifest (``SHIPPED.json``, `specfit.planning.paths.SHIPPED_MANIFEST`) lies 
 (``tokenizer/``, ``target/``, ``drafter/``) and records the sha256 of every file in them by its path relative to the
 manifest's folder, with what trained them (commit, CPU, the specs the toy rules got; `specfit.toy.ship` writes it).
 Loading any part of the toy checks every file (`verify`): a changed, missing or extra file stops the stage, naming
-the file, before any weight is read. Torch-free; the toy's 35 MB of sha256 take about a tenth of a second a load.
+the file, before any weight is read. Torch-free; a process hashes the files once, and again only when a file's size
+or modification time changes.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from specfit.speculative.kinds import PAPER, REFERENCE, Kind, kind
 
 
 def is_toy(entry: dict) -> bool:
-    """Whether a model (its config entry) has a toy's folders (`specfit.planning.paths.toy_model`: a tokenizer folder beside
-    target and drafter, and their training records): one the toy rules train (``toy: true``) or the shipped one."""
+    """Whether a model (its config entry) has a toy's folders (`specfit.planning.paths.toy_model`: a tokenizer folder
+    beside target and drafter, and their training records): one the toy rules train (``toy: true``) or the shipped one."""
     return bool(entry.get("toy") or entry.get("shipped"))
 
 
@@ -149,8 +149,8 @@ def theory_cost(config: dict, run: DecodeRun) -> str:
 
 
 def theory_file(config: dict, run: DecodeRun) -> str:
-    """A theory run's Table 5 (`specfit.planning.paths.theory`): under the paper's cost the workload's file, under another
-    the method's beside it."""
+    """A theory run's Table 5 (`specfit.planning.paths.theory`): under the paper's cost the workload's file, under
+    another the method's beside it."""
     method = None if theory_cost(config, run) == PAPER else run.method
     return paths.theory(run.model, run.device, run.workload, method)
 

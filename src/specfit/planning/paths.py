@@ -14,7 +14,7 @@ find files through them. Torch-free, so that ``snakemake -n`` stays fast.
     data/decode/{model}/{device}/{workload}/{method}/slots{slots}/    decode
     data/theory/{model}/{device}/{workload}[.{method}].json           theory (a method: beyond the paper)
     reports/all/                                                      report
-    data/logs/{rule}/...                                              every rule's log
+    data/logs/{rule}[/{wildcards}].log                                every rule's log (one per job)
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 ``--spec`` (`specfit.planning.stage`).
 
 One function per rule: the validated config and the job's wildcards by name in, the spec dict out. The rules call
-them through rules/common.smk's ``spec`` (the wildcards as keywords, the dict as `specfit.planning.specs.spec_json`), and
-the tests call them for the spec a stage gets. No stage imports this module: a spec reaches its rule as params, so
+them through rules/common.smk's ``spec`` (the wildcards as keywords, the dict as `specfit.planning.specs.spec_json`),
+and the tests call them for the spec a stage gets. No stage imports this module: a spec reaches its rule as params, so
 an edit here reruns exactly the jobs whose spec it changes, while the stage's code hash
 (`specfit.planning.code.code_hash`) follows only the code the stage runs.
 """

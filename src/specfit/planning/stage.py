@@ -1,4 +1,4 @@
-"""The command line every workflow rule calls: ``python -m specfit.<stage> --spec JSON --in k=path --out k=path``.
+"""The command line every workflow rule calls: ``python -m specfit.stages.<name> --spec JSON --in k=path --out k=path``.
 
 Each stage module has ``run(spec, inputs, outputs)`` and ``main = stage_main(run)``. ``spec`` is the rule's
 slice of the config (a dict), ``inputs`` and ``outputs`` map the rule's named files to paths; a name given more

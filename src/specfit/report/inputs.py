@@ -1,6 +1,7 @@
 """What the report reads: the keys and columns of each input, and `Inputs`, the files the rule declares (a file the
-report expects, named by `specfit.planning.paths`, that the rule does not declare or the disk lacks is missing, and its section
-says so; one without the keys or columns below is an error), with the bootstrap intervals of their decode TPS."""
+report expects, named by `specfit.planning.paths`, that the rule does not declare or the disk lacks is missing,
+and its section says so; one without the keys or columns below is an error), with their decode TPS's bootstrap
+intervals."""
 
 import json
 import logging
@@ -45,7 +46,7 @@ CACHE_AWARE_REQUIRED = ("b", "beta_miss", "beta_hit", "beta_hit_identified", "r2
                         "rmse_means_ms", "n_probes")
 POINTS_COLUMNS = ("k", "tree", "y_ms", "pred_ms")
 
-# the learned route predictor (specfit.stages.predictor): its folder (paths.predictor, declared as a folder) holds this file
+# the route predictor (specfit.stages.predictor): its folder (paths.predictor, declared as a folder) holds this file
 PREDICTOR_METRICS = "metrics.json"
 PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "train_accuracy", "chance_accuracy",
                       "train_requests", "validation_requests", "train_nodes", "validation_nodes", "hidden_size",
@@ -155,8 +156,8 @@ class Inputs:
 
     def tps_ratio(self, num: tuple, den: tuple, key: str = "tps_dec", rows_of=lambda rows: rows) -> Estimate | None:
         """Π metrics.json ``key`` of the num runs over Π of the den runs (each its own decode job); the interval
-        resamples ``rows_of(requests)`` (whose decode TPS, `specfit.results.intervals`, is that key) on the ids all of them
-        hold, after checking each run's requests.parquet gives its metrics.json's, widened by the spread between
+        resamples ``rows_of(requests)`` (whose decode TPS, `specfit.results.intervals`, is that key) on the ids all of
+        them hold, after checking each run's requests.parquet gives its metrics.json's, widened by the spread between
         their processes (`specfit.results.intervals.process_spread` per ratio of two jobs, in quadrature)."""
         runs, metrics = (*num, *den), self.metrics
         if any(r not in metrics for r in runs) or any(metrics[r][key] is None for r in num) \

@@ -1,6 +1,6 @@
 """The page's building blocks (tables, figures, sections, parts) and how a cell prints a number or an estimate: a
-run's value with its 95% bootstrap interval (`specfit.results.intervals`), a ratio of two runs' with its verdict too. A table
-has a stable id and a key per row, which tests look it up by."""
+run's value with its 95% bootstrap interval (`specfit.results.intervals`), a ratio of two runs' with its verdict too. A
+table has a stable id and a key per row, which tests look it up by."""
 
 import functools
 import math
@@ -138,7 +138,8 @@ def show(value, spec: str, unit: str = "") -> str:
 @functools.cache
 def _notes():
     """templates/notes.j2 as a module of macros; they print EMULATED and numbers (`fmt`) as the tables do."""
-    env = jinja2.Environment(loader=jinja2.PackageLoader("specfit.report", "templates"), undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("specfit.report", "templates"),
+                             undefined=jinja2.StrictUndefined)
     return env.get_template("notes.j2", globals={"EMULATED": EMULATED, "fmt": fmt}).module
 
 

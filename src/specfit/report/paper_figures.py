@@ -13,15 +13,15 @@ PAPER_COUNTERS = {"draft_nodes": "draft_nodes_per_cycle", "committed": "committe
 PAPER_CACHE = {"cache": "cache", "nocache": "no_cache"}
 PAPER_DEVICES = ("a100", "rtx4090")
 PAPER_WORKLOADS = ("summarization", "gsm8k")  # the workload keys of paper_results.yaml
-RULES = PAPER_KINDS  # the paper's methods
-CELLS = tuple((rule, mode) for mode in ("nocache", "cache") for rule in RULES)  # Table 4's (method, cache), in order
+KINDS = PAPER_KINDS  # the paper's methods
+CELLS = tuple((kind, mode) for mode in ("nocache", "cache") for kind in KINDS)  # Table 4's (method, cache), in order
 
 
 def share_of_saving(c: dict, key: str) -> float | None:
     """How much of the time a SpecFit cycle saves against a cached EAGLE-3 cycle (ms/cycle) one part of the cycle
     (``key``, e.g. verify_ms_per_cycle) saves, in percent; NaN ("n/a") when SpecFit's cycle saves no time."""
-    parts = [None if c.get((rule, "cache")) is None else c[rule, "cache"].get(k)
-             for rule in ("eagle3", "specfit") for k in (key, "ms_per_cycle")]
+    parts = [None if c.get((kind, "cache")) is None else c[kind, "cache"].get(k)
+             for kind in ("eagle3", "specfit") for k in (key, "ms_per_cycle")]
     if any(p is None for p in parts):
         return None
     part_e, total_e, part_s, total_s = parts
@@ -56,7 +56,7 @@ HEADLINE = (
 
 
 def headline(c: dict, tps_ratio=None, req_ratio=None) -> list[tuple[str, str, float | object | None, str]]:
-    """The paper's headline ratios (`HEADLINE`) from (rule, cache mode) cells, the same code for paper and run:
+    """The paper's headline ratios (`HEADLINE`) from (kind, cache mode) cells, the same code for paper and run:
     label, text-claim key, value, format. ``tps_ratio(cell, cell)`` / ``req_ratio(cell, cell)`` give a run's ratio
     of decode / request TPS as an estimate with its interval; without them the ratio is a plain number (the paper's,
     whose cells have no request TPS: its text states that gain)."""
@@ -85,16 +85,16 @@ class Beside:
     gpu: str  # PAPER_DEVICES
 
     def cells(self, workload: str | None) -> dict | None:
-        """(method rule, cache mode) -> the paper's figures for a paper workload, under metrics.json keys."""
+        """(method kind, cache mode) -> the paper's figures for a paper workload, under metrics.json keys."""
         tps = self.paper["decode_tps"].get(self.gpu, {}).get(workload)
         counters = self.paper["counters"].get(self.gpu, {}).get(workload)
         if tps is None:
             return None
         out = {}
-        for rule, mode in CELLS:
-            out[rule, mode] = {"tps_dec": tps[rule][PAPER_CACHE[mode]]}
+        for kind, mode in CELLS:
+            out[kind, mode] = {"tps_dec": tps[kind][PAPER_CACHE[mode]]}
             if counters is not None:
-                out[rule, mode] |= {PAPER_COUNTERS[k]: v for k, v in counters[rule][PAPER_CACHE[mode]].items()}
+                out[kind, mode] |= {PAPER_COUNTERS[k]: v for k, v in counters[kind][PAPER_CACHE[mode]].items()}
         return out
 
     def claims(self, workload: str | None) -> dict[str, float | None]:

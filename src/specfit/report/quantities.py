@@ -1,5 +1,5 @@
-"""The quantities the report's inputs hold, by key, and how a table prints them: metrics.json (`specfit.results.metrics`),
-the theory's Table 5 rows (`specfit.stages.theory`)."""
+"""The quantities the report's inputs hold, by key, and how a table prints them: metrics.json
+(`specfit.results.metrics`), the theory's Table 5 rows (`specfit.stages.theory`)."""
 
 from dataclasses import dataclass
 

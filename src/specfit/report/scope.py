@@ -36,7 +36,7 @@ class Roles:
                    first_method(spec, SPECFIT.name, "atlas"), methods_with(spec, (SPECFIT.name,), "noisy"),
                    first_method(spec, SPECFIT_CA.name))
 
-    def by_rule(self) -> dict[str, str | None]:
+    def by_kind(self) -> dict[str, str | None]:
         return {AR.name: self.ar, EAGLE3.name: self.eagle3, SPECFIT.name: self.specfit}
 
 
@@ -64,7 +64,7 @@ def stand_ins(spec: dict, runs, roles: Roles, model: str, device: str) -> dict[s
     the config's matrix, then the one named as the paper's, then the first in the config.
     """
     main = spec["models"][model]["main_slots"][device]
-    wanted = {(m, s) for m in roles.by_rule().values() if m is not None for s in (main, 0)}
+    wanted = {(m, s) for m in roles.by_kind().values() if m is not None for s in (main, 0)}
     best = {}
     for order, w in enumerate(spec["workloads"]):
         pw = paper_workload(spec, w)
@@ -162,8 +162,8 @@ class Scope:
                 for slots in slot_order({r.slots for r in self.runs if r.workload == w and r.method == method})]
 
     def paper_runs(self, workload: str) -> dict[tuple[str, str], DecodeRun | None]:
-        """(method rule, cache mode) -> the run of the paper's three methods at the main slots and at 0."""
-        return {(rule, mode): self.run(workload, method, slots) for rule, method in self.roles.by_rule().items()
+        """(method kind, cache mode) -> the run of the paper's three methods at the main slots and at 0."""
+        return {(kind, mode): self.run(workload, method, slots) for kind, method in self.roles.by_kind().items()
                 for mode, slots in (("cache", self.main), ("nocache", 0))}
 
     @property

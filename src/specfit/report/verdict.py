@@ -1,6 +1,6 @@
 """Every verdict the report prints, one type: a ratio's (faster, slower, tie), decided by its interval alone
-(`specfit.results.intervals.verdict`), and a goal's (met, not met, not required, not judged), decided from such verdicts or a
-number against its bound. A new kind of claim adds its words here and judges with `Verdict.of` like the rest."""
+(`specfit.results.intervals.verdict`), and a goal's (met, not met, not required, not judged), decided from such verdicts
+or a number against its bound. A new kind of claim adds its words here and judges with `Verdict.of` like the rest."""
 
 from dataclasses import dataclass
 from enum import Enum

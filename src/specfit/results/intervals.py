@@ -1,6 +1,6 @@
 """Bootstrap intervals of decode throughput and of throughput ratios between runs (torch-free).
 
-A decode run's throughput is a ratio of sums over its requests (Eq. 10, as `specfit.stages.decode.stream_metrics`
+A decode run's throughput is a ratio of sums over its requests (Eq. 10, as `specfit.results.metrics.stream_metrics`
 computes it)::
 
     TPS_dec = (Σ n_output − n_requests) / Σ (t_request_s − t_prefill_s)
@@ -15,8 +15,8 @@ Two runs timed in different processes also differ by what the machine did meanwh
 cannot see. How much depends on the clock (``python -m specfit.bench spread`` measures a machine's):
 
 - on an emulated device's virtual clock only the host work is measured, so the same jobs run twice move by the
-  jitter of selection and route prediction: `VIRTUAL_SPREAD`, the standard deviation of the log ratio of 17 decode
-  jobs of the emulated A100 run twice (once beside other work, once on a quiet machine);
+  jitter of selection and route prediction: `VIRTUAL_SPREAD`, the standard deviation of the log ratio of the
+  emulated A100's decode jobs run twice, one run beside other work (as ``bench spread`` prints it);
 - a job whose every timing the CPU takes itself (a link-only emulation, or a CPU without a link) moves far more:
   `CPU_SPREAD`, measured over such job pairs on the wall-clock device;
 - on a GPU the spread is not measured here; `PROCESS_SPREAD` stands for it (what jobs of an emulated device moved

@@ -58,8 +58,8 @@ class Stopwatch:
 
 
 class VirtualClock(Stopwatch):
-    """The emulated device's virtual clock (`specfit.engine.device.Timeline`): forwards advance it by their modelled time;
-    a section of `HOST_SECTIONS` advances it by its measured wall time, less what it excluded. Nothing sleeps."""
+    """The emulated device's virtual clock (`specfit.engine.device.Timeline`): forwards advance it by their modelled
+    time; a section of `HOST_SECTIONS` advances it by its measured wall time, less what it excluded. Nothing sleeps."""
 
     def __init__(self, timeline):
         super().__init__()

@@ -1,4 +1,4 @@
-"""Atlas stage: the route atlas of one SpecFit variant's trajectory (Section 3.3, route information).
+"""Stage atlas: the route atlas of one SpecFit variant's trajectory (Section 3.3, route information).
 
 SpecFit's decode stream with live routes: every cycle drafts the full pool, the target is queried once for the
 routes of root + pool (outside the request timer), and the variant's adaptive rule is replayed on V<=1..V<=5

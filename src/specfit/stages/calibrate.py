@@ -1,4 +1,4 @@
-"""Calibration stage: probe cycles on EAGLE-3 states and the NNLS fit of T̂(S) = b_|S| + β·F(S) (Appendix B), and of
+"""Stage calibrate: probe cycles on EAGLE-3 states and the NNLS fit of T̂(S) = b_|S| + β·F(S) (Appendix B), and of
 the cache-aware model T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) (specfit-ca's cost) on the same probes.
 
 States: EAGLE-3's trajectory on the calibration questions (GSM8K 401-403) after 0, 4 and 8 cycles, with the full
@@ -274,9 +274,9 @@ def measure(model, drafter, engine, prompts, states: list[ProbeState], protocol:
 
 
 def fit_draft_cost(rows: dict) -> dict:
-    """`specfit.selection.coefficients.DraftCost`'s drafting terms from the probes' "draft" sections (one row per repeat):
-    start and level by NNLS over the probes that caught the drafter up (those right after prefill do not; all probes
-    when none did); ``select_ms`` the probes' shadow selections per drafted level (`Probe`)."""
+    """`specfit.selection.coefficients.DraftCost`'s drafting terms from the probes' "draft" sections (one row per
+    repeat): start and level by NNLS over the probes that caught the drafter up (those right after prefill do not; all
+    probes when none did); ``select_ms`` the probes' shadow selections per drafted level (`Probe`)."""
     repeats = [len(t) for t in rows["draft_repeats_ms"]]
     levels = np.repeat(rows["levels"], repeats)  # [n * repeats]
     draft = np.concatenate(rows["draft_repeats_ms"])

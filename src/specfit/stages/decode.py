@@ -1,4 +1,4 @@
-"""Decode stage: one method's timed request stream on the offloaded target (paper Section 4, Appendix B).
+"""Stage decode: one method's timed request stream on the offloaded target (paper Section 4, Appendix B).
 
 The stream itself, its spec, inputs and outputs: `specfit.speculative.stream`; its loading and warm-up:
 `specfit.speculative.loading`; its metrics: `specfit.results.summary` (over `specfit.results.metrics`).

@@ -1,4 +1,4 @@
-"""Predictor stage: a learned route predictor, so that SpecFit needs no oracle (beyond the paper).
+"""Stage predictor: a learned route predictor, so that SpecFit needs no oracle (beyond the paper).
 
 The paper reads every draft node's routes from the target (an oracle) and only estimates a predictor: a linear
 head from a hidden state to every MoE layer's router, 12.6M parameters at Qwen3-30B-A3B's size (Section 4.6).
@@ -127,7 +127,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
                            "are held out: add question ids to `predictor.question_ids`")
     model, _ = load_target(inputs["target"], spec["dtype"], "cpu", key=keys["target"],
                            logits_dtype=spec["logits_dtype"])
-    # every expert resident, no link: routes do not depend on the cache, and nothing here is timed as a decode
+    # slots 0 (no expert cache: each forward copies what it routes to) and no link: the routes do not depend on the
+    # cache, and nothing here is timed as a decode
     engine = make_engine(model, 0, 2, None, spec["torch_device"])
     drafter = load_drafter(inputs["drafter"], model, device=spec["torch_device"], key=keys["drafter"])
     limits = Limits(spec["limit_tokens"], spec["max_new_tokens"], eos_ids(model))

@@ -1,7 +1,8 @@
 """Stage report: one HTML page (Jinja2 + matplotlib) and a Markdown twin with the same tables, per model and
 device, then per model across its devices: the sections `specfit.report.sections` lists, from the files the rule
 declares (`specfit.report.inputs`). Timings over an emulated link say so; a missing input empties its section with a
-note, a malformed one is an error; every decode TPS and ratio carries its bootstrap interval (`specfit.results.intervals`).
+note, a malformed one is an error; every decode TPS and ratio carries its bootstrap interval
+(`specfit.results.intervals`).
 
 spec: the config slice it shows (workloads, models, devices, methods, runs, seed)
 inputs: metrics, requests, calibration, points, theory, predictor, models (the toy's folders): lists, one

@@ -1,4 +1,4 @@
-"""Theory stage: selection theory evaluated on recorded cycles (Appendix A.4, Table 5).
+"""Stage theory: selection theory evaluated on recorded cycles (Appendix A.4, Table 5).
 
 Expectations are means over the recorded cycles with the trajectory held fixed: each cycle's legal
 family is that of the pool it drafted, and the same pools are reselected at β and at 2β.

@@ -1,4 +1,4 @@
-"""Stage: the toy's EAGLE-3 drafter, trained on the toy target's features with training-time test.
+"""Stage toy_drafter: the toy's EAGLE-3 drafter, trained on the toy target's features with training-time test.
 
 spec (config ``toy.drafter``, defaults in the schema; the rule adds seed and exclude_question_ids)::
 

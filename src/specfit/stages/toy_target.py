@@ -1,4 +1,4 @@
-"""Stage: the toy target, a small Qwen3-MoE language model trained on Spec-Bench text.
+"""Stage toy_target: the toy target, a small Qwen3-MoE language model trained on Spec-Bench text.
 
 spec (config ``toy.target``, defaults in the schema; the rule adds seed and exclude_question_ids)::
 

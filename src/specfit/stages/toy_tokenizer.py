@@ -1,4 +1,4 @@
-"""Stage: the toy's byte-level BPE tokenizer with a chat template of its own.
+"""Stage toy_tokenizer: the toy's byte-level BPE tokenizer with a chat template of its own.
 
 spec (config ``toy.tokenizer``, defaults in the schema; the rule adds seed and exclude_question_ids)::
 

@@ -1,4 +1,5 @@
-"""The toy EAGLE-3 drafter in the speculators format: its layers, distillation and acceptance statistics (trained by the toy_drafter stage)."""
+"""The toy EAGLE-3 drafter in the speculators format: its layers, distillation and acceptance statistics (trained by the
+toy_drafter stage)."""
 
 from __future__ import annotations
 

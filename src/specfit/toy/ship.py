@@ -9,8 +9,8 @@ and at the commit that trained it (docs/toy.md, "The shipped toy")::
 
 The CPU is this machine's (/proc/cpuinfo), and must be the one the training records name; the commit is the
 checkout's HEAD unless ``--commit`` names it. The config (config.yaml with ``--configfile`` overlays, as Snakemake
-merges them) must be the one the toy trained with: the specs are rebuilt from it (`specfit.planning.specs.toy`), and step and
-thread counts that differ from the training records' are refused.
+merges them) must be the one the toy trained with: the specs are rebuilt from it (`specfit.planning.specs.toy`), and
+step and thread counts that differ from the training records' are refused.
 """
 
 from __future__ import annotations

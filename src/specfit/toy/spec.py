@@ -23,9 +23,9 @@ SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 
 
 def toy_spec(part: str, config: dict | None = None, **overrides) -> dict:
-    """The spec the workflow's ``toy_<part>`` rule passes its stage (`specfit.planning.specs.toy`): ``config["toy"][part]``
-    with the schema's defaults filled in, the config's ``seed`` and ``train_threads`` (as ``threads``), and
-    ``exclude_question_ids`` (every id a workload evaluates or calibration probes,
+    """The spec the workflow's ``toy_<part>`` rule passes its stage (`specfit.planning.specs.toy`):
+    ``config["toy"][part]`` with the schema's defaults filled in, the config's ``seed`` and ``train_threads`` (as
+    ``threads``), and ``exclude_question_ids`` (every id a workload evaluates or calibration probes,
     `specfit.planning.matrix.evaluated_question_ids`).
 
     ``config`` is a workflow config (left unchanged); by default the shipped config.yaml without its ``toy``

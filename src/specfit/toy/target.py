@@ -1,4 +1,5 @@
-"""The toy target: a small Qwen3MoeForCausalLM, its config, training stream and held-out statistics (trained by the toy_target stage)."""
+"""The toy target: a small Qwen3MoeForCausalLM, its config, training stream and held-out statistics (trained by the
+toy_target stage)."""
 
 from __future__ import annotations
 

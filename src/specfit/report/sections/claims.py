@@ -7,7 +7,7 @@ from specfit.report.quantities import x_cell
 from specfit.report.scope import Scope, slot_order
 from specfit.report.verdict import Verdict, confronted
 
-# key, claim, numerator cell, denominator cell: (method rule, cache mode), as the paper's cells and this run's are keyed
+# key, claim, numerator cell, denominator cell: (method kind, cache mode), as the paper's cells and this run's are keyed
 RATIOS = (
     ("vanilla-eagle3", "Vanilla EAGLE-3 against AR, both without the cache", ("eagle3", "nocache"), ("ar", "nocache")),
     ("specfit-eagle3-cache", "SpecFit against EAGLE-3, both with the cache", ("specfit", "cache"), ("eagle3", "cache")),

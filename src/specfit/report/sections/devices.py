@@ -30,13 +30,13 @@ def section(model_scope: ModelScope) -> Section | None:
 def group_table(model_scope: ModelScope, sec: Section, group: str, on: dict[str, str]) -> None:
     """One workload group's table: the workload of each device in ``on`` (device -> workload)."""
     emulated = any(model_scope.on[d].link_emulated for d in on)
-    rows = []  # device, workload, rule, cache mode, its run, AR's without the cache
+    rows = []  # device, workload, kind, cache mode, its run, AR's without the cache
     for d, w in on.items():
         runs = model_scope.on[d].paper_runs(w)
-        for rule, mode in CELLS:
-            if runs[rule, mode] in model_scope.inputs.metrics:
-                sec.missing += model_scope.inputs.missing_requests([runs[rule, mode], runs[AR.name, "nocache"]])
-                rows.append((d, w, rule, mode, runs[rule, mode], runs[AR.name, "nocache"]))
+        for kind, mode in CELLS:
+            if runs[kind, mode] in model_scope.inputs.metrics:
+                sec.missing += model_scope.inputs.missing_requests([runs[kind, mode], runs[AR.name, "nocache"]])
+                rows.append((d, w, kind, mode, runs[kind, mode], runs[AR.name, "nocache"]))
     if not rows:
         return
 
