@@ -14,7 +14,8 @@ from specfit.speculative.kinds import PAPER, REFERENCE, Kind, kind
 
 def is_toy(entry: dict) -> bool:
     """Whether a model (its config entry) has a toy's folders (`specfit.planning.paths.toy_model`: a tokenizer
-    folder beside target and drafter, and their training records): one the toy rules train (``toy: true``) or the shipped one."""
+    folder beside target and drafter, and their training records): one the toy rules train (``toy: true``) or the
+    shipped one."""
     return bool(entry.get("toy") or entry.get("shipped"))
 
 
