@@ -5,7 +5,8 @@ import sys
 
 from specfit import numerics
 
-BENCHMARKS = ("dag", "device", "engine", "link", "predictor", "proportions", "reproduce", "select", "spread", "verdicts")
+BENCHMARKS = ("dag", "device", "engine", "link", "predictor", "proportions", "reproduce", "select", "spread",
+              "verdicts")
 
 
 def main(argv: list[str] | None = None) -> None:
