@@ -43,6 +43,7 @@ def test_one_toy_read_stands_for_the_real_models_reads_per_token():
     ({"widths": [1, 2], "ms": [8.0, 9.0]}, "'resident.widths' has 2 widths"),
     ({"ms": [8.47, 0, 15.64, 20.67, 28.13]}, "'resident.ms' must hold positive costs"),
     ({"experts_per_token": 200}, "'resident.experts_per_token' is 200"),
+    ({"widths": [2, 3, 5, 8, 13]}, "'resident.widths' must start at 1"),
 ])
 def test_bad_measurements_are_refused_naming_the_key(change, message):
     with pytest.raises(SpecFitError, match=message.replace(".", r"\.")):
