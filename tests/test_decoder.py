@@ -190,3 +190,50 @@ def test_the_workflows_toy_decodes_ars_tokens_with_every_deployable_method(monke
         decoder = Decoder.from_config("toy", "cpu-a100link", method, routes=routes, max_new_tokens=8)
         outputs[method] = decoder.generate("Summarize: the cat sat on the mat all day long.").output_ids
     assert len(outputs["ar"]) > 1 and all(ids == outputs["ar"] for ids in outputs.values())
+
+
+@pytest.mark.parametrize("gather", ["pair", "distinct"])
+def test_a_resident_device_decodes_ars_tokens_with_no_copy(inputs, prompts, gather):
+    """On a resident device (every expert in memory, the M5 Max's measured widths) AR, EAGLE-3 and SpecFit decode
+    AR's tokens, nothing is copied, and the timings say where they come from."""
+    from specfit.engine.resident import M5_MAX
+
+    resident = {"resident": {**M5_MAX, "gather": gather}}
+    outputs = {}
+    for name in ("ar", "eagle3", "specfit-learned"):
+        if DEVICE != "cpu":
+            pytest.skip("a resident device is emulated on a CPU")
+        decoder = Decoder(spec(METHODS[name], slots=8, emulate=resident), inputs)  # the tiny target: 8 experts
+        result = decoder.generate(prompts[0])
+        outputs[name] = result.output_ids
+        assert result.figures["h2d_per_token"] == 0 and decoder.loaded.engine.h2d_transfers == 0
+        assert result.figures["timing_label"] == f"emulated M5 Max (resident, {gather} gather), virtual clock"
+        assert result.figures["tps_dec"] > 0
+    assert len(outputs["ar"]) == 12 and all(ids == outputs["ar"] for ids in outputs.values())
+
+
+def test_a_resident_device_calibrates_at_every_expert_and_specfit_decodes_on_it(inputs, files, prompts, tmp_path):
+    """Calibration on a resident device runs its probes at slots = every expert (nothing copied) and its NNLS fit
+    works as on the other devices (β then prices an expert read, not a copy); SpecFit on those coefficients decodes
+    AR's tokens."""
+    from specfit.engine.resident import M5_MAX
+    from specfit.stages import calibrate
+
+    if DEVICE != "cpu":
+        pytest.skip("a resident device is emulated on a CPU")
+    resident = {"resident": {**M5_MAX, "gather": "distinct"}}
+    protocol = {"cycle_boundaries": [0, 2], "sizes": 8, "repeats": 2, "limit_tokens": 60}
+    outputs = {"coefficients": tmp_path / "c.json", "points": tmp_path / "c.points.parquet"}
+    calibrate.run({"dtype": "float32", "torch_device": "cpu", "max_inflight": 2, "link": None, "emulate": resident,
+                   "slots": 8, "coefficients": "fit", "protocol": protocol, "seed": 0, "model": "tiny",
+                   "logits_dtype": "model"}, files, outputs)
+    coefficients = json.loads(outputs["coefficients"].read_text())
+    points = pq.read_table(outputs["points"]).to_pylist()
+    assert coefficients["cache"] is True and coefficients["slots"] == 8 and coefficients["source"] == "fit"
+    assert min(coefficients["b"]) >= 0 and coefficients["beta"] > 0  # an expert read costs: β prices it
+    assert all(p["y_ms"] > 8.0 for p in points)  # every probe costs at least the fitted single-token path
+    calibrated = {**inputs, "coefficients": outputs["coefficients"]}
+    ar = Decoder(spec(METHODS["ar"], slots=8, emulate=resident), calibrated).generate(prompts[0])
+    for name in ("specfit-learned", "specfit-ca-learned"):
+        ours = Decoder(spec(METHODS[name], slots=8, emulate=resident), calibrated).generate(prompts[0])
+        assert ours.output_ids == ar.output_ids and ours.figures["h2d_per_token"] == 0, name

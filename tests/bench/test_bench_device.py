@@ -62,3 +62,19 @@ def test_proportions_of_runs_and_of_the_paper():
     assert proportion_met("e3_over_ar_cache", 3.0, 2.47) is False
     assert proportion_met("level_share", 0.07, 0.068) is True and proportion_met("level_share", 0.11, 0.068) is False
     assert proportion_met("copy_share", 0.1, 0.04) is None  # shown beside the paper's, no goal
+
+
+def test_main_prints_each_resident_devices_fit(capsys, monkeypatch, root, tmp_path):
+    monkeypatch.chdir(root)  # config.yaml with config.resident.yaml: its two M5 Max entries
+    main([])
+    out = capsys.readouterr().out
+    for name, gather in (("cpu-m5max-pair", "pair"), ("cpu-m5max-distinct", "distinct")):
+        assert f"Resident device {name} (M5 Max, {gather} gather" in out
+    assert out.count("      8   1104.0     28.13") == 1  # pair mode's width 8: 23 x 6 x 8 reads
+    errors = [float(line.split()[-1].rstrip("%")) for line in out.splitlines()
+              if line.startswith("  ") and line.strip().endswith("%") and "largest" not in line]
+    assert len(errors) == 10 and max(map(abs, errors)) < 3.0
+    assert "one toy read stands for 8.625" in out and "copies 0" in out
+    monkeypatch.chdir(tmp_path)  # no config: the source measurement, built in
+    main([])
+    assert "Resident device M5 Max (distinct, built in)" in capsys.readouterr().out

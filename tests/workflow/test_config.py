@@ -263,3 +263,64 @@ def test_a_shipped_toy_without_its_manifest_is_refused(config, schema, tmp_path)
                                                      f"`git checkout -- {toy}`")):
         validate_config(copy.deepcopy(config), schema, tmp_path)
     validate_config(config, schema, None)  # a file check asked for by nobody
+
+
+@pytest.fixture()
+def resident(root, config):
+    """config.yaml with config.resident.yaml merged over it, as --configfile merges it."""
+    from snakemake.utils import update_config
+
+    update_config(config, yaml.safe_load((root / "config.resident.yaml").read_text()))
+    return config
+
+
+def test_the_resident_overlay_is_valid_and_adds_no_run(config, resident, schema):
+    validate_config(resident, schema)
+    assert resident["devices"]["cpu-m5max-distinct"]["resident"]["gather"] == "distinct"
+    assert all(not any(d.startswith("cpu-m5max") for d in run["devices"]) for run in resident["runs"])
+
+
+def _resident_run(config, slots):
+    config["runs"].append({"models": ["toy"], "devices": ["cpu-m5max-pair"], "workloads": ["gsm8k"],
+                           "methods": ["ar"], "slots": slots})
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["resident"].update(widths=[1, 3, 2, 5, 8]),
+     r"'devices\.cpu-m5max-pair\.resident\.widths' must be strictly increasing"),
+    (lambda d: d["resident"].update(ms=[8.47, 13.49, 12.0, 20.67, 28.13]),
+     r"'devices\.cpu-m5max-pair\.resident\.ms' falls as the width grows"),
+    (lambda d: d["resident"].update(widths=[1, 2], ms=[8.0, 9.0]),
+     r"'devices\.cpu-m5max-pair\.resident\.widths' has 2 widths"),
+    (lambda d: d["resident"].update(ms=[8.47, 0, 15.64, 20.67, 28.13]),
+     r"'devices\.cpu-m5max-pair\.resident\.ms' must hold positive costs"),
+    (lambda d: d["resident"].update(experts_per_token=200),
+     r"'devices\.cpu-m5max-pair\.resident\.experts_per_token' is 200, above the 128 experts"),
+    (lambda d: d["resident"].update(gather="union"), r"'devices\.cpu-m5max-pair\.resident\.gather'"),
+    (lambda d: d.update(link={"bandwidth_gbps": 1.0}),
+     r"'devices\.cpu-m5max-pair\.link' is given to a resident device"),
+    (lambda d: d.update(max_inflight=2),  # the schema's default, given explicitly
+     r"'devices\.cpu-m5max-pair\.max_inflight' is given to a resident device"),
+    (lambda d: d.update(emulate={"name": "A100", "fixed_ms": 1, "token_ms": 0, "expert_ms": 0, "copy_ms": 0,
+                                 "draft_ms": 1}),
+     r"'devices\.cpu-m5max-pair\.emulate' is given to a resident device"),
+    (lambda d: d.update(torch_device="cuda"), r"'devices\.cpu-m5max-pair\.resident' emulates a resident device on a "
+                                              r"cuda device"),
+])
+def test_a_bad_resident_device_is_named_at_load(resident, schema, edit, message):
+    edit(resident["devices"]["cpu-m5max-pair"])
+    with pytest.raises(SpecFitError, match=message):
+        validate_config(resident, schema)
+
+
+def test_a_resident_device_needs_slots_for_every_expert(resident, schema):
+    _resident_run(resident, [12, 32])
+    with pytest.raises(SpecFitError, match=r"'runs\.8\.slots' gives resident device 'cpu-m5max-pair' \[12\] slots, "
+                                           r"but model 'toy' has 32 experts per layer"):
+        validate_config(copy.deepcopy(resident), schema)
+    resident["runs"][-1]["slots"] = [32]
+    resident["models"]["toy"]["main_slots"]["cpu-m5max-pair"] = 16
+    with pytest.raises(SpecFitError, match=r"'models\.toy\.main_slots\.cpu-m5max-pair' is 16, but model 'toy' has 32"):
+        validate_config(copy.deepcopy(resident), schema)
+    resident["models"]["toy"]["main_slots"]["cpu-m5max-pair"] = 32
+    validate_config(resident, schema)

@@ -235,3 +235,21 @@ def test_every_job_gets_its_builders_spec(root, overlays):
         module, argv = argv[2], argv[3:argv.index(">")]
         spec = json.loads(argv[argv.index("--spec") + 1])
         assert spec == _expected(config, module, argv), " ".join(argv)
+
+
+def test_a_resident_devices_measurements_ride_in_emulate(root, config):
+    """A resident device (config.resident.yaml) passes its measurements as emulate: {resident: ...} to calibrate,
+    decode and generate; the atlas build stays off the emulation; no other device's spec changes."""
+    resident = load_config(root / "config.yaml", root / SCHEMA, root / "config.resident.yaml")
+    measured = resident["devices"]["cpu-m5max-distinct"]["resident"]
+    assert measured["gather"] == "distinct"
+    calibrate = specs.calibrate(resident, "toy", "cpu-m5max-distinct", "cache")
+    assert calibrate["emulate"] == {"resident": measured} and calibrate["slots"] == 32 and calibrate["link"] is None
+    decode = specs.decode(resident, "toy", "cpu-m5max-distinct", "gsm8k", "ar", 32)
+    assert decode["emulate"] == {"resident": measured}
+    generate = specs.generate(resident, "toy", "cpu-m5max-pair", "ar", 32, 100, 8)
+    assert generate["emulate"]["resident"]["gather"] == "pair"
+    assert specs.atlas(resident, "toy", "cpu-m5max-distinct", "gsm8k", "specfit")["emulate"] is None
+    for run in decode_runs(config):  # the default matrix's specs, with the overlay or without
+        where = (run.model, run.device, run.workload, run.method, run.slots)
+        assert specs.decode(resident, *where) == specs.decode(config, *where)

@@ -7,14 +7,21 @@ beside the paper's, with the error per cell. Then prints the toy's parameters (t
 :func:`specfit.engine.device.scaled`): the paper's own milliseconds, per-expert times times the experts of an AR token
 on the paper's model over the toy's, the numbers config.yaml's emulated devices carry. ``--step-ms`` rescales the unit.
 The counters and the derivation: `specfit.engine.paper_gpus` and docs/device.md.
+
+Then, for each resident device of the config (config.yaml with ``--configfile`` overlays, by default
+config.resident.yaml when it is there; the source M5 Max measurement in both gather modes when none is defined), its
+fit (`specfit.engine.resident`): a, b, c, the predicted vs measured ms per width with the error, and the toy's scaled
+parameters (docs/devices.md).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from specfit.engine.device import PARAMETERS, scaled
 from specfit.engine.paper_gpus import DERIVED_FROM, NAMES, check, derive
+from specfit.engine.resident import GATHERS, M5_MAX, fit
 from specfit.paper import paper_results
 
 
@@ -24,6 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step-ms", type=float, default=None,
                         help="the toy's cached AR step on the A100 (ms; default: the paper's own, unit 1)")
     parser.add_argument("--experts-per-token", type=int, default=16, help="the toy's MoE layers x top-k")
+    parser.add_argument("--top-k", type=int, default=4, help="the toy's experts per token (resident devices)")
+    parser.add_argument("--configfile", nargs="*", default=None, metavar="FILE",
+                        help="overlays merged over config.yaml for its resident devices (default: "
+                             "config.resident.yaml when it is there)")
     args = parser.parse_args(argv)
     paper = paper_results()
     print("The device model fed the paper's per-cycle counters (Tables 2-4): predicted vs reported ms per cycle.")
@@ -47,6 +58,42 @@ def main(argv: list[str] | None = None) -> None:
         toy = scaled(params, reference, step_ms, args.experts_per_token)
         print("    toy: emulate: {" + ", ".join(
             f"{k}: {v}" if k == "name" else f"{k}: {v:.4g}" for k, v in toy.items()) + "}")
+    print_resident(resident_devices(args.configfile), args.experts_per_token, args.top_k)
+
+
+def resident_devices(overlays: list[str] | None) -> dict[str, dict]:
+    """The config's resident devices by name (config.yaml and its overlays in the working directory), else the
+    source M5 Max measurement in both gather modes."""
+    if overlays is None:
+        overlays = ["config.resident.yaml"] if Path("config.resident.yaml").is_file() else []
+    found = {}
+    if Path("config.yaml").is_file():
+        from specfit.planning.config import SCHEMA, load_config
+
+        config = load_config("config.yaml", SCHEMA, *overlays, check_files=False)
+        found = {name: dev["resident"] for name, dev in config["devices"].items() if dev.get("resident") is not None}
+    return found or {f"M5 Max ({gather}, built in)": {**M5_MAX, "gather": gather} for gather in GATHERS}
+
+
+def print_resident(devices: dict[str, dict], experts_per_token: int, top_k: int) -> None:
+    """Each resident device's fit, per-width predicted vs measured, and the toy's scaled parameters."""
+    layers = experts_per_token // top_k
+    for name, spec in devices.items():
+        device = fit(spec, f"devices.{name}.resident")
+        print(f"\nResident device {name} ({device.name}, {device.gather} gather; L {device.moe_layers}, "
+              f"N {device.experts}, k {device.experts_per_token}): cost(w) = a + b*[w > 1] + c*R(w)")
+        print(f"  a {device.a:.4g} ms, b {device.b:.4g} ms, c {device.c:.4g} ms per expert read; "
+              f"drafted level {device.draft_ms:.4g} ms ({device.draft_share:g} of the width-1 step, assumed)")
+        print(f"  {'width':>5s} {'reads':>8s} {'measured':>9s} {'fit':>8s} {'error':>7s}")
+        for w, ms, predicted, reads, error in zip(device.widths, device.ms, device.predicted(device.widths),
+                                                  device.reads(device.widths), device.errors()):
+            print(f"  {w:5d} {reads:8.1f} {ms:9.2f} {predicted:8.2f} {100 * error:+6.1f}%")
+        worst = max(abs(device.errors()))
+        print(f"  largest error: {100 * worst:.1f}% (goal: within 10%)")
+        toy = device.for_toy(layers, top_k)
+        print(f"  toy ({layers} MoE layers x top-{top_k}: one toy read stands for "
+              f"{device.moe_layers * device.experts_per_token / (layers * top_k):.4g}): fixed {toy.a:.4g} ms, "
+              f"+{toy.b:.4g} ms over one token, read_ms {toy.read_ms:.4g}, draft_ms {toy.draft_ms:.4g}, copies 0")
 
 if __name__ == "__main__":
     main()

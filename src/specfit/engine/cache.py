@@ -32,6 +32,11 @@ class ExpertCache:
         self.slot_of: OrderedDict[int, int] = OrderedDict()
         self.free = list(range(self.capacity - 1, -1, -1))  # popped from the end: slot 0 first
 
+    def fill(self) -> None:
+        """Every expert resident, expert e in slot e (a resident device: capacity = the layer's experts)."""
+        self.slot_of = OrderedDict((e, e) for e in range(self.capacity))
+        self.free = []
+
     def admit(self, union: list[int]) -> tuple[list[int], list[int], list[Step]]:
         """Touch ``union`` (increasing expert ids) in the documented order; return hits, misses and the plan."""
         slot_of = self.slot_of

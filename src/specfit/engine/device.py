@@ -61,7 +61,7 @@ class DeviceModel:
         return self.fixed_ms + self.token_ms * (tokens - 1)
 
     def layer_ms(self, steps: list, link_free: float, now: float,
-                 landing: dict[int, float] | None = None) -> tuple[float, float]:
+                 landing: dict[int, float] | None = None, tokens: int = 1) -> tuple[float, float]:
         """Walk one layer's plan (``ExpertCache.admit`` steps) from ``now``; return (end, link free at).
 
         A ``load`` step puts its copies on the link one after another; a ``compute`` step runs its group after the
@@ -82,6 +82,10 @@ class DeviceModel:
             else:
                 now += self.expert_ms * len(group)
         return now, link_free
+
+    def compute_ms(self, steps: list, tokens: int) -> float:
+        """The layer's expert execution alone, without waits: ``expert_ms`` per executed expert."""
+        return self.expert_ms * sum(len(step[1]) for step in steps if step[0] == "compute")
 
     def mean_layer_ms(self, union: float, misses: float) -> float:
         """One layer of mean counts: the hits run while the misses' copies move, then the misses run (ms).
@@ -160,7 +164,7 @@ class Timeline:
     are issued, so a forward that begins while prefetched copies are still moving queues its own misses behind them.
     """
 
-    model: DeviceModel
+    model: DeviceModel  # or a resident device's `specfit.engine.resident.ResidentModel`
     target: Forwards = field(default_factory=Forwards)  # decode forwards
     prefill: Forwards = field(default_factory=Forwards)
     drafter: Forwards = field(default_factory=Forwards)  # drafted levels (and the catch-up that drafts the first)
@@ -189,9 +193,8 @@ class Timeline:
         if landing:
             landing = {e: (t - self.started) * 1e3 for e, t in landing.items()}  # ms from the forward's start
         start = self.now
-        self.now, self.link_free = self.model.layer_ms(steps, self.link_free, self.now, landing)
-        executed = sum(len(step[1]) for step in steps if step[0] == "compute")
-        self.stall_ms += self.now - start - self.model.expert_ms * executed  # execution is serial: the rest waited
+        self.now, self.link_free = self.model.layer_ms(steps, self.link_free, self.now, landing, tokens=tokens)
+        self.stall_ms += self.now - start - self.model.compute_ms(steps, tokens)  # execution is serial: the rest waited
 
     def end(self) -> None:
         self.link_free_at = self.started + self.link_free * 1e-3

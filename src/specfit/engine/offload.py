@@ -11,6 +11,9 @@ counters are in `specfit.engine.counters`.
 ``slots = 0`` means no expert cache: the cache is cleared (and the clearing timed) before every target forward,
 prefill included; within a layer forward an expert shared by several tokens is loaded once, into a scratch of
 ``num_experts`` slots shared by all layers.
+
+On a resident device (`specfit.engine.resident`: every expert in memory) each layer holds all its experts from the
+start, expert e in slot e: nothing is ever copied and clearing the cache keeps them.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from specfit.engine.layer import (
     to_host,
 )
 from specfit.engine.link import Link, LinkModel
+from specfit.engine.resident import ResidentFit, fit
+from specfit.errors import SpecFitError
 
 
 @dataclass(frozen=True)
@@ -49,12 +54,15 @@ class OffloadConfig:
     max_inflight: int = 2  # host-to-device copies in flight at most
     link: LinkModel | None = None  # emulated link for CPU-only machines; None: copies run at memory speed
     device: DeviceModel | None = None  # emulated GPU for CPU-only machines (its own link): specfit.engine.device
+    resident: ResidentFit | None = None  # every expert in memory, costs from measured widths: specfit.engine.resident
 
     def __post_init__(self) -> None:
         if self.slots < 0 or self.max_inflight < 1:
             raise ValueError(f"need slots >= 0 and max_inflight >= 1, got {self}")
         if self.link is not None and self.device is not None:
             raise ValueError("an emulated device models its own link (copy_ms): give a link or a device, not both")
+        if self.resident is not None and (self.link is not None or self.device is not None):
+            raise ValueError("a resident device copies nothing: give it no link and no emulated GPU")
 
 
 class OffloadEngine:
@@ -82,8 +90,14 @@ class OffloadEngine:
         self.top_k = getattr(text_config, self.family.top_k_attr)
         self.device = torch.device(device) if device is not None else compute_device(model, modules, self.family)
         cuda = self.device.type == "cuda"
-        if cuda and (config.link is not None or config.device is not None):
+        if cuda and (config.link is not None or config.device is not None or config.resident is not None):
             raise ValueError("link and device emulation are for machines without a GPU; CUDA runs are measured")
+        self.all_resident = config.resident is not None
+        if self.all_resident and config.slots < self.num_experts:
+            raise SpecFitError(
+                f"a resident device holds every expert of each layer: {config.slots} slots, but the model has "
+                f"{self.num_experts} experts per layer; give the run's slots (config key 'runs.N.slots', and "
+                f"'models.<model>.main_slots.<device>') {self.num_experts}")
 
         hosts = [to_host(m, self.family, pin=cuda) for m in modules]
         if device is not None:
@@ -91,6 +105,8 @@ class OffloadEngine:
         self.expert_bytes = sum(t[0].numel() * t.element_size() for t in hosts[0].values())
         self.link = Link(config.link) if config.link is not None else None
         self.timeline = Timeline(config.device) if config.device is not None else None
+        if self.all_resident:
+            self.timeline = Timeline(config.resident.for_toy(self.num_layers, self.top_k))
         if cuda:
             self.copier = StreamCopier(config.max_inflight, self.device)
         elif self.link is not None:
@@ -111,6 +127,11 @@ class OffloadEngine:
             layer = OffloadedLayer(self, index, module, host, slots, capacity, inner)
             module._specfit_layer = layer
             self.layers.append(layer)
+            if self.all_resident:  # every expert in its slot from the start, off the counters and the clock
+                layer.cache.fill()
+                with torch.no_grad():
+                    for n, rows in host.items():
+                        slots[n][: self.num_experts].copy_(rows)
         model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
 
         # Hook the decoder stack, not the LM head model, so that calling the base model directly counts too.
@@ -247,7 +268,8 @@ class OffloadEngine:
                 layer.prefetch_handles = []
             self._prefetch.evicted_unused += len(layer.prefetched)
             layer.prefetched = {}
-            layer.cache.clear()
+            if not self.all_resident:  # a resident device's experts never leave
+                layer.cache.clear()
             layer.slot_table = None
         self._clear_s += time.perf_counter() - started
 
@@ -364,9 +386,15 @@ def offload_experts(model: nn.Module, config: OffloadConfig, device: torch.devic
 def make_engine(model: nn.Module, slots: int, max_inflight: int = 2, link: dict | None = None,
                 torch_device: str = "cpu", emulate: dict | None = None) -> OffloadEngine:
     """`offload_experts` from a stage's spec: ``link`` is null or {bandwidth_gbps: GB/s, latency_us: us}; ``emulate``
-    is null or a device entry's emulated GPU ({name, fixed_ms, token_ms, expert_ms, copy_ms, draft_ms})."""
+    is null, a device entry's emulated GPU ({name, fixed_ms, token_ms, expert_ms, copy_ms, draft_ms}), or
+    {resident: the entry's resident mapping} (`specfit.engine.resident`: every expert in memory, at least as many
+    slots as the model's experts per layer)."""
     if link is not None:
         link = LinkModel(link["bandwidth_gbps"] * 1e9, link.get("latency_us", 0.0) * 1e-6)
-    device = DeviceModel.from_spec(emulate) if emulate is not None else None
-    config = OffloadConfig(slots, max_inflight=max_inflight, link=link, device=device)
+    device = resident = None
+    if emulate is not None and "resident" in emulate:
+        resident = fit(emulate["resident"])
+    elif emulate is not None:
+        device = DeviceModel.from_spec(emulate)
+    config = OffloadConfig(slots, max_inflight=max_inflight, link=link, device=device, resident=resident)
     return offload_experts(model, config, device=torch_device)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -64,12 +65,13 @@ def validate_config(config: dict, schema_path: str | Path, root: str | Path | No
     looked for (`check_shipped`: the shipped toy's manifest); None checks no file.
     A config that does not follow the schema or names something it does not define raises `SpecFitError`."""
     _check_renamed(config)
+    _check_resident_entries(config)
     schema = yaml.safe_load(Path(schema_path).read_text())
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(_describe(e) for e in errors))
-    _check_references(config)
+    _check_references(config, None if root is None else Path(root))
     if root is not None:
         check_shipped(config, Path(root))
     return config
@@ -103,7 +105,71 @@ def _check_renamed(config: dict) -> None:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(problems))
 
 
-def _check_references(config: dict) -> None:
+def _check_resident_entries(config: dict) -> None:
+    """Refuse a resident device given a link, copies in flight or an emulated GPU, on the entry as written (before
+    the schema fills ``max_inflight``'s default): every expert is resident, nothing is copied."""
+    devices = config.get("devices")
+    problems = [f"config key 'devices.{name}.{key}' is given to a resident device (devices.{name}.resident): every "
+                f"expert is in memory and nothing is copied, so it has no {what}; drop it"
+                for name, entry in (devices.items() if isinstance(devices, dict) else ())
+                if isinstance(entry, dict) and entry.get("resident") is not None
+                for key, what in (("link", "link"), ("max_inflight", "copies in flight"), ("emulate", "emulated GPU"))
+                if key in entry and (entry[key] is not None or key == "max_inflight")]
+    if problems:
+        raise SpecFitError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def model_experts(config: dict, model: str, root: Path | None) -> int | None:
+    """The routed experts per MoE layer of ``model`` when known at config load: a toy the rules train has the
+    config's ``toy.target.num_experts``; another model's target config.json, when it is there under ``root``."""
+    entry = config["models"][model]
+    if entry.get("toy"):
+        return config.get("toy", {}).get("target", {}).get("num_experts")
+    if root is None:
+        return None
+    path = root / entry["target"] / "config.json"
+    try:
+        target = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    target = target.get("text_config") or target
+    experts = target.get("num_experts", target.get("num_local_experts"))
+    return experts if isinstance(experts, int) else None
+
+
+def _check_resident(config: dict, root: Path | None) -> list[str]:
+    """A resident device's measurements (`specfit.engine.resident.check`), on a CPU, and every run on it (and its
+    with-cache calibration) at slots for every expert of the model's layers."""
+    from specfit.engine.resident import check  # torch-free
+
+    problems = []
+    resident = {name: dev for name, dev in config["devices"].items() if dev.get("resident") is not None}
+    for name, dev in resident.items():
+        problems += check(dev["resident"], f"devices.{name}.resident")
+        if dev["torch_device"] != "cpu":
+            problems.append(f"config key 'devices.{name}.resident' emulates a resident device on a "
+                            f"{dev['torch_device']} device: emulation is for CPU-only machines")
+    experts = {}
+    for i, run in enumerate(config["runs"]):
+        for model, device in itertools.product(run["models"], run["devices"]):
+            if device not in resident or model not in config["models"]:
+                continue
+            n = experts.setdefault(model, model_experts(config, model, root))
+            if n is None:
+                continue  # not known here: the engine refuses at model load
+            short = sorted(s for s in run["slots"] if s < n)
+            if short:
+                problems.append(f"config key 'runs.{i}.slots' gives resident device {device!r} {short} slots, but "
+                                f"model {model!r} has {n} experts per layer: a resident device holds them all; "
+                                f"use slots {n}")
+            main = config["models"][model].get("main_slots", {}).get(device)
+            if isinstance(main, int) and main < n:
+                problems.append(f"config key 'models.{model}.main_slots.{device}' is {main}, but model {model!r} "
+                                f"has {n} experts per layer: a resident device holds them all; use {n}")
+    return problems
+
+
+def _check_references(config: dict, root: Path | None = None) -> None:
     problems = []
     for name in config["methods"]:
         try:
@@ -149,6 +215,7 @@ def _check_references(config: dict) -> None:
         if device["link"] is not None:
             problems.append(f"config key 'devices.{name}.emulate' comes with 'devices.{name}.link': an emulated device "
                             "models its own link (copy_ms); drop the link")
+    problems += _check_resident(config, root)
     overlap = sorted(set(predictor_question_ids(config)) & set(evaluated_question_ids(config)))
     if overlap:
         problems.append(f"config key 'predictor.question_ids' holds questions a workload evaluates or calibration "

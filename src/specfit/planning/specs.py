@@ -70,12 +70,18 @@ def _engine(config: dict, model: str, device: str, link, emulate) -> dict:
             "torch_device": dev["torch_device"], "max_inflight": dev["max_inflight"], "link": link, "emulate": emulate}
 
 
+def _emulated(dev: dict) -> dict | None:
+    """A device entry's emulation: its emulated GPU, or a resident device's measurements as {resident: ...}
+    (`specfit.engine.offload.make_engine`), so that no other device's spec holds a key of it."""
+    return {"resident": dev["resident"]} if dev.get("resident") is not None else dev["emulate"]
+
+
 def calibrate(config: dict, model: str, device: str, cache: str) -> dict:
     """Rule calibrate: the model's precision, the device, and the calibration protocol; with the cache
     (``cache`` "cache") at the model's main slot count on the device, without it at 0 slots."""
     dev, mod = config["devices"][device], config["models"][model]
     return {
-        **_engine(config, model, device, dev["link"], dev["emulate"]),
+        **_engine(config, model, device, dev["link"], _emulated(dev)),
         "coefficients": dev["coefficients"],
         "slots": mod["main_slots"][device] if cache == "cache" else 0,
         # the question ids reach the stage as its prompts input
@@ -111,7 +117,7 @@ def _stream(config: dict, model: str, device: str, limits: dict, method: str, sl
 def decode(config: dict, model: str, device: str, workload: str, method: str, slots: int | str) -> dict:
     """Rule decode: one run of the decode matrix, over the device's link or emulated device (or neither)."""
     dev = config["devices"][device]
-    return _stream(config, model, device, _limits(config, workload), method, int(slots), dev["link"], dev["emulate"])
+    return _stream(config, model, device, _limits(config, workload), method, int(slots), dev["link"], _emulated(dev))
 
 
 def generate(config: dict, model: str, device: str, method: str, slots: int, limit_tokens: int,
@@ -120,7 +126,7 @@ def generate(config: dict, model: str, device: str, method: str, slots: int, lim
     limits in place of a workload's."""
     dev = config["devices"][device]
     limits = {"limit_tokens": limit_tokens, "max_new_tokens": max_new_tokens}
-    return _stream(config, model, device, limits, method, int(slots), dev["link"], dev["emulate"])
+    return _stream(config, model, device, limits, method, int(slots), dev["link"], _emulated(dev))
 
 
 def atlas(config: dict, model: str, device: str, workload: str, method: str, cache: str | None = None) -> dict:
