@@ -253,3 +253,25 @@ def test_a_resident_devices_measurements_ride_in_emulate(root, config):
     for run in decode_runs(config):  # the default matrix's specs, with the overlay or without
         where = (run.model, run.device, run.workload, run.method, run.slots)
         assert specs.decode(resident, *where) == specs.decode(config, *where)
+
+
+def test_a_resident_device_is_calibrated_with_every_expert_only(root, tmp_path):
+    """A resident device holds every expert: no run without the cache, so the report asks it no `nocache` fit
+    (whose 0 slots the device refuses) and the workflow plans none; the other devices keep both."""
+    runs = tmp_path / "runs.yaml"
+    runs.write_text("runs:\n"
+                    "  - {models: [toy], devices: [cpu-a100], workloads: [gsm8k], methods: [ar, specfit],"
+                    " slots: [0, 12]}\n"
+                    "  - {models: [toy], devices: [cpu-m5max-distinct], workloads: [gsm8k], methods: [ar, specfit],"
+                    " slots: [32]}\n")
+    config = load_config(root / "config.yaml", root / SCHEMA, root / "config.resident.yaml", runs)
+    assert report_inputs(config)["calibration"] == [
+        "data/calibration/toy/cpu-a100/cache.json", "data/calibration/toy/cpu-a100/nocache.json",
+        "data/calibration/toy/cpu-m5max-distinct/cache.json"]
+    assert report_inputs(config)["points"] == [
+        "data/calibration/toy/cpu-a100/cache.points.parquet", "data/calibration/toy/cpu-a100/nocache.points.parquet",
+        "data/calibration/toy/cpu-m5max-distinct/cache.points.parquet"]
+    listed = subprocess.run(["snakemake", "-n", "reports/all", "--configfile", "config.resident.yaml", str(runs)],
+                            cwd=root, capture_output=True, text=True, check=True).stdout
+    assert "data/calibration/toy/cpu-m5max-distinct/cache.json" in listed
+    assert "cpu-m5max-distinct/nocache" not in listed

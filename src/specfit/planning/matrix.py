@@ -156,6 +156,12 @@ def theory_file(config: dict, run: DecodeRun) -> str:
     return paths.theory(run.model, run.device, run.workload, method)
 
 
+def calibration_modes(config: dict, device: str) -> tuple[str, ...]:
+    """The cache modes a device is calibrated in (`specfit.planning.paths.CACHE_MODES`): a resident device holds
+    every expert, so it has no run without the cache and no such fit."""
+    return ("cache",) if config["devices"][device].get("resident") is not None else paths.CACHE_MODES
+
+
 def report_inputs(config: dict) -> dict[str, list[str]]:
     """Every file the report reads (the report rule's inputs, by the stage's input names): each run's metrics and
     requests, the fits and their points, the theory, the toy pair's folders (the report shows the
@@ -167,8 +173,8 @@ def report_inputs(config: dict) -> dict[str, list[str]]:
     return {
         "metrics": [r.file("metrics.json") for r in runs],
         "requests": [r.file("requests.parquet") for r in runs],
-        "calibration": [paths.calibration(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
-        "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in paths.CACHE_MODES],
+        "calibration": [paths.calibration(m, d, c) for m, d in pairs for c in calibration_modes(config, d)],
+        "points": [paths.calibration_points(m, d, c) for m, d in pairs for c in calibration_modes(config, d)],
         "theory": sorted({theory_file(config, r) for r in theory_runs(config)}),
         "models": [*(paths.toy_model(m, part) for m in toys for part in paths.TOY_RECORDS),
                    *(paths.SHIPPED_MANIFEST for m in toys if config["models"][m].get("shipped"))],

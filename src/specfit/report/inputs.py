@@ -18,6 +18,7 @@ from specfit.paper import paper_results
 from specfit.planning import paths
 from specfit.planning.matrix import (
     DecodeRun,
+    calibration_modes,
     decode_runs,
     is_toy,
     method_config,
@@ -231,7 +232,7 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
             if (table := _load_columns(requests_path, REQUEST_COLUMNS)) is not None:
                 requests[r] = table.to_pylist()
     for model, device in sorted({(r.model, r.device) for r in runs}):
-        for mode in paths.CACHE_MODES:
+        for mode in calibration_modes(spec, device):
             path = paths.calibration(model, device, mode)
             if (data := _load_json(files.path("calibration", path), CALIBRATION_REQUIRED)) is not None:
                 if lacking := [k for k in CACHE_AWARE_REQUIRED if data["cache_aware"] is not None

@@ -2,6 +2,7 @@
 T(S) = b_|S| + β_miss M(S) + β_hit H(S) (specfit-ca's cost) fitted on the same probes, and the probes' scatter."""
 
 from specfit.planning import paths
+from specfit.planning.matrix import calibration_modes
 from specfit.report.figures import calibration_scatter, slug
 from specfit.report.page import MISSING, Section, fmt, note, table, tagged
 from specfit.report.scope import Scope
@@ -13,10 +14,9 @@ NAMES = {"cache": "With cache", "nocache": "Without cache"}
 
 def section(scope: Scope) -> Section:
     sec = Section("Calibration fit T(S) = b_|S| + β F(S) (Appendix B)")
-    fits = {mode: f for mode in paths.CACHE_MODES if (f := scope.inputs.calibration.get((scope.model, scope.device,
-                                                                                         mode)))}
-    sec.missing += [paths.calibration(scope.model, scope.device,
-                                      mode) for mode in paths.CACHE_MODES if mode not in fits]
+    modes = calibration_modes(scope.spec, scope.device)
+    fits = {mode: f for mode in modes if (f := scope.inputs.calibration.get((scope.model, scope.device, mode)))}
+    sec.missing += [paths.calibration(scope.model, scope.device, mode) for mode in modes if mode not in fits]
     if not fits:
         return sec
     emulated = any(f["link_emulated"] for f in fits.values())
