@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from compat.compat_fakes import COEFFICIENTS
 from specfit.api import FIGURES, Decoder, compare, deployable
@@ -192,13 +193,17 @@ def test_the_workflows_toy_decodes_ars_tokens_with_every_deployable_method(monke
     assert len(outputs["ar"]) > 1 and all(ids == outputs["ar"] for ids in outputs.values())
 
 
+def m5_max() -> dict:
+    """The source measurement of the workflow's resident devices (config.resident.yaml; gather set per test)."""
+    return yaml.safe_load((Path(__file__).resolve().parents[1] / "config.resident.yaml").read_text())[
+        "devices"]["cpu-m5max-pair"]["resident"]
+
+
 @pytest.mark.parametrize("gather", ["pair", "distinct"])
 def test_a_resident_device_decodes_ars_tokens_with_no_copy(inputs, prompts, gather):
     """On a resident device (every expert in memory, the M5 Max's measured widths) AR, EAGLE-3 and SpecFit decode
     AR's tokens, nothing is copied, and the timings say where they come from."""
-    from specfit.engine.resident import M5_MAX
-
-    resident = {"resident": {**M5_MAX, "gather": gather}}
+    resident = {"resident": {**m5_max(), "gather": gather}}
     outputs = {}
     for name in ("ar", "eagle3", "specfit-learned"):
         if DEVICE != "cpu":
@@ -216,12 +221,11 @@ def test_a_resident_device_calibrates_at_every_expert_and_specfit_decodes_on_it(
     """Calibration on a resident device runs its probes at slots = every expert (nothing copied) and its NNLS fit
     works as on the other devices (β then prices an expert read, not a copy); SpecFit on those coefficients decodes
     AR's tokens."""
-    from specfit.engine.resident import M5_MAX
     from specfit.stages import calibrate
 
     if DEVICE != "cpu":
         pytest.skip("a resident device is emulated on a CPU")
-    resident = {"resident": {**M5_MAX, "gather": "distinct"}}
+    resident = {"resident": {**m5_max(), "gather": "distinct"}}
     protocol = {"cycle_boundaries": [0, 2], "sizes": 8, "repeats": 2, "limit_tokens": 60}
     outputs = {"coefficients": tmp_path / "c.json", "points": tmp_path / "c.points.parquet"}
     calibrate.run({"dtype": "float32", "torch_device": "cpu", "max_inflight": 2, "link": None, "emulate": resident,

@@ -75,6 +75,6 @@ def test_main_prints_each_resident_devices_fit(capsys, monkeypatch, root, tmp_pa
               if line.startswith("  ") and line.strip().endswith("%") and "largest" not in line]
     assert len(errors) == 10 and max(map(abs, errors)) < 3.0
     assert "one toy read stands for 8.625" in out and "copies 0" in out
-    monkeypatch.chdir(tmp_path)  # no config: the source measurement, built in
+    monkeypatch.chdir(tmp_path)  # no config: no resident device, said so
     main([])
-    assert "Resident device M5 Max (distinct, built in)" in capsys.readouterr().out
+    assert "No resident device: run from the workflow's folder" in capsys.readouterr().out

@@ -1,13 +1,20 @@
 """A resident device: the fit of its measured verify widths, its scaling to the toy, and the engine on it (every
 expert resident from the start, no copies, the virtual clock moved by the fitted formula on the real routes)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from specfit.engine.offload import make_engine
-from specfit.engine.resident import M5_MAX, fit, reads
+from specfit.engine.resident import fit, reads
 from specfit.errors import SpecFitError
+
+# the source measurement, as the workflow's overlay defines it (its gather set per test)
+M5_MAX = yaml.safe_load((Path(__file__).resolve().parents[2] / "config.resident.yaml").read_text())[
+    "devices"]["cpu-m5max-pair"]["resident"]
 
 
 @pytest.mark.parametrize("gather", ["pair", "distinct"])

@@ -103,4 +103,4 @@ def test_the_closures_of_timed_jobs_hold_no_planning_or_report_module():
     for stage in TIMED:
         closure = set(code_closure(stage))
         assert not {m for m in closure if m.startswith(("specfit.planning", "specfit.report"))}, stage
-        assert "specfit.engine.offload" in closure or stage == "specfit.stages.theory", stage
+        assert "specfit.engine.offload" in closure, stage  # the closure is followed, not empty

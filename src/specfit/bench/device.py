@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specfit.engine.device import PARAMETERS, scaled
 from specfit.engine.paper_gpus import DERIVED_FROM, NAMES, check, derive
-from specfit.engine.resident import GATHERS, M5_MAX, fit
+from specfit.engine.resident import fit
 from specfit.paper import paper_results
 
 
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def resident_devices(overlays: list[str] | None) -> dict[str, dict]:
-    """The config's resident devices by name (config.yaml and its overlays in the working directory), else the
-    source M5 Max measurement in both gather modes."""
+    """The config's resident devices by name (config.yaml and its overlays in the working directory; none without
+    a config.yaml there)."""
     if overlays is None:
         overlays = ["config.resident.yaml"] if Path("config.resident.yaml").is_file() else []
     found = {}
@@ -72,12 +72,14 @@ def resident_devices(overlays: list[str] | None) -> dict[str, dict]:
 
         config = load_config("config.yaml", SCHEMA, *overlays, check_files=False)
         found = {name: dev["resident"] for name, dev in config["devices"].items() if dev.get("resident") is not None}
-    return found or {f"M5 Max ({gather}, built in)": {**M5_MAX, "gather": gather} for gather in GATHERS}
+    return found
 
 
 def print_resident(devices: dict[str, dict], experts_per_token: int, top_k: int) -> None:
     """Each resident device's fit, per-width predicted vs measured, and the toy's scaled parameters."""
     layers = experts_per_token // top_k
+    if not devices:
+        print("\nNo resident device: run from the workflow's folder, where config.resident.yaml defines them.")
     for name, spec in devices.items():
         device = fit(spec, f"devices.{name}.resident")
         print(f"\nResident device {name} ({device.name}, {device.gather} gather; L {device.moe_layers}, "

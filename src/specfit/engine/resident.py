@@ -31,12 +31,6 @@ from scipy.optimize import nnls
 from specfit.errors import SpecFitError
 
 GATHERS = ("pair", "distinct")
-# The source measurement (an M5 Max, Nemotron 3.5 Lightning 30B-A3B at batch 1): `python -m specfit.bench device`
-# prints its fit when the config defines no resident device.
-M5_MAX = {"name": "M5 Max", "widths": [1, 2, 3, 5, 8], "ms": [8.47, 13.49, 15.64, 20.67, 28.13], "moe_layers": 23,
-          "experts": 128, "experts_per_token": 6, "draft_share": 0.068}
-
-
 @dataclass(frozen=True)
 class ResidentFit:
     """A resident device's measured widths and its fit ``cost(w) = a + b*[w > 1] + c*R(w)`` (ms)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -49,8 +50,9 @@ class Method:
         """Its kind's name."""
         return self.config.name
 
-    @property
+    @cached_property
     def kind(self) -> Kind:
+        """Its kind's declaration, looked up once (`drafts` and `max_depth` read it every cycle)."""
         return kind(self.config.name)
 
     @property
