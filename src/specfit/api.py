@@ -67,8 +67,14 @@ class Generation:
 
 def deployable(config: dict, method: str) -> None:
     """Refuse a method that needs the workflow's oracle: SpecFit reading its routes from an atlas (or an atlas made
-    noisy) exists only for the workflow's own prompts. Names the deployable alternative."""
+    noisy) exists only for the workflow's own prompts; a tuned tree exists per workload. Names the deployable
+    alternative."""
     entry = config["methods"][method]
+    if kind(entry["kind"]).tuned:
+        raise SpecFitError(
+            f"method {method!r} decodes with the tree the tune rule chose for one workload and device "
+            f"(data/tune/<model>/<device>/<workload>/{method}.json): add that tree as a method of kind eagle3 "
+            "(its max_depth, top_k_expand, k_max) and run that one")
     if not kind(entry["kind"]).reads_routes or route_source(entry.get("routes", "atlas")).learned:
         return
     twins = [name for name, other in config["methods"].items() if other["kind"] == entry["kind"]

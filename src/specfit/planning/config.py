@@ -18,7 +18,14 @@ import yaml
 
 from specfit.errors import SpecFitError
 from specfit.planning import paths
-from specfit.planning.matrix import evaluated_question_ids, method_config, method_kind, predictor_question_ids
+from specfit.planning.matrix import (
+    evaluated_question_ids,
+    method_config,
+    method_kind,
+    predictor_question_ids,
+    tune_question_ids,
+    workload_ids,
+)
 
 
 def _with_defaults(validator_class):
@@ -216,6 +223,7 @@ def _check_references(config: dict, root: Path | None = None) -> None:
             problems.append(f"config key 'devices.{name}.emulate' comes with 'devices.{name}.link': an emulated device "
                             "models its own link (copy_ms); drop the link")
     problems += _check_resident(config, root)
+    problems += _check_tuned(config)
     overlap = sorted(set(predictor_question_ids(config)) & set(evaluated_question_ids(config)))
     if overlap:
         problems.append(f"config key 'predictor.question_ids' holds questions a workload evaluates or calibration "
@@ -226,6 +234,38 @@ def _check_references(config: dict, root: Path | None = None) -> None:
                         "under 'methods'")
     if problems:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
+
+
+def _check_tuned(config: dict) -> list[str]:
+    """A tuned method (`specfit.speculative.kinds.Kind.tuned`) sets no tree of its own, and each workload it runs on
+    has tuning questions that it does not evaluate."""
+    from specfit.speculative.tuning import TREE_KEYS  # torch-free
+
+    problems, tuned = [], set()
+    for name, entry in config["methods"].items():
+        try:
+            if not method_kind(config, name).tuned:
+                continue
+        except SpecFitError:  # named among the problems already
+            continue
+        tuned.add(name)
+        for key in TREE_KEYS:
+            if key in entry:
+                problems.append(f"config key 'methods.{name}.{key}': the tune rule chooses a method of kind "
+                                f"{entry['kind']!r}'s tree (the grid under 'tune'); drop it")
+    for workload in sorted({w for b in config["runs"] if tuned & set(b["methods"]) for w in b["workloads"]}):
+        if workload not in config["workloads"]:
+            continue
+        wl, ids = config["workloads"][workload], tune_question_ids(config, workload)
+        evaluated = set(workload_ids(config, workload)[: wl["max_requests"] or None])
+        if not ids:
+            problems.append(f"config key 'workloads.{workload}.tune_question_ids': a tuned method runs on workload "
+                            f"{workload!r}, which has no questions it does not evaluate to tune on; give "
+                            "tune_question_ids, or a max_requests below its ids")
+        elif overlap := sorted(evaluated & set(ids)):
+            problems.append(f"config key 'workloads.{workload}.tune_question_ids' holds questions the workload "
+                            f"evaluates ({', '.join(map(str, overlap[:8]))}): tune on others")
+    return problems
 
 
 def _reads_routes(config: dict, method: str) -> bool:

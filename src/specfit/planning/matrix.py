@@ -72,6 +72,23 @@ def workload_ids(config: dict, workload: str) -> list[int]:
     return list(_id_range(config["workloads"][workload]["question_ids"]))
 
 
+def tune_question_ids(config: dict, workload: str) -> list[int]:
+    """The questions a tuned method's tree is chosen on (the tune rule), in order: the workload's
+    ``tune_question_ids``, else its ids after the first ``max_requests`` (which it does not evaluate); the first
+    ``tune.requests`` of them."""
+    wl = config["workloads"][workload]
+    if wl.get("tune_question_ids") is not None:
+        ids = list(_id_range(wl["tune_question_ids"]))
+    else:
+        ids = workload_ids(config, workload)[wl["max_requests"]:] if wl["max_requests"] else []
+    return ids[: config["tune"]["requests"]]
+
+
+def tune_runs(config: dict) -> list[DecodeRun]:
+    """The decode runs of a tuned method (`specfit.speculative.kinds.Kind.tuned`): each reads a tune job's choice."""
+    return [r for r in decode_runs(config) if method_kind(config, r.method).tuned]
+
+
 def predictor_question_ids(config: dict) -> list[int]:
     """The Spec-Bench question ids the route predictor trains on, in order."""
     return [i for q in config["predictor"]["question_ids"] for i in _id_range(q)]
@@ -83,8 +100,8 @@ def _id_range(q: dict) -> range:
 
 
 def evaluated_question_ids(config: dict) -> list[int]:
-    """Every Spec-Bench question id some workload evaluates or calibration probes: the toy models never train on
-    these. A workload whose ``source`` is another dataset evaluates no Spec-Bench question, so its ids (ids of
+    """Every Spec-Bench question id some workload evaluates (or tunes on) or calibration probes: the toy models never
+    train on these. A workload whose ``source`` is another dataset evaluates no Spec-Bench question, so its ids (ids of
     that dataset) are left out (`specfit.questions.workload_source`)."""
     from specfit.questions import workload_source  # torch- and datasets-free; imported here, as only this needs it
 
@@ -92,6 +109,8 @@ def evaluated_question_ids(config: dict) -> list[int]:
     for workload in config["workloads"]:
         if workload_source(config, workload) is None:
             ids.update(workload_ids(config, workload))
+            if (tune := config["workloads"][workload].get("tune_question_ids")) is not None:
+                ids.update(_id_range(tune))  # tuning questions are held out of training too
     return sorted(ids)
 
 
@@ -103,6 +122,8 @@ def decode_inputs(config: dict, run: DecodeRun) -> dict[str, str]:
     if method_kind(config, run.method).reads_routes and not method_config(config, run.method).route_source.learned:
         variant = paths.atlas_variant(run.method, run.slots)
         inputs["atlas"] = paths.atlas(run.model, run.device, run.workload, variant)
+    if method_kind(config, run.method).tuned:
+        inputs["tune"] = paths.tune(run.model, run.device, run.workload, run.method)
     return inputs
 
 

@@ -7,10 +7,12 @@ find files through them. Torch-free, so that ``snakemake -n`` stays fast.
 ::
 
     data/prompts/{model}/{workload}.parquet                           extract
+    data/prompts/{model}/tune/{workload}.parquet                      extract_tune (a tuned method's questions)
     data/models/{model}/{tokenizer,target,drafter}/                   toy models (data/models/toy/SHIPPED.json: shipped)
     data/calibration/{model}/{device}/{cache}.json, .points.parquet   calibrate
     data/atlas/{model}/{device}/{workload}/{method}-{cache}/          atlas
     data/predictor/{model}/                                           predictor (learned routes)
+    data/tune/{model}/{device}/{workload}/{method}.json               tune (a tuned method's tree)
     data/decode/{model}/{device}/{workload}/{method}/slots{slots}/    decode
     data/theory/{model}/{device}/{workload}[.{method}].json           theory (a method: beyond the paper)
     reports/all/                                                      report
@@ -40,6 +42,17 @@ def atlas_variant(method: str, slots) -> str:
 
 def prompts(model: str, workload: str) -> str:
     return f"data/prompts/{model}/{workload}.parquet"
+
+
+def tune_prompts(model: str, workload: str) -> str:
+    """The questions a tuned method's tree is chosen on: the workload's that it does not evaluate."""
+    return f"data/prompts/{model}/tune/{workload}.parquet"
+
+
+def tune(model: str, device: str, workload: str, method: str) -> str:
+    """A tune job's choice (JSON): the grid's trees with their decode TPS and the best one
+    (`specfit.speculative.tuning`)."""
+    return f"data/tune/{model}/{device}/{workload}/{method}.json"
 
 
 def toy_dir(model: str) -> str:

@@ -23,6 +23,7 @@ from specfit.planning.matrix import (
     theory_cost,
     theory_file,
     theory_runs,
+    tune_question_ids,
     workload_ids,
 )
 from specfit.questions import workload_source
@@ -52,6 +53,13 @@ def extract(config: dict, model: str, workload: str) -> dict:
     if source is not None:
         spec.update(workload=workload, source=source)
     return spec
+
+
+def extract_tune(config: dict, model: str, workload: str) -> dict:
+    """Rule extract_tune: `extract`'s spec for the questions a tuned method's tree is chosen on
+    (`specfit.planning.matrix.tune_question_ids`), all of them."""
+    return {**extract(config, model, workload), "question_ids": tune_question_ids(config, workload),
+            "max_requests": None}
 
 
 def toy(config: dict, part: str) -> dict:
@@ -118,6 +126,15 @@ def decode(config: dict, model: str, device: str, workload: str, method: str, sl
     """Rule decode: one run of the decode matrix, over the device's link or emulated device (or neither)."""
     dev = config["devices"][device]
     return _stream(config, model, device, _limits(config, workload), method, int(slots), dev["link"], _emulated(dev))
+
+
+def tune(config: dict, model: str, device: str, workload: str, method: str) -> dict:
+    """Rule tune: the decode spec of the tuned method's runs (their slots: the model's main slot count on the device,
+    as the tree a user tunes is tuned with their cache) and the grid of trees (`specfit.speculative.tuning.grid`)."""
+    from specfit.speculative.tuning import grid  # torch-free
+
+    slots = config["models"][model]["main_slots"][device]
+    return {"stream": decode(config, model, device, workload, method, slots), "trees": grid(config["tune"])}
 
 
 def generate(config: dict, model: str, device: str, method: str, slots: int, limit_tokens: int,

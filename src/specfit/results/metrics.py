@@ -18,7 +18,7 @@ KEYS = ("n_requests", "n_output_tokens", "cycles", "tps_dec", "tps_dec_low", "tp
         "draft_nodes_per_cycle", "pool_nodes_per_cycle", "cycles_without_draft", "drafted_levels_per_cycle",
         "accepted_per_cycle", "committed_per_cycle", *SPLIT_KEYS, "ms_per_cycle", "draft_ms_per_cycle",
         "verify_ms_per_cycle", "select_ms_per_cycle", "commit_ms_per_cycle", "select_ms_median", "select_share_pct",
-        "h2d_per_token", "h2d_per_cycle")
+        "h2d_per_token", "h2d_per_cycle", "verify_widths")
 
 
 def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] | None = None, seed: int = 0) -> dict:
@@ -29,7 +29,8 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
     ``prompt_ids``), cycles are split into fresh ones and ones that start inside a repeated output 4-gram
     (`specfit.results.ngrams`): ``committed_per_cycle_fresh`` / ``_repeated`` and ``cycles_fresh`` / ``_repeated``
     (None without prompts). ``cycles_without_draft``: cycles whose pool holds the root alone (AR's every cycle; a
-    drafting method's at the length limit or where it chose not to draft).
+    drafting method's at the length limit or where it chose not to draft). ``verify_widths``: cycles per verify width
+    (the root and the nodes selected with it: 1 verifies the root alone), keys in increasing width.
     """
     n = sum(r["n_output"] for r in requests)
     t_req = sum(r["t_request_s"] for r in requests)
@@ -75,4 +76,5 @@ def stream_metrics(requests: list[dict], cycles: pa.Table, prompts: list[dict] |
         "select_share_pct": 100.0 * float(c["t_select_s"].sum()) / t_dec if t_dec > 0 else None,
         "h2d_per_token": sum(r["h2d_transfers"] for r in requests) / n if n else None,
         "h2d_per_cycle": mean(c["h2d_transfers"]),  # the decode cycles' copies, prefill excluded
+        "verify_widths": {str(w): int(k) for w, k in zip(*np.unique(selected + 1, return_counts=True))},
     }

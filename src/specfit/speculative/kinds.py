@@ -2,7 +2,7 @@
 
 A config's method entry names its ``kind``; everything else reads the kind's declaration here: whether it drafts,
 whether it reads expert routes (then its runs read coefficients and an atlas or a learned predictor, and the atlas
-rule builds its atlas), the cost model of its Table 5 theory run, its roles in the report, and the class that
+rule builds its atlas), whether the tune rule chooses its tree, the cost model of its Table 5 theory run, its roles in the report, and the class that
 implements it (imported only when a run decodes with it). Torch-free and import-light: planning reads it.
 
 A kind from outside the package is named ``module:name`` in the config: resolving it imports ``module``, which
@@ -38,6 +38,7 @@ class Kind:
     theory_cost: str | None = None  # the cost model of its theory run (one of THEORY_COSTS), None: no theory run
     roles: tuple[str, ...] = ()  # what the report compares it as (REFERENCE, BASELINE, RIVAL, COMPARED)
     label: str = ""  # the report's name for it where the config has no method of it (its name when empty)
+    tuned: bool = False  # its tree (k_max, max_depth, top_k_expand) is the tune rule's best on unevaluated prompts
 
     def __post_init__(self):
         if self.theory_cost not in (None, *THEORY_COSTS):
@@ -59,6 +60,8 @@ _PREFETCHING = "specfit.speculative.prefetching"
 
 AR = Kind("ar", f"{_METHODS}:AR", drafts=False, roles=(REFERENCE, BASELINE, RIVAL, COMPARED), label="AR")
 EAGLE3 = Kind("eagle3", f"{_METHODS}:Eagle3", roles=(BASELINE, RIVAL, COMPARED), label="EAGLE-3")
+# EAGLE-3 at the fixed tree a user tunes by hand: the best of the `tune` grid on the workload's unevaluated questions
+EAGLE3_TUNED = Kind("eagle3-tuned", f"{_METHODS}:Eagle3Tuned", tuned=True, label="EAGLE-3, tuned tree")
 SPECFIT = Kind("specfit", f"{_METHODS}:SpecFit", reads_routes=True, theory_cost=PAPER, roles=(COMPARED,),
                label="SpecFit")
 SPECFIT_CA = Kind("specfit-ca", f"{_METHODS}:SpecFitCA", reads_routes=True, theory_cost=CACHE_AWARE,
@@ -69,7 +72,7 @@ EAGLE3_PREFETCH = Kind("eagle3-prefetch", f"{_PREFETCHING}:Eagle3Prefetch", read
 
 PAPER_KINDS = (AR.name, EAGLE3.name, SPECFIT.name)  # the paper's three methods, which key its results
 
-BUILTIN = (AR, EAGLE3, SPECFIT, SPECFIT_CA, SPECFIT_PREFETCH, EAGLE3_PREFETCH)
+BUILTIN = (AR, EAGLE3, EAGLE3_TUNED, SPECFIT, SPECFIT_CA, SPECFIT_PREFETCH, EAGLE3_PREFETCH)
 KINDS: dict[str, Kind] = {k.name: k for k in BUILTIN}  # and the kinds registered from outside
 
 
@@ -99,6 +102,11 @@ def kind(name: str) -> Kind:
 def with_role(role: str) -> tuple[str, ...]:
     """The built-in kinds the report compares as ``role``, in registry order."""
     return tuple(k.name for k in BUILTIN if role in k.roles)
+
+
+def tuned() -> tuple[str, ...]:
+    """The registered kinds whose tree the tune rule chooses."""
+    return tuple(k.name for k in KINDS.values() if k.tuned)
 
 
 def routed() -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
 from specfit.speculative.kinds import Kind, kind, register_kind
 from specfit.speculative.routes import LiveRoutes, find_source, route_source_for
+from specfit.speculative.tuning import chosen_tree
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,18 @@ class Eagle3(Method):
         if not final:
             return None
         return Decision(select_top_prob(pool.view(), self.config.k_max).nodes, pool.depth)
+
+
+class Eagle3Tuned(Eagle3):
+    """EAGLE-3 at the fixed tree the tune rule found best on the workload's tuning questions (its ``tune`` input,
+    `specfit.speculative.tuning`): what a user tunes by hand today."""
+
+    @classmethod
+    def from_inputs(cls, config, inputs, seed, num_experts):
+        if "tune" not in inputs:
+            raise SpecFitError(f"method kind {config.name} decodes with a tuned tree: give the `tune` input (the tune "
+                               "rule's choice)")
+        return cls(dataclasses.replace(config, **chosen_tree(inputs["tune"])))
 
 
 class SpecFit(Method):

@@ -1,0 +1,44 @@
+# Tuning: the fixed EAGLE-3 tree a user tunes by hand (a method of kind eagle3-tuned), chosen by a sweep over the
+# config's `tune` grid on questions the workload does not evaluate.
+
+
+rule extract_tune:
+    input:
+        questions=questions_file,
+        tokenizer=tokenizer_dir,
+    output:
+        prompts=paths.tune_prompts("{model}", "{workload}"),
+    log:
+        paths.log("extract_tune", "{model}", "{workload}"),
+    conda:
+        CONDA_ENV
+    params:
+        spec=spec(specs.extract_tune),
+        inputs=in_flags,
+        code=code_hash("specfit.stages.extract"),
+    shell:
+        "python -m specfit.stages.extract --spec {params.spec:q} {params.inputs} "
+        "--out prompts={output.prompts:q} > {log:q} 2>&1"
+
+
+rule tune:
+    input:
+        prompts=paths.tune_prompts("{model}", "{workload}"),
+        target=target_dir,
+        drafter=drafter_dir,
+    output:
+        tune=paths.tune("{model}", "{device}", "{workload}", "{method}"),
+    log:
+        paths.log("tune", "{model}", "{device}", "{workload}", "{method}"),
+    conda:
+        CONDA_ENV
+    resources:
+        gpu=device_gpus,
+        gpu_model=device_gpu_model,
+    params:
+        spec=spec(specs.tune),
+        inputs=in_flags,
+        code=code_hash("specfit.stages.tune"),
+    shell:
+        "python -m specfit.stages.tune --spec {params.spec:q} {params.inputs} "
+        "--out tune={output.tune:q} > {log:q} 2>&1"
