@@ -241,3 +241,10 @@ def test_a_resident_device_calibrates_at_every_expert_and_specfit_decodes_on_it(
     for name in ("specfit-learned", "specfit-ca-learned"):
         ours = Decoder(spec(METHODS[name], slots=8, emulate=resident), calibrated).generate(prompts[0])
         assert ours.output_ids == ar.output_ids and ours.figures["h2d_per_token"] == 0, name
+
+
+def test_a_tuned_method_is_refused_naming_the_fixed_tree_alternative():
+    config = load_config(ROOT / "config.yaml", ROOT / SCHEMA, ROOT / "config.resident.yaml")
+    with pytest.raises(SpecFitError, match=r"'eagle3-tuned' decodes with the tree the tune rule chose .*"
+                                           r"data/tune/<model>/<device>/<workload>/eagle3-tuned.json.* kind eagle3"):
+        deployable(config, "eagle3-tuned")

@@ -60,10 +60,12 @@ def test_every_run_is_lossless_against_ar(workflow):
     for run in decode_runs(config):
         metrics = json.loads((workdir / run.path / "metrics.json").read_text())
         assert metrics["n_requests"] == 2 and metrics["link_emulated"] is True
-        if config["devices"][run.device]["emulate"] is None:
+        device = config["devices"][run.device]
+        if device["emulate"] is None and device.get("resident") is None:
             assert "emulated link" in metrics["timing_label"] and metrics["device"] is None
-        else:  # the emulated A100: the virtual clock moved by the modelled forwards and the host work
-            assert metrics["timing_label"] == "emulated A100, virtual clock"
+        else:  # the emulated A100 or resident device: the virtual clock moved by the modelled forwards and host work
+            assert metrics["timing_label"] == ("emulated A100, virtual clock" if device["emulate"] else
+                                               "emulated M5 Max (resident, distinct gather), virtual clock")
             device = metrics["device"]
             target = device["target"]
             assert target["forwards"] > 0 and target["modelled_s"] > 0
@@ -99,6 +101,13 @@ def test_report_tables_match_the_metrics(workflow):
     # the prefetching methods' section on the emulated A100, whose runs the smoke config holds
     md = (out / "report.md").read_text()
     assert "\n### Beyond the paper: prefetch while drafting\n" in md
+    # the resident device: its section, with the tree the tune job chose for the tuned EAGLE-3
+    chosen = json.loads((workdir / "data/tune/smoke/cpu-resident/gsm8k/eagle3-tuned.json").read_text())["chosen"]
+    header, rows = find(tables, "Every expert resident, smoke")
+    tuned = next(r for r in rows if r[header.index("Method")] == "eagle3-tuned")
+    assert tuned[header.index("Tree")].startswith(f"depth {chosen['max_depth']}, width {chosen['top_k_expand']}, "
+                                                   f"k {chosen['k_max']} (tuned on 1 questions")
+    assert "\n### Beyond the paper: every expert resident\n" in md
     for part, record in paths.TOY_RECORDS.items():  # the rule declares the trained toy's folders: their weights' sha256
         sha256 = json.loads((workdir / paths.toy_model("smoke", part) / record).read_text())["sha256"]
         assert f"**Weights of smoke {part}**: sha256 {sha256}; trained on " in md
@@ -129,8 +138,9 @@ def test_incremental_reruns(workflow, tmp_path):
     # one method's parameter: its atlases and runs, the theory over them and the report; nothing else
     jobs = scheduled(workdir, "k6.yaml")
     assert set(jobs) == {"atlas", "decode", "theory", "report"}, jobs
-    # specfit at slots 0/2/4 x workloads on the link, 0/4 on gsm8k on the emulated A100; not specfit-noisy
-    assert jobs["decode"] == 7 and jobs["atlas"] == 6
+    # specfit at slots 0/2/4 x workloads on the link, 0/4 on gsm8k on the emulated A100, 8 on the resident device;
+    # not specfit-noisy
+    assert jobs["decode"] == 8 and jobs["atlas"] == 7  # and specfit on the resident device
     runs = yaml.safe_load((workdir / "smoke.yaml").read_text())["runs"]
     runs.append({"models": ["smoke"], "devices": ["cpu-a100link"], "workloads": ["summarization"],
                  "methods": ["eagle3"], "slots": [1]})

@@ -11,7 +11,17 @@ import yaml
 from specfit.errors import SpecFitError
 from specfit.planning.code import code_hash
 from specfit.planning.config import validate_config
-from specfit.planning.matrix import DecodeRun, decode_runs, reference_run, theory_cost, theory_file, theory_runs
+from specfit.planning.matrix import (
+    DecodeRun,
+    decode_inputs,
+    decode_runs,
+    reference_run,
+    report_inputs,
+    theory_cost,
+    theory_file,
+    theory_runs,
+    tune_question_ids,
+)
 from specfit.planning.paths import atlas_variant
 from specfit.speculative.config import MethodConfig
 
@@ -274,10 +284,19 @@ def resident(root, config):
     return config
 
 
-def test_the_resident_overlay_is_valid_and_adds_no_run(config, resident, schema):
+def test_the_resident_overlay_is_valid_and_runs_the_resident_matrix_alone(config, resident, schema):
     validate_config(resident, schema)
     assert resident["devices"]["cpu-m5max-distinct"]["resident"]["gather"] == "distinct"
-    assert all(not any(d.startswith("cpu-m5max") for d in run["devices"]) for run in resident["runs"])
+    # its runs replace the default matrix (Snakemake's merge replaces a list): resident devices only
+    assert all(d.startswith("cpu-m5max") for run in resident["runs"] for d in run["devices"])
+    runs = decode_runs(resident)
+    for gather in ("pair", "distinct"):
+        for workload in ("summarization", "gsm8k"):
+            assert {r.method for r in runs if (r.device, r.workload) == (f"cpu-m5max-{gather}", workload)} == {
+                "ar", "eagle3", "eagle3-tuned", "specfit", "specfit-ca"}
+        shares = {resident["devices"][d]["resident"]["draft_share"] for d in {r.device for r in runs}
+                  if resident["devices"][d]["resident"]["gather"] == gather}
+        assert shares == {0.034, 0.068, 0.136}  # the assumed drafter cost, at half and double
 
 
 def _resident_run(config, slots):
@@ -315,7 +334,7 @@ def test_a_bad_resident_device_is_named_at_load(resident, schema, edit, message)
 
 def test_a_resident_device_needs_slots_for_every_expert(resident, schema):
     _resident_run(resident, [12, 32])
-    with pytest.raises(SpecFitError, match=r"'runs\.8\.slots' gives resident device 'cpu-m5max-pair' \[12\] slots, "
+    with pytest.raises(SpecFitError, match=r"'runs\.2\.slots' gives resident device 'cpu-m5max-pair' \[12\] slots, "
                                            r"but model 'toy' has 32 experts per layer"):
         validate_config(copy.deepcopy(resident), schema)
     resident["runs"][-1]["slots"] = [32]
@@ -324,3 +343,26 @@ def test_a_resident_device_needs_slots_for_every_expert(resident, schema):
         validate_config(copy.deepcopy(resident), schema)
     resident["models"]["toy"]["main_slots"]["cpu-m5max-pair"] = 32
     validate_config(resident, schema)
+
+
+def test_a_tuned_method_tunes_on_questions_its_workload_does_not_evaluate(resident, schema):
+    validate_config(resident, schema)
+    assert tune_question_ids(resident, "gsm8k") == [413, 414, 415, 416]  # after the 12 it evaluates (401..412)
+    assert tune_question_ids(resident, "summarization") == [266, 268, 270, 272]
+    run = DecodeRun("toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
+    assert decode_inputs(resident, run)["tune"] == "data/tune/toy/cpu-m5max-pair/gsm8k/eagle3-tuned.json"
+    assert "data/tune/toy/cpu-m5max-pair/gsm8k/eagle3-tuned.json" in report_inputs(resident)["tune"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["methods"]["eagle3-tuned"].update(k_max=4),
+     r"'methods\.eagle3-tuned\.k_max': the tune rule chooses"),
+    (lambda c: c["workloads"]["gsm8k"].update(max_requests=None),
+     r"'workloads\.gsm8k\.tune_question_ids': a tuned method runs on workload 'gsm8k', which has no questions"),
+    (lambda c: c["workloads"]["gsm8k"].update(tune_question_ids={"start": 410, "stop": 415}),
+     r"'workloads\.gsm8k\.tune_question_ids' holds questions the workload evaluates \(410, 411, 412\)"),
+])
+def test_a_bad_tuned_method_is_named_at_load(resident, schema, edit, message):
+    edit(resident)
+    with pytest.raises(SpecFitError, match=message):
+        validate_config(resident, schema)

@@ -186,8 +186,9 @@ def calibration_modes(config: dict, device: str) -> tuple[str, ...]:
 def report_inputs(config: dict) -> dict[str, list[str]]:
     """Every file the report reads (the report rule's inputs, by the stage's input names): each run's metrics and
     requests, the fits and their points, the theory, the toy pair's folders (the report shows the
-    sha256 of their training records) with the shipped toy's manifest (and the commit and CPU it names), and the
-    learned route predictors decode runs read (folders: the report reads their metrics.json)."""
+    sha256 of their training records) with the shipped toy's manifest (and the commit and CPU it names), the
+    learned route predictors decode runs read (folders: the report reads their metrics.json) and the tuned methods'
+    trees."""
     runs = decode_runs(config)
     pairs = sorted({(r.model, r.device) for r in runs})
     toys = [m for m in sorted({r.model for r in runs}) if is_toy(config["models"][m])]
@@ -200,6 +201,7 @@ def report_inputs(config: dict) -> dict[str, list[str]]:
         "models": [*(paths.toy_model(m, part) for m in toys for part in paths.TOY_RECORDS),
                    *(paths.SHIPPED_MANIFEST for m in toys if config["models"][m].get("shipped"))],
         "predictor": sorted({p for r in runs if (p := decode_inputs(config, r).get("predictor"))}),
+        "tune": sorted({p for r in runs if (p := decode_inputs(config, r).get("tune"))}),
     }
 
 

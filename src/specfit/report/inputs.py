@@ -55,8 +55,9 @@ PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "tr
                       "pool_nodes_timed", "torch_device", "training")
 
 
-INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "models")  # list inputs
+INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "models", "tune")  # list inputs
 TOY_REQUIRED = ("sha256",)  # the toy's folders (declared as folders): the key their paths.TOY_RECORDS must have
+TUNE_REQUIRED = ("chosen", "trees", "question_ids")  # a tune job's JSON (specfit.stages.tune)
 SHIPPED_REQUIRED = ("commit", "cpu")  # the shipped toy's manifest (paths.SHIPPED_MANIFEST, specfit.models.shipped)
 
 
@@ -122,6 +123,7 @@ class Inputs:
     predictor: dict[str, dict] = field(default_factory=dict)  # model -> its learned route predictor's metrics.json
     toy: dict[tuple[str, str], dict] = field(default_factory=dict)  # (model, part) -> its training record
     shipped: dict[str, dict] = field(default_factory=dict)  # model -> the shipped toy's manifest (SHIPPED.json)
+    tune: dict[DecodeRun, dict] = field(default_factory=dict)  # a tuned method's run -> its tune job's JSON
     _intervals: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -261,7 +263,13 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
             manifest = _load_json(files.path("models", paths.SHIPPED_MANIFEST), SHIPPED_REQUIRED)
             if manifest is not None:
                 shipped[model] = manifest
+    tune = {}
+    for r in runs:
+        if method_kind(spec, r.method).tuned:
+            path = paths.tune(r.model, r.device, r.workload, r.method)
+            if (data := _load_json(files.path("tune", path), TUNE_REQUIRED)) is not None:
+                tune[r] = data
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
     return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, toy,
-                  shipped)
+                  shipped, tune)

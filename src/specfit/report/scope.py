@@ -11,7 +11,7 @@ from specfit.report.page import Estimate, Section, cache_cell
 from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, Beside
 from specfit.report.quantities import LINK_EMULATED
 from specfit.report.verdict import Outcome
-from specfit.speculative.kinds import AR, EAGLE3, SPECFIT, SPECFIT_CA
+from specfit.speculative.kinds import AR, EAGLE3, EAGLE3_TUNED, SPECFIT, SPECFIT_CA
 
 
 def slot_order(slots) -> list[int]:
@@ -22,27 +22,32 @@ def slot_order(slots) -> list[int]:
 @dataclass(frozen=True)
 class Roles:
     """The config's methods in the paper's roles: AR, EAGLE-3, SpecFit (exact routes), SpecFit noisy routes; and,
-    beyond the paper, the cache- and draft-aware SpecFit (kind specfit-ca; None: no such method, no section)."""
+    beyond the paper, the cache- and draft-aware SpecFit (kind specfit-ca; None: no such method, no section) and EAGLE-3
+    at its tuned tree (kind eagle3-tuned)."""
 
     ar: str | None
     eagle3: str | None
     specfit: str | None
     noisy: list[str]
     specfit_ca: str | None = None
+    eagle3_tuned: str | None = None  # EAGLE-3 at the tune rule's best fixed tree (beyond the paper)
 
     @classmethod
     def of(cls, spec: dict) -> "Roles":
         return cls(first_method(spec, AR.name), first_method(spec, EAGLE3.name),
                    first_method(spec, SPECFIT.name, "atlas"), methods_with(spec, (SPECFIT.name,), "noisy"),
-                   first_method(spec, SPECFIT_CA.name))
+                   first_method(spec, SPECFIT_CA.name), first_method(spec, EAGLE3_TUNED.name))
 
     def by_kind(self) -> dict[str, str | None]:
         return {AR.name: self.ar, EAGLE3.name: self.eagle3, SPECFIT.name: self.specfit}
 
 
-def paper_gpu(spec: dict, device: str) -> str:
-    """The paper's GPU a device stands for: named in its name, label or coefficients, else by order."""
+def paper_gpu(spec: dict, device: str) -> str | None:
+    """The paper's GPU a device stands for: named in its name, label or coefficients, else by order; None for a
+    resident device (every expert in memory), which stands for none of them."""
     d = spec["devices"][device]
+    if d.get("resident") is not None:
+        return None
     for name in PAPER_DEVICES:
         if any(name.replace("rtx", "") in str(s).lower() for s in (device, d.get("label", ""), d.get("coefficients"))):
             return name
@@ -192,7 +197,7 @@ class ModelScope:
     def __init__(self, inputs: Inputs, figures: Figures, model: str):
         self.inputs, self.model, self.spec = inputs, model, inputs.spec
         devices = [d for d in self.spec["devices"] if any(r.model == model and r.device == d for r in inputs.runs)]
-        devices.sort(key=lambda d: PAPER_DEVICES.index(paper_gpu(self.spec, d)))
+        devices.sort(key=lambda d: PAPER_DEVICES.index(gpu) if (gpu := paper_gpu(self.spec, d)) else len(PAPER_DEVICES))
         self.on = {d: Scope(inputs, figures, model, d) for d in devices}
 
     def id(self, name: str, *more) -> str:

@@ -2,8 +2,9 @@
 
 A config's method entry names its ``kind``; everything else reads the kind's declaration here: whether it drafts,
 whether it reads expert routes (then its runs read coefficients and an atlas or a learned predictor, and the atlas
-rule builds its atlas), whether the tune rule chooses its tree, the cost model of its Table 5 theory run, its roles in the report, and the class that
-implements it (imported only when a run decodes with it). Torch-free and import-light: planning reads it.
+rule builds its atlas), whether the tune rule chooses its tree, the cost model of its Table 5 theory run, its roles in
+the report, and the class that implements it (imported only when a run decodes with it). Torch-free and import-light:
+planning reads it.
 
 A kind from outside the package is named ``module:name`` in the config: resolving it imports ``module``, which
 registers its kind with ``@register_method(name, reads_routes=...)`` (`specfit.speculative.methods`), a

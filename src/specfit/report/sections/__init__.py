@@ -13,6 +13,7 @@ from specfit.report.sections import (
                                      paper_headline,
                                      prefetch,
                                      proportions,
+                                     resident,
                                      selection_cost,
                                      specfit_ca,
                                      sweep,
@@ -23,4 +24,4 @@ from specfit.report.sections import (
 PER_DEVICE = (claims.section, proportions.section, throughput.section, specfit_ca.section, prefetch.section,
               learned_routes.section, counters.section, sweep.section, theory.section, calibration.section,
               selection_cost.section, noisy_routes.section, lossless.section)
-ACROSS_DEVICES = (devices.section, paper_headline.section)
+ACROSS_DEVICES = (devices.section, resident.section, paper_headline.section)

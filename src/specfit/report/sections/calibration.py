@@ -31,13 +31,13 @@ def section(scope: Scope) -> Section:
             ("rmse_ms", "RMSE (ms)", lambda f: fmt(f["rmse_ms"], ".2f"), lambda p: MISSING),
             ("n_points", "Points", lambda f: fmt(f["n_points"], "d"), lambda p: "144"),
             ("source", "Source", lambda f: str(f["source"]), lambda p: "paper")]
-    paper = scope.inputs.paper["coefficients_ms"][scope.gpu]
+    paper = scope.inputs.paper["coefficients_ms"][scope.gpu] if scope.gpu is not None else None
     sec.tables.append(table(scope.id("calibration"), tagged(f"Cost coefficients, {scope.model} / {scope.device}",
                                                             emulated), [
         ("Coefficient", lambda q: q[1]),
         *((fit_header(mode, f), lambda q, f=f: q[2](f)) for mode, f in fits.items()),
-        *((f"Paper {scope.gpu}, {which}", lambda q, p=p: q[3](p)) for which, p in (("with cache", paper["cache"]),
-                                                                               ("without cache", paper["no_cache"])))],
+        *((f"Paper {scope.gpu}, {which}", lambda q, p=p: q[3](p)) for which, p in (
+            (("with cache", paper["cache"]), ("without cache", paper["no_cache"])) if paper else ()))],
         rows, key=lambda q: q[0]))
     cache_aware(scope, sec, fits, [b(k) for k in range(n_b)], emulated)
     frames = {NAMES[mode]: scope.inputs.points[scope.model, scope.device, mode] for mode in fits

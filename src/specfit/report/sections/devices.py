@@ -11,11 +11,12 @@ KEYS = ("draft_nodes_per_cycle", "committed_per_cycle", "cycles", "ms_per_cycle"
 
 
 def section(model_scope: ModelScope) -> Section | None:
-    if len(model_scope.on) < 2:
+    if sum(scope.gpu is not None for scope in model_scope.on.values()) < 2:
         return None
     sec = Section("Devices side by side (Table 4 style)")
     for group in dict.fromkeys(paper_workload(model_scope.spec, w) or w for w in model_scope.spec["workloads"]):
-        on = {d: w for d in model_scope.on if (w := model_scope.workload_on(d, group)) is not None}
+        on = {d: w for d, scope in model_scope.on.items()  # a resident device: its own section (resident)
+              if scope.gpu is not None and (w := model_scope.workload_on(d, group)) is not None}
         if len(on) < 2:
             continue
         group_table(model_scope, sec, group, on)

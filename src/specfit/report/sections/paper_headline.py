@@ -7,12 +7,15 @@ from specfit.report.quantities import tps_cell, x_cell
 from specfit.report.scope import ModelScope
 
 
-def section(model_scope: ModelScope) -> Section:
+def section(model_scope: ModelScope) -> Section | None:
+    """None when no device stands for one of the paper's GPUs (resident devices alone)."""
     inputs = model_scope.inputs
+    if all(scope.gpu is None for scope in model_scope.on.values()):
+        return None
     sec = Section("The paper's headline figures beside this run's")
     sec.notes += [note("headline_miniature"), note("headline_ratios")]
     mapping = ", ".join(f"{d} ↔ {inputs.paper['setup']['devices'][scope.gpu]['name']}" for d,
-                        scope in model_scope.on.items())
+                        scope in model_scope.on.items() if scope.gpu is not None)  # a resident device: none
     sec.notes.append(f"Devices are mapped by name, label or order: {mapping}.")
     standing = []
     for d, scope in model_scope.on.items():
