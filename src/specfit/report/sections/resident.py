@@ -67,8 +67,9 @@ def section(model_scope: ModelScope) -> Section | None:
     runs = [r for p in ps for r in p.runs.values() if r is not None]
     sec.missing += inputs.missing(runs) + inputs.missing_requests(runs)
     emulated = any(inputs.metrics[r]["link_emulated"] for r in runs if r in inputs.metrics)
-    sec.notes.append(note("resident", label=next((inputs.metrics[r]["timing_label"] for r in runs
-                                                  if r in inputs.metrics), MISSING)))
+    labels = sorted({inputs.metrics[r]["timing_label"] for r in runs if r in inputs.metrics})
+    sec.notes.append(note("resident", labels=labels))
+    ps = sorted(ps, key=lambda p: (p.gather, p.draft_share, p.workload))
     rows = [(p, role, r) for p in ps for role, r in p.runs.items() if r in inputs.metrics]
     caption = tagged(f"Every expert resident, {model_scope.model}", emulated)
     sec.tables.append(table(model_scope.id("resident"), caption, [

@@ -7,7 +7,10 @@ from specfit.report.quantities import TOKENS_PER_TRANSFER, column, gain_cell, to
 from specfit.report.scope import Scope, slot_order
 
 
-def section(scope: Scope) -> Section:
+def section(scope: Scope) -> Section | None:
+    """None on a resident device: it holds every expert, there is no cache size to sweep."""
+    if scope.spec["devices"][scope.device].get("resident") is not None:
+        return None
     sec = Section("Cache-size sweep (Figure 4)")
     a, b = pair = (scope.roles.eagle3, scope.roles.specfit)
     for w in scope.workloads:
