@@ -65,15 +65,16 @@ def test_proportions_of_runs_and_of_the_paper():
 
 
 def test_main_prints_each_resident_devices_fit(capsys, monkeypatch, root, tmp_path):
-    monkeypatch.chdir(root)  # config.yaml with config.resident.yaml: its two M5 Max entries
+    monkeypatch.chdir(root)  # config.yaml with config.resident.yaml: its M5 Max entries, 3 drafter shares per gather
     main([])
     out = capsys.readouterr().out
-    for name, gather in (("cpu-m5max-pair", "pair"), ("cpu-m5max-distinct", "distinct")):
-        assert f"Resident device {name} (M5 Max, {gather} gather" in out
-    assert out.count("      8   1104.0     28.13") == 1  # pair mode's width 8: 23 x 6 x 8 reads
+    for gather in ("pair", "distinct"):
+        for name in (f"cpu-m5max-{gather}", f"cpu-m5max-{gather}-halfdraft", f"cpu-m5max-{gather}-doubledraft"):
+            assert f"Resident device {name} (M5 Max, {gather} gather" in out
+    assert out.count("      8   1104.0     28.13") == 3  # pair mode's width 8: 23 x 6 x 8 reads, per pair device
     errors = [float(line.split()[-1].rstrip("%")) for line in out.splitlines()
               if line.startswith("  ") and line.strip().endswith("%") and "largest" not in line]
-    assert len(errors) == 10 and max(map(abs, errors)) < 3.0
+    assert len(errors) == 30 and max(map(abs, errors)) < 3.0
     assert "one toy read stands for 8.625" in out and "copies 0" in out
     monkeypatch.chdir(tmp_path)  # no config: no resident device, said so
     main([])

@@ -275,3 +275,17 @@ def test_a_resident_device_is_calibrated_with_every_expert_only(root, tmp_path):
                             cwd=root, capture_output=True, text=True, check=True).stdout
     assert "data/calibration/toy/cpu-m5max-distinct/cache.json" in listed
     assert "cpu-m5max-distinct/nocache" not in listed
+
+
+def test_the_tune_rules_specs(root):
+    """extract_tune: the workload's questions after the ones it evaluates, all of them; tune: the tuned method's decode
+    spec at the device's main slots and the grid's trees."""
+    resident = load_config(root / "config.yaml", root / SCHEMA, root / "config.resident.yaml")
+    extract = specs.extract_tune(resident, "toy", "gsm8k")
+    assert extract["question_ids"] == [413, 414, 415, 416] and extract["max_requests"] is None
+    assert {k: v for k, v in extract.items() if k != "question_ids"} == {
+        k: v for k, v in specs.extract(resident, "toy", "gsm8k").items() if k not in ("question_ids", "max_requests")
+    } | {"max_requests": None}
+    tune = specs.tune(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned")
+    assert tune["stream"] == specs.decode(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
+    assert len(tune["trees"]) == 10 and tune["trees"][-1] == {"max_depth": 5, "top_k_expand": 2, "k_max": 10}
