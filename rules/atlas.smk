@@ -28,6 +28,6 @@ rule atlas:
         inputs=in_flags,
         code=code_hash("specfit.stages.atlas"),
     shell:
-        "python -m specfit.stages.atlas --spec {params.spec:q} {params.inputs} --out atlas={output.atlas:q} "
+        "python -m specfit.launch atlas --spec {params.spec:q} {params.inputs} --out atlas={output.atlas:q} "
         "--out requests={output.requests:q} --out cycles={output.cycles:q} "
         "--out metrics={output.metrics:q} > {log:q} 2>&1"

@@ -20,6 +20,6 @@ rule calibrate:
         spec=spec(specs.calibrate),
         code=code_hash("specfit.stages.calibrate"),
     shell:
-        "python -m specfit.stages.calibrate --spec {params.spec:q} --in prompts={input.prompts:q} "
+        "python -m specfit.launch calibrate --spec {params.spec:q} --in prompts={input.prompts:q} "
         "--in target={input.target:q} --in drafter={input.drafter:q} "
         "--out coefficients={output.coefficients:q} --out points={output.points:q} > {log:q} 2>&1"

@@ -38,6 +38,6 @@ rule decode:
         inputs=in_flags,
         code=code_hash("specfit.stages.decode"),
     shell:
-        "python -m specfit.stages.decode --spec {params.spec:q} {params.inputs} "
+        "python -m specfit.launch decode --spec {params.spec:q} {params.inputs} "
         "--out requests={output.requests:q} --out cycles={output.cycles:q} "
         "--out metrics={output.metrics:q} > {log:q} 2>&1"

@@ -12,7 +12,7 @@ rule spec_bench:
     params:
         spec=spec_json(specs.spec_bench(config)),
     shell:
-        "python -m specfit.stages.spec_bench --spec {params.spec:q} "
+        "python -m specfit.launch spec_bench --spec {params.spec:q} "
         "--out questions={output.questions:q} > {log:q} 2>&1"
 
 
@@ -33,5 +33,5 @@ rule extract:
         inputs=in_flags,
         code=code_hash("specfit.stages.extract"),
     shell:
-        "python -m specfit.stages.extract --spec {params.spec:q} {params.inputs} "
+        "python -m specfit.launch extract --spec {params.spec:q} {params.inputs} "
         "--out prompts={output.prompts:q} > {log:q} 2>&1"

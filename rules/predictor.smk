@@ -20,6 +20,6 @@ rule predictor:
         spec=spec(specs.predictor),
         code=code_hash("specfit.stages.predictor"),
     shell:
-        "python -m specfit.stages.predictor --spec {params.spec:q} --in prompts={input.prompts:q} "
+        "python -m specfit.launch predictor --spec {params.spec:q} --in prompts={input.prompts:q} "
         "--in target={input.target:q} --in drafter={input.drafter:q} "
         "--out predictor={output.predictor:q} > {log:q} 2>&1"

@@ -16,5 +16,5 @@ rule report:
         inputs=in_flags,
         code=code_hash("specfit.stages.report"),
     shell:
-        "python -m specfit.stages.report --spec {params.spec:q} {params.inputs} "
+        "python -m specfit.launch report --spec {params.spec:q} {params.inputs} "
         "--out report={output.report:q} > {log:q} 2>&1"

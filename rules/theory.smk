@@ -15,7 +15,7 @@ rule theory:
         inputs=in_flags,
         code=code_hash("specfit.stages.theory"),
     shell:
-        "python -m specfit.stages.theory --spec {params.spec:q} {params.inputs} "
+        "python -m specfit.launch theory --spec {params.spec:q} {params.inputs} "
         "--out theory={output.theory:q} > {log:q} 2>&1"
 
 

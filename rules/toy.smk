@@ -18,7 +18,7 @@ rule toy_tokenizer:
         spec=spec_json(specs.toy(config, "tokenizer")),
         code=code_hash("specfit.stages.toy_tokenizer"),
     shell:
-        "python -m specfit.stages.toy_tokenizer --spec {params.spec:q} --in questions={input.questions:q} "
+        "python -m specfit.launch toy_tokenizer --spec {params.spec:q} --in questions={input.questions:q} "
         "--out tokenizer={output.tokenizer:q} > {log:q} 2>&1"
 
 
@@ -38,7 +38,7 @@ rule toy_target:
         spec=spec_json(specs.toy(config, "target")),
         code=code_hash("specfit.stages.toy_target"),
     shell:
-        "python -m specfit.stages.toy_target --spec {params.spec:q} --in questions={input.questions:q} "
+        "python -m specfit.launch toy_target --spec {params.spec:q} --in questions={input.questions:q} "
         "--in tokenizer={input.tokenizer:q} --out target={output.target:q} > {log:q} 2>&1"
 
 
@@ -58,5 +58,5 @@ rule toy_drafter:
         spec=spec_json(specs.toy(config, "drafter")),
         code=code_hash("specfit.stages.toy_drafter"),
     shell:
-        "python -m specfit.stages.toy_drafter --spec {params.spec:q} --in questions={input.questions:q} "
+        "python -m specfit.launch toy_drafter --spec {params.spec:q} --in questions={input.questions:q} "
         "--in target={input.target:q} --out drafter={output.drafter:q} > {log:q} 2>&1"

@@ -17,7 +17,7 @@ rule extract_tune:
         inputs=in_flags,
         code=code_hash("specfit.stages.extract"),
     shell:
-        "python -m specfit.stages.extract --spec {params.spec:q} {params.inputs} "
+        "python -m specfit.launch extract --spec {params.spec:q} {params.inputs} "
         "--out prompts={output.prompts:q} > {log:q} 2>&1"
 
 
@@ -40,5 +40,5 @@ rule tune:
         inputs=in_flags,
         code=code_hash("specfit.stages.tune"),
     shell:
-        "python -m specfit.stages.tune --spec {params.spec:q} {params.inputs} "
+        "python -m specfit.launch tune --spec {params.spec:q} {params.inputs} "
         "--out tune={output.tune:q} > {log:q} 2>&1"

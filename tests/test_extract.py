@@ -193,11 +193,11 @@ def test_the_extract_rule_declares_a_local_source_and_passes_its_spec(root, tmp_
                            str(extra)], cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = {line.split("prompts=data/prompts/toy/")[1].split(".parquet")[0]: line
-                for line in proc.stdout.splitlines() if "python -m specfit.stages.extract --spec" in line}
+                for line in proc.stdout.splitlines() if "python -m specfit.launch extract --spec" in line}
     assert f"--in questions={data}" in commands["gsm8k-full"]
     assert "--in questions=" not in commands["gsm8k-hub"]
     assert "--in questions=data/raw/spec_bench/question.jsonl" in commands["gsm8k"]
-    specs = {name: json.loads(shlex.split(line.split("Shell command: ")[-1])[4]) for name, line in commands.items()}
+    specs = {name: json.loads(shlex.split(line.split("Shell command: ")[-1])[5]) for name, line in commands.items()}
     assert specs["gsm8k-full"]["source"]["path"] == str(data) and specs["gsm8k-full"]["workload"] == "gsm8k-full"
     assert specs["gsm8k-hub"]["source"]["hub"] == "openai/gsm8k"
     assert set(specs["gsm8k"]) == {"model", "question_ids", "limit_tokens", "max_requests"}

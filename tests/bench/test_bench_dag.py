@@ -11,7 +11,7 @@ localrule extract:
     input: data/raw/spec_bench/question.jsonl
     jobid: 2
     wildcards: model=toy, workload=gsm8k
-Shell command: python -m specfit.stages.extract ...
+Shell command: python -m specfit.launch extract ...
 [Fri Dec  4 10:16:53 2026]
 Finished jobid: 2 (Rule: extract)
 1 of 3 steps (33%) done

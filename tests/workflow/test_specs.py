@@ -159,20 +159,22 @@ def test_report_inputs(config, smoke):
     trained toy, config.yaml's shipped one) and the one learned route predictor the learned methods read."""
     inputs = report_inputs(smoke)
     runs = decode_runs(smoke)
-    assert sorted(inputs) == ["calibration", "metrics", "models", "points", "predictor", "requests", "theory"]
+    assert sorted(inputs) == ["calibration", "metrics", "models", "points", "predictor", "requests", "theory", "tune"]
     assert inputs["metrics"] == [r.file("metrics.json") for r in runs]
     assert inputs["requests"] == [r.file("requests.parquet") for r in runs]
     assert inputs["calibration"] == [f"data/calibration/smoke/{d}/{c}.json" for d in ("cpu-a100", "cpu-a100link")
-                                     for c in ("cache", "nocache")]
+                                     for c in ("cache", "nocache")] + ["data/calibration/smoke/cpu-resident/cache.json"]
     assert inputs["points"] == [f"data/calibration/smoke/{d}/{c}.points.parquet"
-                                for d in ("cpu-a100", "cpu-a100link") for c in ("cache", "nocache")]
+                                for d in ("cpu-a100", "cpu-a100link") for c in ("cache", "nocache")] + [
+        "data/calibration/smoke/cpu-resident/cache.points.parquet"]
     # SpecFit's pools per workload at the main slots; beyond the paper, each exact-route cache-aware method's beside
     assert inputs["theory"] == [
         "data/theory/smoke/cpu-a100/gsm8k.json", "data/theory/smoke/cpu-a100/gsm8k.specfit-prefetch-atlas.json",
         "data/theory/smoke/cpu-a100link/gsm8k.json", "data/theory/smoke/cpu-a100link/gsm8k.specfit-ca.json",
-        "data/theory/smoke/cpu-a100link/summarization.json"]
+        "data/theory/smoke/cpu-a100link/summarization.json", "data/theory/smoke/cpu-resident/gsm8k.json"]
     assert inputs["models"] == ["data/models/smoke/target", "data/models/smoke/drafter"]
     assert inputs["predictor"] == [paths.predictor("smoke")]
+    assert inputs["tune"] == ["data/tune/smoke/cpu-resident/gsm8k/eagle3-tuned.json"]
     assert report_inputs(config)["models"] == ["data/models/toy/target", "data/models/toy/drafter",
                                                "data/models/toy/SHIPPED.json"]
 
@@ -202,6 +204,7 @@ JOBS = {
     "specfit.stages.atlas": (specs.atlas, [paths.atlas(*W, "{method}-{cache}")]),
     "specfit.stages.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
     "specfit.stages.predictor": (specs.predictor, [paths.predictor("{model}")]),
+    "specfit.stages.tune": (specs.tune, [paths.tune(*W, "{method}")]),
     "specfit.stages.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
 }
 
@@ -215,6 +218,8 @@ def _expected(config: dict, module: str, argv: list[str]) -> dict:
         return specs.report(config)
     build, patterns = JOBS[module]
     out = argv[argv.index("--out") + 1].partition("=")[2]
+    if (m := _pattern(paths.tune_prompts("{model}", "{workload}")).match(out)) is not None:
+        return specs.extract_tune(config, **m.groupdict())  # rule extract_tune: the extract stage, another spec
     match = next(m for p in patterns if (m := _pattern(p).match(out)))
     return build(config, **match.groupdict())
 
@@ -229,10 +234,12 @@ def test_every_job_gets_its_builders_spec(root, overlays):
     commands = [shlex.split(line.partition(": ")[2]) for line in proc.stdout.splitlines()
                 if line.startswith("Shell command: python -m specfit.")]
     # config.yaml: 64 jobs (no toy training: the shipped toy is read), 8 prefetching decodes, 2 atlases and 2 theory
-    # jobs; smoke: 49 (its toy's 3 training jobs among them), and 4 + 1 + 1
-    assert len(commands) == (76 if not overlays else 55)
+    # jobs; smoke: 49 (its toy's 3 training jobs among them), 4 + 1 + 1, and its resident device's 8 (extract_tune,
+    # tune, calibrate, atlas, theory and 3 decodes)
+    assert len(commands) == (76 if not overlays else 63)
     for argv in commands:
-        module, argv = argv[2], argv[3:argv.index(">")]
+        assert argv[:3] == ["python", "-m", "specfit.launch"]  # the launcher, then the stage's name
+        module, argv = f"specfit.stages.{argv[3]}", argv[4:argv.index(">")]
         spec = json.loads(argv[argv.index("--spec") + 1])
         assert spec == _expected(config, module, argv), " ".join(argv)
 

@@ -1,4 +1,5 @@
-"""The command line every workflow rule calls: ``python -m specfit.stages.<name> --spec JSON --in k=path --out k=path``.
+"""A stage's command line: ``python -m specfit.stages.<name> --spec JSON --in k=path --out k=path``, which every rule
+reaches through ``python -m specfit.launch <name> ...`` (`specfit.launch`).
 
 Each stage module has ``run(spec, inputs, outputs)`` and ``main = stage_main(run)``. ``spec`` is the rule's
 slice of the config (a dict), ``inputs`` and ``outputs`` map the rule's named files to paths; a name given more

@@ -1,0 +1,98 @@
+"""The stage launcher: a stage run by a child of the stage server writes what the same stage writes in a process of
+its own (outputs, exit status, log), and the launcher runs a stage itself where the server cannot."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from specfit.launch import SOCKET_ENV, THREAD_VARS
+
+EMULATE = {"name": "A100", "fixed_ms": 74.02, "token_ms": 1.423, "expert_ms": 4.786, "copy_ms": 4.575,
+           "draft_ms": 10.24}
+SPEC = {"method": {"name": "eagle3"}, "slots": 4, "max_inflight": 2, "link": None, "emulate": EMULATE,
+        "torch_device": "cpu", "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
+        "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model"}
+ONE_THREAD = dict.fromkeys(THREAD_VARS, "1")  # as Snakemake sets them for a job of one thread
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("server")
+    path, log = str(folder / "s.sock"), folder / "server.log"
+    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV} | ONE_THREAD
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "specfit.launch", "--serve", path, str(os.getpid())],
+                                stdout=out, stderr=out, env=env)
+    for _ in range(600):  # it imports torch, transformers and numba first
+        if os.path.exists(path + ".pid"):
+            break
+        time.sleep(0.1)
+    yield path, log
+    proc.terminate()
+    proc.wait(timeout=30)
+    assert not os.path.exists(path)  # it leaves no socket behind
+
+
+def launch(stage, spec, files, outs, env, log):
+    argv = [sys.executable, "-m", "specfit.launch", stage, "--spec", json.dumps(spec),
+            *(f"--in={k}={v}" for k, v in files.items()), *(f"--out={k}={v}" for k, v in outs.items())]
+    argv = [a for arg in argv for a in (arg.split("=", 1) if arg.startswith(("--in=", "--out=")) else [arg])]
+    with open(log, "w") as out:
+        return subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=300).returncode
+
+
+def outputs(folder):
+    return {k: folder / f"{k}.{e}" for k, e in (("requests", "parquet"), ("cycles", "parquet"), ("metrics", "json"))}
+
+
+def test_a_stage_in_the_server_writes_what_it_writes_alone(server, files, tmp_path):
+    path, server_log = server
+    base = {k: v for k, v in os.environ.items() if k != SOCKET_ENV} | ONE_THREAD
+    runs = {}
+    for name, env in (("alone", base), ("served", base | {SOCKET_ENV: path})):
+        (tmp_path / name).mkdir()
+        out = outputs(tmp_path / name)
+        assert launch("decode", SPEC, files, out, env, tmp_path / name / "log") == 0
+        runs[name] = out
+    assert server_log.read_text().count("decode: child") == 1  # the served one ran in a child of the server
+    for name in runs:  # the stream's progress went where its launcher's output goes, served or not
+        assert "eagle3: 100%" in (tmp_path / name / "log").read_text()
+    for table in ("requests", "cycles"):
+        alone, served = (pq.read_table(runs[n][table]).to_pydict() for n in ("alone", "served"))
+        timing = [k for k in alone if k.startswith("t_")]  # the host's share of the virtual clock is measured
+        assert {k: v for k, v in alone.items() if k not in timing} == {
+            k: v for k, v in served.items() if k not in timing}
+    alone, served = (json.loads(runs[n]["metrics"].read_text()) for n in ("alone", "served"))
+    for key in ("n_output_tokens", "cycles", "committed_per_cycle", "draft_nodes_per_cycle", "h2d_per_token",
+                "experts_executed", "verify_widths", "lossless"):
+        assert alone[key] == served[key], key
+    assert alone["device"]["target"]["modelled_s"] == served["device"]["target"]["modelled_s"]
+
+
+def test_a_failing_stage_fails_the_same_in_the_server(server, files, tmp_path):
+    path, _ = server
+    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV} | ONE_THREAD | {SOCKET_ENV: path}
+    bad = dict(SPEC, slots="four")
+    assert launch("decode", bad, files, outputs(tmp_path), env, tmp_path / "log") != 0
+    assert "Traceback" in (tmp_path / "log").read_text() or "error" in (tmp_path / "log").read_text()
+    spec_error = dict(SPEC, method={"name": "no-such-kind"})
+    assert launch("decode", spec_error, files, outputs(tmp_path), env, tmp_path / "log2") == 2
+    assert "error: unknown method kind 'no-such-kind'" in (tmp_path / "log2").read_text()
+
+
+def test_other_threads_or_no_server_run_the_stage_in_the_launcher(server, files, tmp_path):
+    path, server_log = server
+    before = server_log.read_text().count(": child")
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV} | dict.fromkeys(THREAD_VARS, "2")
+    assert launch("decode", SPEC, files, outputs(tmp_path / "a"), env | {SOCKET_ENV: path}, tmp_path / "l1") == 0
+    assert launch("decode", SPEC, files, outputs(tmp_path / "b"), env | {SOCKET_ENV: str(tmp_path / "none.sock")},
+                  tmp_path / "l2") == 0
+    assert server_log.read_text().count(": child") == before
+    assert (tmp_path / "a" / "metrics.json").is_file() and (tmp_path / "b" / "metrics.json").is_file()
