@@ -96,3 +96,22 @@ def test_other_threads_or_no_server_run_the_stage_in_the_launcher(server, files,
                   tmp_path / "l2") == 0
     assert server_log.read_text().count(": child") == before
     assert (tmp_path / "a" / "metrics.json").is_file() and (tmp_path / "b" / "metrics.json").is_file()
+
+
+def test_the_workflow_starts_and_stops_its_server(tmp_path, monkeypatch):
+    """The Snakefile's handlers: `start` puts the socket in a folder of its own and its path in the jobs'
+    environment; `stop` ends the server and removes the folder; SPECFIT_STAGE_SERVER=0 starts none."""
+    from specfit import launch
+
+    monkeypatch.setenv(SOCKET_ENV, "0")
+    assert launch.start(str(tmp_path / "none.log")) is None
+    monkeypatch.delenv(SOCKET_ENV)
+    path = launch.start(str(tmp_path / "server.log"))
+    assert os.environ[SOCKET_ENV] == path and oct(os.stat(os.path.dirname(path)).st_mode)[-3:] == "700"
+    for _ in range(600):
+        if os.path.exists(path + ".pid"):
+            break
+        time.sleep(0.1)
+    assert os.path.exists(path)
+    launch.stop()
+    assert SOCKET_ENV not in os.environ and not os.path.exists(os.path.dirname(path))

@@ -21,11 +21,13 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 
 SOCKET_ENV = "SPECFIT_STAGE_SERVER"  # the server's socket path, in the jobs' environment
@@ -187,7 +189,7 @@ def start(log: str) -> str | None:
 
     if os.environ.get(SOCKET_ENV) == "0":
         return None
-    path = os.path.join(tempfile.gettempdir(), f"specfit-stages-{os.getpid()}.sock")
+    path = os.path.join(tempfile.mkdtemp(prefix="specfit-stages-"), "server.sock")  # a folder only this user opens
     env = dict(os.environ, **dict.fromkeys(THREAD_VARS, "1"))
     env.pop(SOCKET_ENV, None)
     os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
@@ -207,6 +209,11 @@ def stop() -> None:
         os.kill(int(open(path + ".pid").read()), signal.SIGTERM)
     except (ProcessLookupError, ValueError):
         pass
+    for _ in range(50):  # it removes its socket and pid file, then the folder goes
+        if not os.path.exists(path):
+            break
+        time.sleep(0.1)
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 if __name__ == "__main__":
