@@ -8,7 +8,7 @@ import specfit.planning.code as wf
 from specfit.planning.code import code_closure, code_hash
 
 STAGES = ("specfit.stages.extract", "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.decode",
-          "specfit.stages.theory", "specfit.stages.report")
+          "specfit.stages.tune", "specfit.stages.theory", "specfit.stages.report")
 
 
 def test_calibration_does_not_run_the_decode_stream_or_its_metrics():
@@ -48,15 +48,16 @@ def test_an_edit_to_decode_metrics_reruns_decode_and_atlas_not_calibration(packa
     before = {stage: code_hash(stage) for stage in STAGES}
     edit(package / "results" / "metrics.py")
     changed = {stage for stage in STAGES if code_hash(stage) != before[stage]}
-    # the report reads metrics.json by its keys
-    assert changed == {"specfit.stages.decode", "specfit.stages.atlas", "specfit.stages.report"}
+    # the report reads metrics.json by its keys; the tune stage ranks its trees by them
+    assert changed == {"specfit.stages.decode", "specfit.stages.atlas", "specfit.stages.tune", "specfit.stages.report"}
 
 
 def test_an_edit_to_drafting_reruns_every_stage_that_drafts(package):
     before = {stage: code_hash(stage) for stage in STAGES}
     edit(package / "speculative" / "draft.py")
     changed = {stage for stage in STAGES if code_hash(stage) != before[stage]}
-    assert changed == {"specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.decode"}
+    assert changed == {"specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.decode",
+                       "specfit.stages.tune"}
 
 
 def test_a_package_init_counts_and_type_only_imports_do_not(package):

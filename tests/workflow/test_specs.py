@@ -17,7 +17,7 @@ from specfit.planning.matrix import DecodeRun, decode_runs, report_inputs
 
 STAGES = ("specfit.stages.extract", "specfit.stages.toy_tokenizer", "specfit.stages.toy_target",
           "specfit.stages.toy_drafter", "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.predictor",
-          "specfit.stages.decode", "specfit.stages.theory", "specfit.stages.report")
+          "specfit.stages.decode", "specfit.stages.tune", "specfit.stages.theory", "specfit.stages.report")
 EVALUATED = [*range(242, 321, 2), *range(401, 481)]  # summarization's and gsm8k's ids (calibration's are gsm8k's)
 A100_LINK = {"bandwidth_gbps": 0.175, "latency_us": 50}
 RTX4090 = {"name": "RTX 4090", "fixed_ms": 98.12, "token_ms": 2.23, "expert_ms": 8.624, "copy_ms": 9.847,
