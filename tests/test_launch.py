@@ -75,14 +75,20 @@ def test_a_stage_in_the_server_writes_what_it_writes_alone(server, files, tmp_pa
 
 
 def test_a_failing_stage_fails_the_same_in_the_server(server, files, tmp_path):
+    """A stage that raises (a bad slot count: an exception, exit 1 and its traceback) or refuses its spec (exit 2 and
+    the error line) ends the same served as alone: the same status, the same last line in its log."""
     path, _ = server
-    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV} | ONE_THREAD | {SOCKET_ENV: path}
-    bad = dict(SPEC, slots="four")
-    assert launch("decode", bad, files, outputs(tmp_path), env, tmp_path / "log") != 0
-    assert "Traceback" in (tmp_path / "log").read_text() or "error" in (tmp_path / "log").read_text()
-    spec_error = dict(SPEC, method={"name": "no-such-kind"})
-    assert launch("decode", spec_error, files, outputs(tmp_path), env, tmp_path / "log2") == 2
-    assert "error: unknown method kind 'no-such-kind'" in (tmp_path / "log2").read_text()
+    alone = {k: v for k, v in os.environ.items() if k != SOCKET_ENV} | ONE_THREAD
+    for name, spec, code in (("raises", dict(SPEC, slots="four"), 1),
+                             ("refused", dict(SPEC, method={"name": "no-such-kind"}), 2)):
+        last = {}
+        for how, env in (("alone", alone), ("served", alone | {SOCKET_ENV: path})):
+            log = tmp_path / f"{name}.{how}.log"
+            assert launch("decode", spec, files, outputs(tmp_path), env, log) == code, (name, how)
+            last[how] = log.read_text().strip().splitlines()[-1]
+        assert last["alone"] == last["served"], name
+        if code == 2:
+            assert last["served"].startswith("error: unknown method kind 'no-such-kind'")
 
 
 def test_other_threads_or_no_server_run_the_stage_in_the_launcher(server, files, tmp_path):
@@ -115,3 +121,16 @@ def test_the_workflow_starts_and_stops_its_server(tmp_path, monkeypatch):
     assert os.path.exists(path)
     launch.stop()
     assert SOCKET_ENV not in os.environ and not os.path.exists(os.path.dirname(path))
+
+
+def test_the_launcher_knows_which_stages_train():
+    """`TRAINING` (run in a process of their own, with the training numerics) is exactly the stages whose command line
+    says they train (`specfit.planning.stage.stage_main(trains=True)`)."""
+    import importlib
+    import pkgutil
+
+    import specfit.stages
+    from specfit.launch import TRAINING
+
+    stages = [m.name for m in pkgutil.iter_modules(specfit.stages.__path__)]
+    assert {s for s in stages if importlib.import_module(f"specfit.stages.{s}").main.trains} == set(TRAINING)

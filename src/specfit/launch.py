@@ -40,14 +40,10 @@ PRELOAD = ("torch", "transformers", "numba", "numpy", "pyarrow.parquet", "scipy.
 _HEADER = struct.Struct("!Q")  # the request's length, sent with the job's stdin, stdout and stderr
 
 
-def stage_module(stage: str) -> str:
-    return f"specfit.stages.{stage}"
-
-
 def run_here(stage: str, argv: list[str]) -> int:
     """The stage in this process: its module's ``main`` (`specfit.planning.stage.stage_main`)."""
     try:
-        importlib.import_module(stage_module(stage)).main(argv)
+        importlib.import_module(f"specfit.stages.{stage}").main(argv)
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else _said(done.code))
     return 0

@@ -96,3 +96,19 @@ def test_the_claims_follow_the_intervals(resident):
     assert claims["specfit-faster-than-eagle3-tuned"][verdict] == str(Verdict.REFUTED)
     # with a batched gather SpecFit is 6x AR: confirmed
     assert claims["batched-gather-specfit-over-ar"][verdict] == str(Verdict.CONFIRMED)
+
+
+def test_a_claim_over_cells_reads_every_cells_interval():
+    """Never slower: one slower cell refutes it, ties do not; always faster: all faster confirms, one slower refutes,
+    a tie leaves it a tie; without any interval neither is judged."""
+    from specfit.report.page import Estimate
+    from specfit.report.sections.resident import always_faster, never_slower
+
+    def e(v):
+        return Estimate(1.0, 0.9, 1.1, v)
+
+    faster, tie, slower = e(Verdict.FASTER), e(Verdict.TIE), e(Verdict.SLOWER)
+    assert never_slower([faster, tie]) == Verdict.CONFIRMED and never_slower([faster, slower]) == Verdict.REFUTED
+    assert always_faster([faster, faster]) == Verdict.CONFIRMED and always_faster([faster, tie]) == Verdict.TIE
+    assert always_faster([faster, tie, slower]) == Verdict.REFUTED
+    assert never_slower([None]) == always_faster([None]) == Verdict.NOT_JUDGED

@@ -366,3 +366,21 @@ def test_a_bad_tuned_method_is_named_at_load(resident, schema, edit, message):
     edit(resident)
     with pytest.raises(SpecFitError, match=message):
         validate_config(resident, schema)
+
+
+def test_a_targets_expert_count_is_read_as_the_model_loader_reads_it(tmp_path):
+    """At config load, a resident run's slots are checked against the target's config.json, under the keys the model
+    loader reads (one tuple each side of the torch boundary, held equal here), text_config first."""
+    import json
+
+    from specfit.models.loading import EXPERT_COUNT_KEYS as LOADER_KEYS
+    from specfit.planning.config import EXPERT_COUNT_KEYS, model_experts
+
+    assert EXPERT_COUNT_KEYS == LOADER_KEYS
+    config = {"models": {"real": {"target": "target"}}}
+    (tmp_path / "target").mkdir()
+    for body, n in (({"n_routed_experts": 64}, 64), ({"text_config": {"num_local_experts": 8}}, 8),
+                    ({"hidden_size": 4}, None)):
+        (tmp_path / "target" / "config.json").write_text(json.dumps(body))
+        assert model_experts(config, "real", tmp_path) == n, body
+    assert model_experts(config, "real", None) is None  # no root: not known at load, the engine refuses later

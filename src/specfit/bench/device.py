@@ -9,7 +9,7 @@ on the paper's model over the toy's, the numbers config.yaml's emulated devices 
 The counters and the derivation: `specfit.engine.paper_gpus` and docs/device.md.
 
 Then, for each resident device of the config (config.yaml with ``--configfile`` overlays, by default
-config.resident.yaml when it is there; the source M5 Max measurement in both gather modes when none is defined), its
+config.resident.yaml when it is there; none outside a workflow folder, said so), its
 fit (`specfit.engine.resident`): a, b, c, the predicted vs measured ms per width with the error, and the toy's scaled
 parameters (docs/devices.md).
 """

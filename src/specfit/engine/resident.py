@@ -31,6 +31,8 @@ from scipy.optimize import nnls
 from specfit.errors import SpecFitError
 
 GATHERS = ("pair", "distinct")
+
+
 @dataclass(frozen=True)
 class ResidentFit:
     """A resident device's measured widths and its fit ``cost(w) = a + b*[w > 1] + c*R(w)`` (ms)."""

@@ -126,6 +126,11 @@ def _check_resident_entries(config: dict) -> None:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(problems))
 
 
+# the config.json keys under which transformers' families name their routed experts: specfit.models.loading's own
+# (that package imports torch, which planning does not; tests/workflow/test_config.py holds them equal)
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
 def model_experts(config: dict, model: str, root: Path | None) -> int | None:
     """The routed experts per MoE layer of ``model`` when known at config load: a toy the rules train has the
     config's ``toy.target.num_experts``; another model's target config.json, when it is there under ``root``."""
@@ -140,8 +145,8 @@ def model_experts(config: dict, model: str, root: Path | None) -> int | None:
     except (OSError, ValueError):
         return None
     target = target.get("text_config") or target
-    experts = target.get("num_experts", target.get("num_local_experts"))
-    return experts if isinstance(experts, int) else None
+    experts = max((v for k in EXPERT_COUNT_KEYS if isinstance(v := target.get(k), int)), default=0)
+    return experts or None
 
 
 def _check_resident(config: dict, root: Path | None) -> list[str]:

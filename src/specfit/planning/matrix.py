@@ -84,11 +84,6 @@ def tune_question_ids(config: dict, workload: str) -> list[int]:
     return ids[: config["tune"]["requests"]]
 
 
-def tune_runs(config: dict) -> list[DecodeRun]:
-    """The decode runs of a tuned method (`specfit.speculative.kinds.Kind.tuned`): each reads a tune job's choice."""
-    return [r for r in decode_runs(config) if method_kind(config, r.method).tuned]
-
-
 def predictor_question_ids(config: dict) -> list[int]:
     """The Spec-Bench question ids the route predictor trains on, in order."""
     return [i for q in config["predictor"]["question_ids"] for i in _id_range(q)]

@@ -59,4 +59,5 @@ def stage_main(run: Run, trains: bool = False) -> Callable[[list[str] | None], N
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
 
+    main.trains = trains  # the stage launcher (`specfit.launch`) runs a training stage in a process of its own
     return main

@@ -19,6 +19,7 @@ from specfit.planning import paths
 from specfit.planning.matrix import (
     DecodeRun,
     calibration_modes,
+    decode_inputs,
     decode_runs,
     is_toy,
     method_config,
@@ -264,9 +265,8 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
             if manifest is not None:
                 shipped[model] = manifest
     tune = {}
-    for r in runs:
-        if method_kind(spec, r.method).tuned:
-            path = paths.tune(r.model, r.device, r.workload, r.method)
+    for r in runs:  # a tuned method's run reads its tune job's choice (a decode input)
+        if (path := decode_inputs(spec, r).get("tune")) is not None:
             if (data := _load_json(files.path("tune", path), TUNE_REQUIRED)) is not None:
                 tune[r] = data
     if unexpected := files.unexpected():

@@ -105,11 +105,6 @@ def with_role(role: str) -> tuple[str, ...]:
     return tuple(k.name for k in BUILTIN if role in k.roles)
 
 
-def tuned() -> tuple[str, ...]:
-    """The registered kinds whose tree the tune rule chooses."""
-    return tuple(k.name for k in KINDS.values() if k.tuned)
-
-
 def routed() -> tuple[str, ...]:
     """The registered kinds that read expert routes."""
     return tuple(k.name for k in KINDS.values() if k.reads_routes)

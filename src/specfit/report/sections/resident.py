@@ -145,6 +145,19 @@ def tally(es: list[Estimate | None]) -> str:
     return f"faster in {faster}, tie in {tie}, slower in {slower}" + (f", not judged in {unjudged}" if unjudged else "")
 
 
+def never_slower(es: list[Estimate | None]) -> Verdict:
+    """A claim that no cell is slower: refuted by one slower, not judged without any interval, else confirmed."""
+    _, _, slower, unjudged = verdicts(es)
+    return Verdict.REFUTED if slower else Verdict.NOT_JUDGED if unjudged == len(es) else Verdict.CONFIRMED
+
+
+def always_faster(es: list[Estimate | None]) -> Verdict:
+    """A claim that every cell is faster: refuted by one slower, confirmed when all are faster, else a tie."""
+    faster, _, slower, unjudged = verdicts(es)
+    return (Verdict.REFUTED if slower else Verdict.CONFIRMED if faster == len(es)
+            else Verdict.NOT_JUDGED if unjudged == len(es) else Verdict.TIE)
+
+
 def claim_rows(model_scope: ModelScope, ps: list[Place]) -> list[tuple]:
     """key, claim, cells, this run, verdict: SpecFit never slower than AR (its worst cell), faster than the best fixed
     EAGLE-3 (every cell), and with a batched gather faster than AR (the thread's projection)."""
@@ -154,32 +167,27 @@ def claim_rows(model_scope: ModelScope, ps: list[Place]) -> list[tuple]:
         return [(p, inputs.speedup(p.runs[num], p.runs[den])) for p in ps if keep(p)
                 and p.runs[num] in inputs.metrics and p.runs[den] in inputs.metrics]
 
+    def listed(cells) -> str:
+        return "; ".join(f"{p.label}: {x_cell(e)}" for p, e in cells)
+
     if cells := ratios(SPECFIT.name, AR.name):
         worst_place, worst = min(cells, key=lambda c: c[1].value if c[1] is not None else float("inf"))
         es = [e for _, e in cells]
-        _, _, slower, unjudged = verdicts(es)
-        verdict = Verdict.REFUTED if slower else Verdict.NOT_JUDGED if unjudged == len(es) else Verdict.CONFIRMED
         rows.append(("specfit-never-slower-than-ar", "SpecFit is never slower than AR (its worst cell)",
-                     f"{len(cells)}: {tally(es)}", f"worst {worst_place.label}: {x_cell(worst)}", verdict))
+                     f"{len(cells)}: {tally(es)}", f"worst {worst_place.label}: {x_cell(worst)}", never_slower(es)))
     for rival, claim in ((EAGLE3_TUNED.name, "SpecFit is faster than EAGLE-3 at the best fixed tree (tuned)"),
                          (EAGLE3.name, "SpecFit is faster than EAGLE-3 at the paper's tree")):
         if cells := ratios(SPECFIT.name, rival):
             es = [e for _, e in cells]
-            faster, _, slower, unjudged = verdicts(es)
-            verdict = (Verdict.REFUTED if slower else Verdict.CONFIRMED if faster == len(es)
-                       else Verdict.NOT_JUDGED if unjudged == len(es) else Verdict.TIE)
-            shown = "; ".join(f"{p.label}: {x_cell(e)}" for p, e in cells)
-            rows.append((f"specfit-faster-than-{rival}", claim, f"{len(cells)}: {tally(es)}", shown, verdict))
+            rows.append((f"specfit-faster-than-{rival}", claim, f"{len(cells)}: {tally(es)}", listed(cells),
+                         always_faster(es)))
     if cells := ratios(SPECFIT.name, AR.name, keep=lambda p: p.gather == "distinct"):
         es = [e for _, e in cells]
-        faster, _, slower, unjudged = verdicts(es)
-        verdict = (Verdict.REFUTED if slower else Verdict.CONFIRMED if faster == len(es)
-                   else Verdict.NOT_JUDGED if unjudged == len(es) else Verdict.TIE)
         lo = PROJECTED["speculative"][0] / PROJECTED["plain"][1]
         hi = PROJECTED["speculative"][1] / PROJECTED["plain"][0]
         rows.append(("batched-gather-specfit-over-ar",
                      f"With a batched gather, SpecFit is faster than AR (the thread projects {lo:.2f}–{hi:.2f}×)",
-                     f"{len(cells)}: {tally(es)}", "; ".join(f"{p.label}: {x_cell(e)}" for p, e in cells), verdict))
+                     f"{len(cells)}: {tally(es)}", listed(cells), always_faster(es)))
     return rows
 
 
