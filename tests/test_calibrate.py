@@ -94,8 +94,27 @@ def test_drafting_fit_in_the_json(fitted):
     assert (d["start_ms"], d["level_ms"], d["r2"], d["n_points"]) == pytest.approx((start, level, r2, 2 * len(used)))
     assert all(p["select_ms"] > 0 for p in points)  # every probe drafts at least one level, then selects
     assert d["select_ms"] == pytest.approx(sum(p["select_ms"] for p in points) / sum(p["levels"] for p in points))
+    assert d["select_source"] == "measured" and d["select_measured_ms"] == d["select_ms"]  # no emulated host here
     cost = DraftCost.of(coefficients)
     assert cost(0) == 0 and cost(2) == pytest.approx(d["start_ms"] + d["level_ms"] + 2 * d["select_ms"])
+
+
+def test_an_emulated_host_prices_the_selection(files, tmp_path):
+    """An emulated device with ``select_ms`` prices specfit-ca's selection at it (the same on every machine and run),
+    keeping the measured time beside it; the clock's timings and the rest of the fit are the probes' own."""
+    emulate = {"name": "A100", "fixed_ms": 74.02, "token_ms": 1.423, "expert_ms": 4.786, "copy_ms": 4.575,
+               "draft_ms": 10.24}
+    priced, priced_points = calibrated(files, tmp_path / "priced", emulate={**emulate, "select_ms": 0.5},
+                                       protocol={**PROTOCOL, "repeats": 1})
+    measured, points = calibrated(files, tmp_path / "measured", emulate=emulate, protocol={**PROTOCOL, "repeats": 1})
+    d, m = priced["drafting"], measured["drafting"]
+    assert (d["select_ms"], d["select_source"]) == (0.5, "device")
+    assert m["select_source"] == "measured" and m["select_ms"] == m["select_measured_ms"] > 0
+    assert d["select_measured_ms"] > 0
+    # on the virtual clock the probes' cycle times are the model's: identical with or without the host's figure
+    assert [p["y_ms"] for p in priced_points] == [p["y_ms"] for p in points]
+    assert (d["start_ms"], d["level_ms"], priced["b"], priced["beta"]) == (m["start_ms"], m["level_ms"],
+                                                                              measured["b"], measured["beta"])
 
 
 @pytest.mark.parametrize("cache", [True, False])

@@ -104,6 +104,39 @@ def test_other_threads_or_no_server_run_the_stage_in_the_launcher(server, files,
     assert (tmp_path / "a" / "metrics.json").is_file() and (tmp_path / "b" / "metrics.json").is_file()
 
 
+def test_a_served_job_ends_with_its_launcher(server, files, tmp_path):
+    """Snakemake kills a job by killing its launcher: the server's child that runs it ends too and writes nothing."""
+    path, server_log = server
+    before = server_log.read_text().count("decode: child")
+    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV} | ONE_THREAD | {SOCKET_ENV: path}
+    spec = dict(SPEC, limit_tokens=400, max_new_tokens=300)  # long enough to be killed while it runs
+    argv = [sys.executable, "-m", "specfit.launch", "decode", "--spec", json.dumps(spec),
+            *(a for k, v in files.items() for a in ("--in", f"{k}={v}")),
+            *(a for k, v in outputs(tmp_path).items() for a in ("--out", f"{k}={v}"))]
+    with open(tmp_path / "log", "w") as out:
+        launcher = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    child = None
+    for _ in range(600):
+        lines = [line for line in server_log.read_text().splitlines() if line.startswith("decode: child")]
+        if len(lines) > before:
+            child = int(lines[-1].split()[-1])
+            break
+        time.sleep(0.05)
+    assert child is not None and launcher.poll() is None, "the served job did not start"
+    os.kill(child, 0)  # running
+    launcher.kill()
+    launcher.wait(timeout=30)
+    for _ in range(200):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the server's child {child} outlived its launcher")
+    assert not any(f.exists() for f in outputs(tmp_path).values())
+
+
 def test_the_workflow_starts_and_stops_its_server(tmp_path, monkeypatch):
     """The Snakefile's handlers: `start` puts the socket in a folder of its own and its path in the jobs'
     environment; `stop` ends the server and removes the folder; SPECFIT_STAGE_SERVER=0 starts none."""

@@ -26,6 +26,8 @@ def test_a100_parameters_from_its_summarization_rows():
     # the cached AR step: the fixed part and 384 executed experts (its ~33 copies hide behind its hits)
     assert p["fixed_ms"] + 384 * p["expert_ms"] == pytest.approx(150.6)
     assert 0.15 < p["expert_ms"] < 0.25 and 0.15 < p["copy_ms"] < 0.25
+    # the host's selection: a median of 1.43 ms per summarization cycle over its 2.86 drafted levels (4.6, Table 5)
+    assert p["select_ms"] == pytest.approx(1.43 / 2.86) and derive(paper_results(), "rtx4090")["select_ms"] == 0.5
 
 
 def test_every_cell_within_ten_percent():

@@ -57,9 +57,19 @@ def test_bad_parameters_are_named(key, value, message):
         DeviceModel.from_spec(spec)
 
 
+def test_the_hosts_selection_is_optional_and_checked():
+    assert DeviceModel.from_spec(PARAMS).select_ms is None
+    assert DeviceModel.from_spec({**PARAMS, "select_ms": 0.5}).select_ms == 0.5
+    assert DeviceModel.from_spec({**PARAMS, "select_ms": None}).select_ms is None
+    with pytest.raises(SpecFitError, match=r"emulate\.select_ms = -1 is negative"):
+        DeviceModel.from_spec({**PARAMS, "select_ms": -1})
+    with pytest.raises(SpecFitError, match=r"emulate\.select_ms must be a number"):
+        DeviceModel.from_spec({**PARAMS, "select_ms": "fast"})
+
+
 def test_one_rule_scales_every_time_to_the_toy():
     gpu = {"name": "X", "fixed_ms": 75.0, "token_ms": 1.5, "expert_ms": 0.2, "copy_ms": 0.19, "draft_ms": 10.0,
-           "ar_step_ms": 300.0, "experts_per_token": 384}
+           "select_ms": 0.5, "ar_step_ms": 300.0, "experts_per_token": 384}
     toy = scaled(gpu, reference_step_ms=150.0, step_ms=15.0, experts_per_token=16)
     assert toy["name"] == "X"
     assert toy["fixed_ms"] == pytest.approx(7.5) and toy["draft_ms"] == pytest.approx(1.0)  # a tenth of the paper's
@@ -67,6 +77,7 @@ def test_one_rule_scales_every_time_to_the_toy():
     # an AR token's union costs the same share of the step: 384 * 0.2 / 150 == 16 * e / 15
     assert 16 * toy["expert_ms"] / 15 == pytest.approx(384 * 0.2 / 150)
     assert toy["copy_ms"] / toy["expert_ms"] == pytest.approx(0.19 / 0.2)
+    assert toy["select_ms"] == 0.5  # the host's: the CPU's work does not scale with the GPU
 
 
 def test_the_virtual_clock_moves_by_modelled_time_and_host_work_only():

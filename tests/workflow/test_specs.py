@@ -21,7 +21,7 @@ STAGES = ("specfit.stages.extract", "specfit.stages.toy_tokenizer", "specfit.sta
 EVALUATED = [*range(242, 321, 2), *range(401, 481)]  # summarization's and gsm8k's ids (calibration's are gsm8k's)
 A100_LINK = {"bandwidth_gbps": 0.175, "latency_us": 50}
 RTX4090 = {"name": "RTX 4090", "fixed_ms": 98.12, "token_ms": 2.23, "expert_ms": 8.624, "copy_ms": 9.847,
-           "draft_ms": 16.05}
+           "draft_ms": 16.05, "select_ms": 0.5}
 SMOKE_LINK = {"bandwidth_gbps": 4.0, "latency_us": 20}
 SPECFIT = {"name": "specfit", "k_max": 7, "max_depth": 5, "top_k_expand": 2, "routes": "atlas"}
 

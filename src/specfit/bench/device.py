@@ -5,7 +5,8 @@ workload (A100: summarization, Table 2; RTX 4090: GSM8K, Table 4), feeds the mod
 row of Tables 2-4 (nodes, drafted levels, expert union and copies per cycle), and prints its predicted ms per cycle
 beside the paper's, with the error per cell. Then prints the toy's parameters (the one scaling rule,
 :func:`specfit.engine.device.scaled`): the paper's own milliseconds, per-expert times times the experts of an AR token
-on the paper's model over the toy's, the numbers config.yaml's emulated devices carry. ``--step-ms`` rescales the unit.
+on the paper's model over the toy's, the numbers config.yaml's emulated devices carry (``select_ms``, the host's
+selection as specfit-ca prices it, is the CPU's and does not scale). ``--step-ms`` rescales the unit.
 The counters and the derivation: `specfit.engine.paper_gpus` and docs/device.md.
 
 Then, for each resident device of the config (config.yaml with ``--configfile`` overlays, by default
@@ -19,7 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specfit.engine.device import PARAMETERS, scaled
+from specfit.engine.device import HOST_PARAMETERS, PARAMETERS, scaled
 from specfit.engine.paper_gpus import DERIVED_FROM, NAMES, check, derive
 from specfit.engine.resident import fit
 from specfit.paper import paper_results
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     for gpu in DERIVED_FROM:
         params = derive(paper, gpu)
         print(f"  {NAMES[gpu]} (from its {DERIVED_FROM[gpu]} AR and EAGLE-3 rows): "
-              + ", ".join(f"{k} {params[k]:.4g}" for k in PARAMETERS) + f"; cached AR step {params['ar_step_ms']}")
+              + ", ".join(f"{k} {params[k]:.4g}" for k in PARAMETERS + HOST_PARAMETERS)
+              + f"; cached AR step {params['ar_step_ms']}")
         toy = scaled(params, reference, step_ms, args.experts_per_token)
         print("    toy: emulate: {" + ", ".join(
             f"{k}: {v}" if k == "name" else f"{k}: {v:.4g}" for k, v in toy.items()) + "}")

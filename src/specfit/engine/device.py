@@ -11,7 +11,9 @@ own plan (``ExpertCache.admit``):
 - the link: ``copy_ms`` per expert copy, one expert at a time, issued when the layer's routes are known, so that
   copies overlap the compute of the hits, and a group of misses runs once its copies have landed;
 
-and a drafter forward (one drafted level, or the catch-up forward of the first) at ``draft_ms``.
+and a drafter forward (one drafted level, or the catch-up forward of the first) at ``draft_ms``. An optional
+``select_ms`` is what one selection costs on the emulated GPU's host, as specfit-ca's drafting cost D(d) prices it
+(`specfit.selection.coefficients.DraftCost`); the clock never reads it (it charges a selection's measured time).
 
 :class:`Timeline` keeps the **virtual clock** of a run on such a device: each forward advances it by its modelled time,
 never its CPU time (nothing sleeps), copies move on one modelled link in virtual time, and the host work a GPU
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from specfit.errors import SpecFitError
 
 PARAMETERS = ("fixed_ms", "token_ms", "expert_ms", "copy_ms", "draft_ms")
+HOST_PARAMETERS = ("select_ms",)  # optional: the emulated host's work as a method prices it, never on the clock
 
 
 @dataclass(frozen=True)
@@ -41,15 +44,17 @@ class DeviceModel:
     expert_ms: float
     copy_ms: float
     draft_ms: float
+    select_ms: float | None = None  # one selection on the emulated host, for specfit-ca's D(d); None: measured
 
     def __post_init__(self) -> None:
-        check_parameters(self.__dict__, f"device model {self.name!r}")
+        check_parameters({k: v for k, v in self.__dict__.items() if v is not None}, f"device model {self.name!r}")
 
     @classmethod
     def from_spec(cls, spec: dict, key: str = "emulate") -> DeviceModel:
         """From a device entry's ``emulate`` mapping; a missing, negative or non-numeric parameter names its key."""
         check_parameters(spec, key)
-        return cls(str(spec.get("name", "GPU")), *(float(spec[p]) for p in PARAMETERS))
+        return cls(str(spec.get("name", "GPU")), *(float(spec[p]) for p in PARAMETERS),
+                   *(None if spec.get(p) is None else float(spec[p]) for p in HOST_PARAMETERS))
 
     @property
     def label(self) -> str:
@@ -98,9 +103,12 @@ class DeviceModel:
 
 
 def check_parameters(spec: dict, key: str) -> None:
-    """Refuse a missing, non-numeric or negative parameter, and a forward that would cost nothing, naming the key."""
-    for p in PARAMETERS:
+    """Refuse a missing, non-numeric or negative parameter (an optional host parameter may be absent or null), and a
+    forward that would cost nothing, naming the key."""
+    for p in PARAMETERS + HOST_PARAMETERS:
         value = spec.get(p)
+        if p in HOST_PARAMETERS and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecFitError(f"{key}.{p} must be a number of milliseconds, got {value!r}")
         if value < 0:
@@ -116,7 +124,8 @@ def scaled(gpu: dict, reference_step_ms: float, step_ms: float, experts_per_toke
     One unit for every GPU: a millisecond of the reference GPU's cached AR step (``reference_step_ms``, the A100's)
     becomes ``step_ms / reference_step_ms`` on the toy, so each GPU keeps its speed relative to the reference; a time
     per expert also scales by the experts one AR token executes (the paper's L * k = 48 * 8 = 384, the toy's
-    ``experts_per_token``), so that an AR token's expert union costs the same share of its step on both.
+    ``experts_per_token``), so that an AR token's expert union costs the same share of its step on both. The host's
+    ``select_ms`` does not scale: host work is the CPU's, not the GPU's (and the clock charges it as measured).
     """
     unit = step_ms / reference_step_ms
     per_expert = unit * gpu["experts_per_token"] / experts_per_token
@@ -127,6 +136,7 @@ def scaled(gpu: dict, reference_step_ms: float, step_ms: float, experts_per_toke
         "expert_ms": gpu["expert_ms"] * per_expert,
         "copy_ms": gpu["copy_ms"] * per_expert,
         "draft_ms": gpu["draft_ms"] * unit,
+        **{p: gpu[p] for p in HOST_PARAMETERS if gpu.get(p) is not None},
     }
 
 

@@ -72,7 +72,10 @@ def derive(paper: dict, gpu: str) -> dict:
     - the fixed part grows by the slope of the with-cache intercepts b_1..b_7 of the A100 (a share of its AR step);
     - copies: what removing the cache adds to AR and EAGLE-3 cycles over their unions (least squares), the cached
       cycle hiding its few copies behind its hits;
-    - expert execution and the fixed part: the cached AR and EAGLE-3 cycles, whose unions differ by ~800 experts.
+    - expert execution and the fixed part: the cached AR and EAGLE-3 cycles, whose unions differ by ~800 experts;
+    - the host's selection (``select_ms``, what specfit-ca's D(d) prices one selection at): SpecFit's median selection
+      time per cycle on summarization over its mean drafted levels there (one selection after each level, Section 4.6
+      and Table 5); the paper times it on the A100's host only, and the RTX 4090 keeps it.
     """
     setup, claims = paper["setup"], paper["text_claims"]["summarization"]
     per_token = setup["moe_layers"] * setup["top_k"]
@@ -89,8 +92,11 @@ def derive(paper: dict, gpu: str) -> dict:
     copy_ms = sum(d * u for d, u in gaps) / sum(u * u for _, u in gaps)
     u_ar, u_e3 = c["ar", "cache"]["union"], c["eagle3", "cache"]["union"]
     expert_ms = (e3 - 5 * draft_ms - 7 * token_ms - ar) / (u_e3 - u_ar)
+    select_ms = (paper["selection_cost"]["median_ms_per_cycle"]["summarization"]
+                 / paper["theory"]["summarization"]["mean_drafted_levels"])
     return {"name": NAMES[gpu], "fixed_ms": ar - u_ar * expert_ms, "token_ms": token_ms, "expert_ms": expert_ms,
-            "copy_ms": copy_ms, "draft_ms": draft_ms, "ar_step_ms": ar, "experts_per_token": per_token}
+            "copy_ms": copy_ms, "draft_ms": draft_ms, "select_ms": select_ms, "ar_step_ms": ar,
+            "experts_per_token": per_token}
 
 
 def check(paper: dict) -> list[dict]:

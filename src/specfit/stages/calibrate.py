@@ -24,7 +24,9 @@ on the probe means as well (``pred_ms``, ``pred_ca_ms`` against ``y_ms``), the p
 cycle's "draft" section is start + (levels - 1)·level (NNLS over the probes that caught the drafter up: level 1
 reads the catch-up forward's logits, so the first level costs what the catch-up costs), and ``select_ms`` one
 cache-aware selection: each probe runs specfit-ca's selection after every level it drafts, as a decode would
-(`Probe`), timed apart from the cycle.
+(`Probe`), timed apart from the cycle (``select_measured_ms``). An emulated device that gives its host's
+``emulate.select_ms`` is priced at that instead (``select_source``: "device" or "measured"): a measured time differs
+between machines and runs, and specfit-ca's decisions, read off D(d), would with it.
 
 spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device", "max_inflight", "link", "emulate",
        "slots" (0: the no-cache fit),
@@ -33,7 +35,8 @@ spec: {"model" (its name in config.yaml), "dtype", "logits_dtype", "torch_device
 inputs: prompts (Parquet of the calibration questions), target, drafter
 outputs: coefficients (JSON: b, beta in ms, fit diagnostics; "cache_aware": {b, beta_miss, beta_hit, r2,
          rmse_ms, n_points (per repeat), beta_hit_identified, r2_means, rmse_means_ms, ...} and "drafting":
-         {start_ms, level_ms, select_ms, r2, n_points}, both null for the paper's presets), points
+         {start_ms, level_ms, select_ms, select_measured_ms, select_source, r2, n_points}, both null for the
+         paper's presets), points
          (Parquet: one row per probe tree)
 """
 
@@ -287,6 +290,16 @@ def fit_draft_cost(rows: dict) -> dict:
     return {"start_ms": start, "level_ms": level, "select_ms": select_ms, "r2": r2, "n_points": int(use.sum())}
 
 
+def priced_selection(drafting: dict, emulate: dict | None) -> dict:
+    """``drafting`` with the selection specfit-ca prices: the emulated host's ``select_ms`` where the device entry
+    gives one (the same on every machine and run, as the decisions read off it then are), else the probes' measured
+    time; the measured one is kept beside it."""
+    device = (emulate or {}).get("select_ms")
+    measured = drafting["select_ms"]
+    return {**drafting, "select_ms": measured if device is None else float(device), "select_measured_ms": measured,
+            "select_source": "measured" if device is None else "device"}
+
+
 def fit_cache_aware(rows: dict, sizes: int) -> tuple[dict, list[float]]:
     """The cache-aware fit on one row per repeat: its JSON entry and the prediction of every probe's mean time."""
     repeats = [len(t) for t in rows["y_repeats_ms"]]
@@ -343,7 +356,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     fit = fit_nnls(rows["k"], rows["F"], rows["y_ms"], protocol["sizes"])
     rows["pred_ms"] = predict_ms(fit.b, fit.beta, rows["k"], rows["F"]).tolist()
     cache_aware, rows["pred_ca_ms"] = fit_cache_aware(rows, protocol["sizes"])
-    drafting = fit_draft_cost(rows)
+    drafting = priced_selection(fit_draft_cost(rows), spec["emulate"])
     write_parquet(pa.Table.from_pydict(rows, schema=POINTS_SCHEMA), outputs["points"])
     write_json({**fit.as_dict(), "source": "fit", "cache": cache, "slots": spec["slots"], "states": len(states),
                 "cache_aware": cache_aware, "drafting": drafting,
@@ -357,8 +370,9 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
              [round(v, 3) for v in cache_aware["b"]], cache_aware["beta_miss"], cache_aware["beta_hit"],
              "" if cache_aware["beta_hit_identified"] else " (unidentified: no hits)", cache_aware["r2"],
              cache_aware["r2_means"])
-    log.info("drafting: start %.3f ms, each further level %.3f ms (R^2 %.3f), one selection %.4f ms",
-             drafting["start_ms"], drafting["level_ms"], drafting["r2"], drafting["select_ms"])
+    log.info("drafting: start %.3f ms, each further level %.3f ms (R^2 %.3f), one selection %.4f ms (%s; measured "
+             "%.4f ms)", drafting["start_ms"], drafting["level_ms"], drafting["r2"], drafting["select_ms"],
+             drafting["select_source"], drafting["select_measured_ms"])
     if cache_aware["union_mismatches"]:
         log.warning("%d probe cycles had misses + hits != F: the verify forward routed differently from the route "
                     "query (rounding at a router margin)", cache_aware["union_mismatches"])

@@ -68,7 +68,12 @@ def cache_aware(scope: Scope, sec: Section, fits: dict, b_cells: list, emulated:
 
     def drafting(mode, f):
         d = f["drafting"]
-        return MISSING if d is None else f"{d['start_ms']:.3f} / {d['level_ms']:.3f} / {d['select_ms']:.3f}"
+        if d is None:
+            return MISSING
+        priced = f"{d['start_ms']:.3f} / {d['level_ms']:.3f} / {d['select_ms']:.3f}"
+        if d.get("select_source") == "device":  # the emulated host's, the same on any machine
+            return f"{priced} (selection: the emulated host's; measured {d['select_measured_ms']:.3f})"
+        return priced
 
     rows = [*((f"b_{k}", f"b_{k} (ms)", ca(b_k)) for k, b_k in enumerate(b_cells)),
             ("beta_miss", "β_miss (ms per copied expert)", ca(lambda c: fmt(c["beta_miss"], ".4f"))),
