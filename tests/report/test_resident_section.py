@@ -81,6 +81,14 @@ def test_the_section_lists_every_run_with_its_tree_and_widths(resident):
     assert pair_row[-1] == x_text(ratio_of(written, run_of(DISTINCT, "specfit"), run_of(PAIR, "specfit")))
 
 
+def test_a_resident_devices_own_sections_say_so(resident):
+    """Its throughput and counters sections name the regime: no cache to be without, nothing copied."""
+    _spec, _written, md, _tables = resident
+    assert md.count("### Decode throughput, every expert resident") == 2
+    assert md.count("### Verification counters, every expert resident (nothing is copied)") == 2
+    assert "with and without the expert cache" not in md and "Verification and transfer counters" not in md
+
+
 def test_the_claims_follow_the_intervals(resident):
     _spec, written, _md, tables = resident
     claims = rows(tables["resident-claims/toy"])

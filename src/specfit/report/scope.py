@@ -111,6 +111,7 @@ class Scope:
         self.runs = [r for r in inputs.runs if (r.model, r.device) == (model, device)]
         self.workloads = [w for w in self.spec["workloads"] if any(r.workload == w for r in self.runs)]
         self.gpu = paper_gpu(self.spec, device)
+        self.resident = self.spec["devices"][device].get("resident") is not None  # every expert in memory
         self.paper = Beside(inputs.paper, self.gpu)
         self.stand_ins = stand_ins(self.spec, inputs.runs, self.roles, model, device)
         self.link_emulated = self.emulated(self.runs)

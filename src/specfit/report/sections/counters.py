@@ -17,7 +17,8 @@ PARTS = (("Whole cycle (ms/cycle)", "ms_per_cycle", "shorter_cycle_pct", None), 
 
 
 def section(scope: Scope) -> Section:
-    sec = Section("Verification and transfer counters (Tables 2 and 3)")
+    sec = Section("Verification counters, every expert resident (nothing is copied)" if scope.resident
+                  else "Verification and transfer counters (Tables 2 and 3)")
     saving = False
     for w in scope.workloads:
         saving |= workload(scope, sec, w)

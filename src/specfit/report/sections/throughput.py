@@ -8,7 +8,8 @@ from specfit.report.scope import Scope
 
 
 def section(scope: Scope) -> Section:
-    sec = Section("Decode throughput with and without the expert cache (Figures 2 and 3)")
+    sec = Section("Decode throughput, every expert resident" if scope.resident
+                  else "Decode throughput with and without the expert cache (Figures 2 and 3)")
     for w in scope.workloads:
         workload(scope, sec, w)
     if sec.tables:
@@ -20,9 +21,11 @@ def workload(scope: Scope, sec: Section, w: str) -> None:
     present, emulated = scope.present(sec, [r for r in scope.runs_of(w) if r.slots in (0, scope.main)])
     if not present:
         return
-    bars = {m: [scope.inputs.tps(scope.run(w, m, slots)) for slots in (scope.main, 0)]
+    groups = {scope.main: f"Every expert resident ({scope.main} slots)"} if scope.resident else {
+        scope.main: f"With expert cache ({scope.main} slots)", 0: "Without expert cache"}
+    bars = {m: [scope.inputs.tps(scope.run(w, m, slots)) for slots in groups]
             for m in scope.spec["methods"] if any(r.method == m for r in present)}
-    fig = throughput_bars(bars, [f"With expert cache ({scope.main} slots)", "Without expert cache"],
+    fig = throughput_bars(bars, list(groups.values()),
                           tagged(f"{scope.model} / {scope.device} / {w}: decode throughput", emulated))
     sec.figures.append(scope.figures.save(fig, slug(scope.model, scope.device, w, "tps"),
                                       tagged(f"Decode TPS with 95% bootstrap intervals, {scope.title(w)}", emulated)))
