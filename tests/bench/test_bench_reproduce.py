@@ -207,6 +207,6 @@ def test_a_counter_that_differs_where_the_outputs_are_identical(tmp_path, capsys
         main(["--reference", str(tmp_path / "toy.json"), "--decode", str(decode), "--tables", str(tables)])
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("toy/cpu-a100/gsm8k/ar/"))
-    assert row.split()[1:3] == ["no", "(experts_executed)"]
+    assert row.split()[1:4] == ["no", "(experts_executed", "+1)"]  # which counter, and by how much (41 - 40)
     assert ("  every counter identical where the outputs are: no (1 / 2 virtual-clock jobs with identical outputs)"
             in out)

@@ -5,7 +5,8 @@ on any machine. The reference (``reports/reference/toy.json``, written from one 
 decode job's counters (requests, output tokens, cycles, host-to-device copies, experts executed, selected nodes,
 accepted nodes), the sha256 of its outputs (and of each request's), its decode TPS with its interval, and every
 verdict of the claims tables (``claims/{model}/{device}``, by row key). Without ``--write`` it compares this run to
-the reference job by job and prints the summary against the goals: every counter identical where the outputs are,
+the reference job by job (a counter that differs with this run's change, e.g. ``cycles +1``) and prints the summary
+against the goals: every counter identical where the outputs are,
 every TPS within 1% (host work, such as selection, still adds its measured time to the virtual clock), every verdict
 identical, and every job and claim on both sides. The first two are asked of the jobs an emulated device's virtual
 clock timed; a wall-clock job (a link-only device: the CPU's own regime) is shown without a goal. It exits with
@@ -133,6 +134,7 @@ def compare_job(reference: dict, this: dict) -> dict:
     rel = tps / ref_tps - 1 if ref_tps and tps is not None else None
     divergence = first_divergence(reference, this) if reference["outputs_sha256"] != this["outputs_sha256"] else None
     return {"counters_identical": not differ, "counters_differing": differ,
+            "counter_changes": {k: this["counters"][k] - reference["counters"][k] for k in differ},  # this - ref
             "counters_not_compared": [k for k in COUNTERS if k not in both],
             "outputs_identical": reference["outputs_sha256"] == this["outputs_sha256"],
             "first_divergence": divergence, "tps_dec": tps, "tps_dec_reference": ref_tps, "tps_rel_diff": rel,
@@ -190,8 +192,9 @@ def print_result(result: dict, made_with: dict) -> None:
           f"{'reference':>9s}  {'diff':>8s}")
     for job, c in result["jobs"].items():
         counters = yes(c["counters_identical"])
-        if c["counters_differing"]:
-            counters += f" ({', '.join(c['counters_differing'])})"
+        if c["counters_differing"]:  # by how much this run's differ from the reference's
+            changes = c["counter_changes"]
+            counters += " (" + ", ".join(f"{k} {changes[k]:+d}" for k in c["counters_differing"]) + ")"
         outputs = yes(c["outputs_identical"])
         if (d := c["first_divergence"]) is not None:
             at = "" if d["position"] is None else f", token {d['position']}"
