@@ -44,17 +44,16 @@ class DeviceModel:
     expert_ms: float
     copy_ms: float
     draft_ms: float
-    select_ms: float | None = None  # one selection on the emulated host, for specfit-ca's D(d); None: measured
 
     def __post_init__(self) -> None:
-        check_parameters({k: v for k, v in self.__dict__.items() if v is not None}, f"device model {self.name!r}")
+        check_parameters(self.__dict__, f"device model {self.name!r}")
 
     @classmethod
     def from_spec(cls, spec: dict, key: str = "emulate") -> DeviceModel:
-        """From a device entry's ``emulate`` mapping; a missing, negative or non-numeric parameter names its key."""
+        """From a device entry's ``emulate`` mapping; a missing, negative or non-numeric parameter names its key (the
+        host's ``select_ms`` too, which the calibrate stage reads off the mapping: the model never does)."""
         check_parameters(spec, key)
-        return cls(str(spec.get("name", "GPU")), *(float(spec[p]) for p in PARAMETERS),
-                   *(None if spec.get(p) is None else float(spec[p]) for p in HOST_PARAMETERS))
+        return cls(str(spec.get("name", "GPU")), *(float(spec[p]) for p in PARAMETERS))
 
     @property
     def label(self) -> str:

@@ -9,7 +9,7 @@ from specfit.report.scope import Scope, slot_order
 
 def section(scope: Scope) -> Section | None:
     """None on a resident device: it holds every expert, there is no cache size to sweep."""
-    if scope.spec["devices"][scope.device].get("resident") is not None:
+    if scope.resident:
         return None
     sec = Section("Cache-size sweep (Figure 4)")
     a, b = pair = (scope.roles.eagle3, scope.roles.specfit)
