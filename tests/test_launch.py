@@ -156,14 +156,14 @@ def test_the_workflow_starts_and_stops_its_server(tmp_path, monkeypatch):
     assert SOCKET_ENV not in os.environ and not os.path.exists(os.path.dirname(path))
 
 
-def test_the_launcher_knows_which_stages_train():
-    """`TRAINING` (run in a process of their own, with the training numerics) is exactly the stages whose command line
-    says they train (`specfit.planning.stage.stage_main(trains=True)`)."""
-    import importlib
-    import pkgutil
-
-    import specfit.stages
-    from specfit.launch import TRAINING
-
-    stages = [m.name for m in pkgutil.iter_modules(specfit.stages.__path__)]
-    assert {s for s in stages if importlib.import_module(f"specfit.stages.{s}").main.trains} == set(TRAINING)
+def test_a_stage_that_trains_or_does_not_import_runs_in_the_launcher(server, tmp_path):
+    """The server declines a training stage (its ``main.trains``: its own numerics, its own process) and a stage that
+    does not import: the launcher runs each, and its error lands in the job's own log."""
+    path, server_log = server
+    before = server_log.read_text().count(": child")
+    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV} | ONE_THREAD | {SOCKET_ENV: path}
+    assert launch("toy_tokenizer", {}, {}, {"tokenizer": tmp_path / "tok"}, env, tmp_path / "train.log") != 0
+    assert (tmp_path / "train.log").read_text().strip()  # the stage's own error, in its log
+    assert launch("no_such_stage", {}, {}, {}, env, tmp_path / "none.log") != 0
+    assert "No module named 'specfit.stages.no_such_stage'" in (tmp_path / "none.log").read_text()
+    assert server_log.read_text().count(": child") == before  # neither ran in a child of the server

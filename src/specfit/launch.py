@@ -6,13 +6,13 @@ imports them once; each job's launcher (`main`) then hands its arguments, workin
 stdout / stderr to the server, which forks a child that runs the stage exactly as a fresh process would (the same
 ``main`` of `specfit.planning.stage`) and returns its exit status. Where there is no server (a cluster job, a test, a
 command line of your own), or the job's environment asks for other threads than the server was started with, or the
-server is gone, the launcher runs the stage in its own process. Both paths run the same code on the same inputs: the
-tests compare their outputs.
+server is gone, or the stage trains, the launcher runs the stage in its own process. Both paths run the same code on
+the same inputs: the tests compare their outputs.
 
 The server imports the libraries and compiles the selector's numba kernels, and computes no tensor before it forks, with
 the timing stages' numerics (`specfit.numerics.for_timing`) and the jobs' thread variables set; a stage that trains
-(`TRAINING`) always runs in its own process, with the training numerics. The server exits with the workflow (its
-parent process) or when told to (`stop`).
+(its ``main.trains``, `specfit.planning.stage.stage_main`) always runs in its own process, with the training
+numerics. The server exits with the workflow (its parent process) or when told to (`stop`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import traceback
 SOCKET_ENV = "SPECFIT_STAGE_SERVER"  # the server's socket path, in the jobs' environment
 THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # what Snakemake sets per job from its threads
-TRAINING = ("toy_tokenizer", "toy_target", "toy_drafter", "predictor")  # stage_main(trains=True): own process
 PRELOAD = ("torch", "transformers", "numba", "numpy", "pyarrow.parquet", "scipy.optimize", "safetensors.torch",
            "specfit.stages.extract", "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.decode",
            "specfit.stages.tune", "specfit.stages.theory", "specfit.stages.report")
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m specfit.launch <stage> --spec JSON --in name=path --out name=path")
     stage, args = argv[0], argv[1:]
     path = os.environ.get(SOCKET_ENV)
-    if path and stage not in TRAINING:
+    if path:
         code = _via_server(path, stage, args)
         if code is not None:
             sys.exit(code)
@@ -68,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _via_server(path: str, stage: str, args: list[str]) -> int | None:
-    """The stage's exit status from the server, or None where the server cannot run it (none there, other threads)."""
+    """The stage's exit status from the server, or None where the server cannot run it (none there, other threads, a
+    stage that trains or does not import)."""
     body = json.dumps({"stage": stage, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -146,7 +146,7 @@ def _child(conn: socket.socket, threads: dict) -> None:
         while len(body) < size:
             body += conn.recv(size - len(body))
         job = json.loads(body)
-        if {k: job["env"].get(k) for k in THREAD_VARS} != threads:  # other threads: the launcher runs it itself
+        if {k: job["env"].get(k) for k in THREAD_VARS} != threads or not _servable(job["stage"]):
             conn.sendall(json.dumps({"exit": None}).encode())
             os._exit(0)
         print(f"{job['stage']}: child {os.getpid()}", flush=True)  # the server's log: which jobs it ran
@@ -167,6 +167,15 @@ def _child(conn: socket.socket, threads: dict) -> None:
             conn.sendall(json.dumps({"exit": code}).encode())
         finally:
             os._exit(code)
+
+
+def _servable(stage: str) -> bool:
+    """Whether a child of the server runs ``stage``: not one that trains (its own numerics, so its own process), nor
+    one that does not import (the launcher, running it, says why in the job's log). Importing it computes nothing."""
+    try:
+        return not importlib.import_module(f"specfit.stages.{stage}").main.trains
+    except Exception:  # noqa: BLE001 - any import error is the launcher's to report
+        return False
 
 
 def _watch(conn: socket.socket) -> None:
