@@ -32,7 +32,8 @@ METHODS = {"ar": {"name": "ar"}, "eagle3": {"name": "eagle3"},
 
 def spec(method: dict, **over) -> dict:
     return {"method": method, "slots": 4, "max_inflight": 2, "link": None, "emulate": None, "torch_device": DEVICE,
-            "dtype": "float32", "logits_dtype": "model", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
+            "dtype": "float32", "logits_dtype": "model", "verify": "exact",
+            "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
             "model": "tiny", **over}
 
 
@@ -41,7 +42,8 @@ def inputs(files, tmp_path_factory):
     """The tiny pair, coefficients with specfit-ca's fits, and a route predictor trained on it."""
     root = tmp_path_factory.mktemp("decoder")
     (root / "coefficients.json").write_text(json.dumps(COEFFICIENTS))
-    predictor.run({"model": "tiny", "dtype": "float32", "logits_dtype": "model", "torch_device": DEVICE,
+    predictor.run({"model": "tiny", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
+                  "torch_device": DEVICE,
                    "limit_tokens": 40, "max_new_tokens": 10, "k_max": 7, "max_depth": 5, "top_k_expand": 2,
                    "validation_requests": 1, "steps": 30, "batch_size": 64, "lr": 0.003, "seed": 0, "threads": 1},
                   {k: files[k] for k in ("prompts", "target", "drafter")}, {"predictor": root / "predictor"})
@@ -230,7 +232,7 @@ def test_a_resident_device_calibrates_at_every_expert_and_specfit_decodes_on_it(
     outputs = {"coefficients": tmp_path / "c.json", "points": tmp_path / "c.points.parquet"}
     calibrate.run({"dtype": "float32", "torch_device": "cpu", "max_inflight": 2, "link": None, "emulate": resident,
                    "slots": 8, "coefficients": "fit", "protocol": protocol, "seed": 0, "model": "tiny",
-                   "logits_dtype": "model"}, files, outputs)
+                   "logits_dtype": "model", "verify": "exact"}, files, outputs)
     coefficients = json.loads(outputs["coefficients"].read_text())
     points = pq.read_table(outputs["points"]).to_pylist()
     assert coefficients["cache"] is True and coefficients["slots"] == 8 and coefficients["source"] == "fit"

@@ -99,7 +99,8 @@ def test_a_drafter_that_does_not_fit_stops_the_decode_before_the_target_loads(
 
 def test_calibration_checks_the_drafter_before_the_target_loads(target_dir, prompt_files, tmp_path, no_weights):
     _hidden(tmp_path / "drafter")
-    spec = {"model": MODEL, "logits_dtype": "model", "dtype": "bfloat16", "torch_device": "cpu", "max_inflight": 2,
+    spec = {"model": MODEL, "logits_dtype": "model", "verify": "exact",
+    "dtype": "bfloat16", "torch_device": "cpu", "max_inflight": 2,
             "link": None, "emulate": None, "slots": 4, "coefficients": "fit", "seed": 0,
             "protocol": {"cycle_boundaries": [0], "sizes": 3, "repeats": 1, "limit_tokens": 96}}
     inputs = {"prompts": prompt_files["calibration"], "target": target_dir, "drafter": tmp_path / "drafter"}

@@ -5,7 +5,7 @@ import sys
 
 from specfit import numerics
 
-BENCHMARKS = ("dag", "device", "engine", "link", "predictor", "proportions", "reproduce", "select", "spread",
+BENCHMARKS = ("dag", "device", "engine", "exact", "link", "predictor", "proportions", "reproduce", "select", "spread",
               "verdicts")
 
 
