@@ -164,7 +164,7 @@ def test_speculators_options_run_through_the_decode_stage(variant, target_dir, p
               "reference": ar_run["requests"]}
     decode.run(stream_spec("eagle3"), inputs, eagle)
     lossless = json.loads(eagle["metrics"].read_text())["lossless"]
-    assert lossless["n_identical"] + sum(d["margin"] <= 0.1 for d in lossless["divergences"]) == 2
+    assert lossless["n_identical"] == 2 and lossless["divergences"] == []  # bf16, exact verify: AR's bits
 
 
 def test_the_options_change_what_the_drafter_computes(target_dir, tmp_path):
