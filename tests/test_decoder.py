@@ -250,3 +250,17 @@ def test_a_tuned_method_is_refused_naming_the_fixed_tree_alternative():
     with pytest.raises(SpecFitError, match=r"'eagle3-tuned' decodes with the tree the tune rule chose .*"
                                            r"data/tune/<model>/<device>/<workload>/eagle3-tuned.json.* kind eagle3"):
         deployable(config, "eagle3-tuned")
+
+
+def test_the_shipped_toy_in_bf16_decodes_its_bf16_ars_tokens(monkeypatch):
+    """config.bf16.yaml: the shipped toy in bfloat16 with the exact verify; EAGLE-3's trees commit AR's tokens."""
+    monkeypatch.chdir(ROOT)
+    prompts = ["Summarize: the council voted to close the bridge for repairs next spring.",
+               "Tom has 3 boxes of 12 pencils and gives away 7. How many pencils are left?"]
+    decoders = {m: Decoder.from_config("toy", "cpu-a100", m, overlays=["config.bf16.yaml"], max_new_tokens=32)
+                for m in ("ar", "eagle3")}
+    assert decoders["ar"].spec.dtype == "bfloat16" and decoders["ar"].spec.verify == "exact"
+    for prompt in prompts:
+        ar, eagle = (decoders[m].generate(prompt) for m in ("ar", "eagle3"))
+        assert len(ar.output_ids) > 1 and eagle.output_ids == ar.output_ids
+        assert eagle.figures["committed_per_cycle"] > 1  # drafts were accepted: trees were verified and committed
