@@ -14,6 +14,12 @@ logits to a few bf16 ulps, and routes and greedy tokens are the same unless a ro
 within rounding. It is not bit-identical everywhere (the rows a matmul computes together change its blocking on
 some CPUs), so whatever compares runs across cache states (the route atlas) tolerates that. Experts
 implementations other than those of ``SPLIT_ARITHMETIC`` are refused.
+
+An exact verify (`specfit.speculative.exact`) hands a layer its rows through `RowCalls` and `forward_rows`: the same
+admission, copies, LRU order and modelled cost as one forward over all rows, with every token's experts computed
+alone, as a one-token forward computes them, and combined per token. At one token every expert computes one row
+whichever group it falls in, so a token's output does not depend on how hits and misses split the forward: it is
+bit-identical to AR's step at any cache state (held to 0 by tests/engine/test_exact_verify.py).
 """
 
 from __future__ import annotations
