@@ -219,18 +219,8 @@ class OffloadedLayer:
         top_k_index: torch.Tensor,
         top_k_weights: torch.Tensor,
     ) -> torch.Tensor:
-        """The target's experts implementation over the slot rows, for the routed entries of ``group`` only.
-
-        A group that is the whole union was never evicted from during this forward, so the table of all resident
-        experts serves it; it is rebuilt only after a change, which keeps the all-hit path short.
-        """
-        if whole:
-            if self.slot_table is None:
-                self.slot_table = self._table(self.cache.slot_of.items(), top_k_index.device)
-            table = self.slot_table
-        else:
-            table = self._table(group, top_k_index.device)
-        slot_index = table[top_k_index]  # [T, k] slot rows, the sentinel for entries outside the group
+        """The target's experts implementation over the slot rows, for the routed entries of ``group`` only."""
+        slot_index = self._group_table(group, whole, top_k_index.device)[top_k_index]  # [T, k], sentinel outside
         return self.inner(self.views[0 if whole else 1], hidden_states, slot_index, top_k_weights)
 
     def _compute_by_row(
@@ -243,13 +233,30 @@ class OffloadedLayer:
         top_k_weights: torch.Tensor,
     ) -> torch.Tensor:
         """`_compute` one token at a time: its rows ([1, H] of a token, or its k entries [k, H]), each a new
-        tensor as a one-row forward's are, so that no kernel sees another token's rows."""
+        tensor as a one-row forward's are, so that no kernel sees another token's rows. A token with no entry in
+        the group gets the zeros the implementation would return for it, without a call."""
         per_token = hidden_states.shape[0] // tokens  # 1 (the tokens' rows) or k (their entries)
-        return torch.cat([
-            self._compute(group, whole, *(x[i:i + per_token].clone() for x in (hidden_states, top_k_index,
-                                                                              top_k_weights)))
-            for i in range(0, hidden_states.shape[0], per_token)
-        ])
+        slot_index = self._group_table(group, whole, top_k_index.device)[top_k_index]  # [rows, k]
+        inside = (slot_index != self.rows).reshape(tokens, -1).any(dim=1).tolist()  # [tokens], one host sync
+        view = self.views[0 if whole else 1]
+        parts = []
+        for t, start in enumerate(range(0, hidden_states.shape[0], per_token)):
+            rows = slice(start, start + per_token)
+            if not inside[t]:
+                parts.append(torch.zeros_like(hidden_states[rows]))
+                continue
+            parts.append(self.inner(view, *(x[rows].clone() for x in (hidden_states, slot_index, top_k_weights))))
+        return torch.cat(parts)
+
+    def _group_table(self, group: list[tuple[int, int]], whole: bool, device: torch.device) -> torch.Tensor:
+        """[E] slot row of each expert of ``group``, the sentinel elsewhere. A group that is the whole union was
+        never evicted from during this forward, so the table of all resident experts serves it; it is rebuilt only
+        after a change, which keeps the all-hit path short."""
+        if not whole:
+            return self._table(group, device)
+        if self.slot_table is None:
+            self.slot_table = self._table(self.cache.slot_of.items(), device)
+        return self.slot_table
 
     def _table(self, pairs, device: torch.device) -> torch.Tensor:
         slot_of = [self.rows] * self.num_experts  # [E], the sentinel row index for experts not listed
