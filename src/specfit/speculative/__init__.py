@@ -3,8 +3,8 @@ parameters and the route sources, learned ones included (`config`, torch-free); 
 what the workflow and the report ask of it (`kinds`, torch-free); what a method sees of the cycle it decides in and the
 request's stopwatch (`cycle`); the drafter's state and the candidate pool drafted level by level (`draft`); tree
 attention masks, positions and KV-cache pruning (`tree`); the target side, its causal and tree forwards, the route
-query and greedy acceptance (`verify`); the exact verify, every tree row computed as AR's one-row step (`exact`); the methods (AR, EAGLE-3, SpecFit; specfit-ca, beyond the paper, with the
-cache-aware cost) and `build_method` (`methods`); the methods that prefetch experts while they draft, beyond the paper
+query and greedy acceptance (`verify`); the exact verify, every tree row computed as AR's one-row step (`exact`);
+the methods (AR, EAGLE-3, SpecFit; specfit-ca, beyond the paper, with the cache-aware cost) and `build_method` (`methods`); the methods that prefetch experts while they draft, beyond the paper
 (`prefetching`); SpecFit's route sources, live target queries, the atlas or a noisy predictor, and
 `route_source_for` (`routes`); learned routes, beyond the paper (`learned`); one request's decoding, `Session`
 (prefill, draft, verify, commit) and `decode_request` (`request`); a stream's target, engine, method and drafter and
