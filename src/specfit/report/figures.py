@@ -102,6 +102,7 @@ def throughput_bars(panels: dict[str, dict[str, Estimate | None]], groups: dict[
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("Decode TPS (tokens/s)", fontsize=8)
         ax.tick_params(labelsize=8)
+        ax.tick_params(axis="y", length=0)
     axes[0].set_yticks(ys, methods)
     axes[0].set_ylim(height, 0)
     axes[0].set_xlim(0, top * 1.3)
@@ -185,6 +186,7 @@ def claims_chart(groups: dict[str, list[Mark]], title: str, reference: str):
         tick.set_fontweight("bold" if kind is None else "normal")
     ax.set_ylim(height, 0)
     ax.tick_params(labelsize=8)
+    ax.tick_params(axis="y", length=0)
     ax.set_xlabel("Ratio of decode TPS with its 95% interval (log scale; 1: no difference)", fontsize=8)
     shown = [v for v in VERDICT_COLOURS if any(m is not None and m.verdict == v for m in kinds)]
     handles = [Line2D([], [], marker="o", color=VERDICT_COLOURS[v], linestyle="none", label=str(v)) for v in shown]
