@@ -71,7 +71,8 @@ def throughput_bars(panels: dict[str, dict[str, Estimate | None]], groups: dict[
                     paper: dict[str, dict[str, float]] | None = None, paper_label: str = ""):
     """Decode TPS of each method (a row, coloured by its group, e.g. baselines, the paper's method, beyond the
     paper) in one panel per cache setting (panel title -> method -> its estimate, None: not run), a shared TPS axis,
-    the 95% interval and the value beside each bar; ``paper``: panel title -> method -> the paper's TPS, marked."""
+    the 95% interval and the values in a column at the right; ``paper``: panel title -> method -> the paper's TPS,
+    marked."""
     methods = [m for ms in groups.values() for m in ms]
     ys, height = [], 0.0
     for g, ms in enumerate(groups.values()):
@@ -84,18 +85,16 @@ def throughput_bars(panels: dict[str, dict[str, Estimate | None]], groups: dict[
     axes = fig.subplots(1, len(panels), sharex=True, sharey=True, squeeze=False)[0]
     top = max([e.high if e.high is not None else e.value for p in panels.values() for e in p.values() if e]
               + [v for p in (paper or {}).values() for v in p.values()] + [1e-9])
-    pad = 0.02 * top
     for ax, (name, estimates) in zip(axes, panels.items()):
         for m, y in zip(methods, ys):
             e = estimates.get(m)
             if e is None:
-                ax.text(pad, y, "not run", va="center", fontsize=7, color="0.45", style="italic")
+                ax.text(0.02 * top, y, "not run", va="center", fontsize=7, color="0.45", style="italic")
                 continue
             ax.barh(y, e.value, 0.7, color=colour[m])
             if (bar := error_bar(e)) is not None:
                 ax.errorbar(e.value, y, xerr=bar, color="0.2", capsize=2, lw=0.8)
-            end = max(e.high if e.high is not None else e.value, (paper or {}).get(name, {}).get(m, 0.0))
-            ax.text(end + pad, y, f"{e.value:.2f}", va="center", fontsize=7)
+            ax.text(1.28 * top, y, f"{e.value:.2f}", ha="right", va="center", fontsize=7)  # a column, right of all
         for m, v in (paper or {}).get(name, {}).items():
             if m in methods:
                 ax.plot(v, ys[methods.index(m)], **PAPER_MARK)
