@@ -1,6 +1,7 @@
 """The paper's claims confronted with this run: each claim's ratio in the paper, this run's with its paired interval,
 and one verdict (`verdict.confronted`): confirmed, refuted or a tie. Whatever the direction, it is the run's finding;
-on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md)."""
+on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md). A figure draws the
+claims that are ratios against the line at 1, the paper's beside each."""
 
 from dataclasses import dataclass
 

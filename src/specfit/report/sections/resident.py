@@ -1,7 +1,8 @@
 """Beyond the paper: every expert resident (docs/devices.md). On a device defined by measured verify widths, with
 nothing copied, AR, EAGLE-3 at the paper's tree and at the tree the tune rule found best, SpecFit and specfit-ca per
 gather mode, workload and assumed drafter cost: ms per cycle, decode TPS, the verify widths each chose, and three
-claims with verdicts (SpecFit never slower than AR, faster than the best fixed EAGLE-3, what a batched gather adds).
+claims with verdicts (SpecFit never slower than AR, faster than the best fixed EAGLE-3, what a batched gather adds),
+drawn with each cell's ratio against the line at 1.
 """
 
 from dataclasses import dataclass, field
@@ -180,8 +181,8 @@ def always_faster(es: list[Estimate | None]) -> Verdict:
 
 
 def claim_rows(model_scope: ModelScope, ps: list[Place]) -> list[ResidentClaim]:
-    """SpecFit never slower than AR (its worst cell), faster than the best fixed
-    EAGLE-3 (every cell), and with a batched gather faster than AR (the thread's projection)."""
+    """The claims, each with its cells' ratios: SpecFit never slower than AR (its worst cell), faster than the best
+    fixed EAGLE-3 (every cell), and with a batched gather faster than AR (the thread's projection)."""
     inputs, rows = model_scope.inputs, []
 
     def ratios(num: str, den: str, keep=lambda p: True) -> list[tuple[Place, Estimate | None]]:
