@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from report.figure_checks import assert_embedded, checking
 from report.report_md import find, key_of, md_tables
-from specfit.planning import paths
+from specfit import report
+from specfit.planning import paths, specs
 from specfit.planning.config import load_config
-from specfit.planning.matrix import decode_runs, reference_run
+from specfit.planning.matrix import decode_runs, reference_run, report_inputs
 from specfit.report.quantities import DRAFT_KEYS, METRICS
 
 pytestmark = pytest.mark.slow
@@ -111,6 +113,29 @@ def test_report_tables_match_the_metrics(workflow):
     for part, record in paths.TOY_RECORDS.items():  # the rule declares the trained toy's folders: their weights' sha256
         sha256 = json.loads((workdir / paths.toy_model("smoke", part) / record).read_text())["sha256"]
         assert f"**Weights of smoke {part}**: sha256 {sha256}; trained on " in md
+
+
+def test_report_figures_read_well(workflow, monkeypatch, tmp_path):
+    """The report drawn again from the smoke DAG's outputs, every figure checked as it is saved (no layout warning,
+    nothing off the canvas, no two texts overlapping: `report.figure_checks`): the throughput figures of each device,
+    the tuned EAGLE-3 among the resident device's methods, the claims on the emulated A100 and across the resident
+    devices, each embedded in the page with alt text naming what it shows."""
+    workdir, config = workflow
+    figures = checking(monkeypatch)
+    monkeypatch.chdir(workdir)  # the report rule runs in the workflow root
+    out = tmp_path / "report"
+    report.write(specs.report(config), report_inputs(config), out)
+    assert_embedded(out, ["smoke", *config["devices"], *config["workloads"]])
+    assert {"smoke-cpu-a100link-summarization-tps", "smoke-cpu-a100link-gsm8k-tps", "smoke-cpu-a100-gsm8k-tps",
+            "smoke-cpu-resident-gsm8k-tps", "smoke-cpu-a100-claims", "smoke-resident-claims"} <= set(figures)
+    assert not [name for name in figures if name.startswith("smoke-cpu-a100link-claims")]  # the CPU's own regime
+    methods = [m for m in figures["smoke-cpu-resident-gsm8k-tps"] if m in config["methods"]]
+    assert methods == ["ar", "eagle3-tuned", "specfit"]
+    claims = [" ".join(t.split()) for t in figures["smoke-resident-claims"]]
+    assert "SpecFit is faster than EAGLE-3 at the best fixed tree (tuned)" in claims
+    a100 = [m for m in figures["smoke-cpu-a100-gsm8k-tps"] if m in config["methods"]]
+    assert a100 == ["ar", "eagle3", "specfit", "specfit-ca-learned", "specfit-prefetch", "specfit-prefetch-atlas",
+                    "eagle3-prefetch"]
 
 
 def test_theory_and_calibration_outputs(workflow):

@@ -13,6 +13,9 @@ from specfit.planning import paths
 from specfit.planning.matrix import DecodeRun, decode_runs, method_kind, theory_cost, theory_file, theory_runs
 
 DEVICE = "cpu-a100link"
+EMULATED_DEVICE = "cpu-a100"  # `emulated_tree`
+EMULATE = {"name": "A100", "fixed_ms": 74.02, "token_ms": 1.423, "expert_ms": 4.786, "copy_ms": 4.575,
+           "draft_ms": 10.24}
 N_REQUESTS = 6  # per fake run; the same request ids and output lengths in every run (lossless methods)
 
 
@@ -190,3 +193,22 @@ def fake_root(root: Path, spec: dict, seed: int = 0, speeds: dict | None = None)
 def runs_by(written) -> dict:
     """(method, slots) -> DecodeRun, on the one device of the fixture."""
     return {(r.method, r.slots): r for r in written if isinstance(r, DecodeRun) and r.device == DEVICE}
+
+
+def emulated_tree(tree, spec=None, speeds=None):
+    """`fake_root` on an emulated A100 (its runs on the virtual clock, their claims judged); returns the spec and what
+    was written."""
+    spec = spec or tiny_spec(devices=(EMULATED_DEVICE,))
+    spec["devices"][EMULATED_DEVICE].update(link=None, emulate=EMULATE, label="CPU emulating the A100")
+    written = fake_root(tree, spec, speeds=speeds)
+    for run in [r for r in written if not isinstance(r, tuple) and hasattr(r, "file")]:
+        path = tree / run.file("metrics.json")
+        m = json.loads(path.read_text())
+        m.update(drafted_levels_per_cycle=0.0 if run.method == "ar" else 4.0, h2d_per_cycle=3.0, experts_per_token=16,
+                 timing_label="emulated A100, virtual clock",
+                 device={"copy_stall_s": 0.25, "target": {"forwards": 100, "modelled_s": 1.0, "cpu_s": 0.1},
+                         "drafter": {"forwards": 0 if run.method == "ar" else 400,
+                                     "modelled_s": 0.0 if run.method == "ar" else 0.5, "cpu_s": 0.2}})
+        path.write_text(json.dumps(m))
+        written[run] = m
+    return spec, written

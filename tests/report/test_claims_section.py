@@ -1,9 +1,8 @@
 """The paper's claims confronted (sections/claims.py) and the emulated device's proportions
 (sections/proportions.py)."""
 
-import json
-
-from report_fakes import fake_root, tiny_spec
+from report_fakes import EMULATED_DEVICE as DEVICE
+from report_fakes import emulated_tree, fake_root, tiny_spec
 from report_md import build, ratio_of, ratio_of_ratios, rows, x_text
 
 from specfit.engine.paper_gpus import paper_proportions
@@ -11,10 +10,6 @@ from specfit.paper import paper_results
 from specfit.planning.matrix import report_inputs
 from specfit.report.verdict import Verdict, confronted
 from specfit.results import intervals
-
-DEVICE = "cpu-a100"
-EMULATE = {"name": "A100", "fixed_ms": 74.02, "token_ms": 1.423, "expert_ms": 4.786, "copy_ms": 4.575,
-           "draft_ms": 10.24}
 
 
 def test_confronted():
@@ -24,23 +19,6 @@ def test_confronted():
     assert confronted(Verdict.TIE, Verdict.TIE) == Verdict.CONFIRMED  # the paper claims no difference, none found
     assert confronted(Verdict.TIE, Verdict.SLOWER) == Verdict.REFUTED
     assert confronted(Verdict.SLOWER, None) == Verdict.NOT_JUDGED
-
-
-def emulated_tree(tree, spec=None, speeds=None):
-    spec = spec or tiny_spec(devices=(DEVICE,))
-    spec["devices"][DEVICE].update(link=None, emulate=EMULATE, label="CPU emulating the A100")
-    written = fake_root(tree, spec, speeds=speeds)
-    for run in [r for r in written if not isinstance(r, tuple) and hasattr(r, "file")]:
-        path = tree / run.file("metrics.json")
-        m = json.loads(path.read_text())
-        m.update(drafted_levels_per_cycle=0.0 if run.method == "ar" else 4.0, h2d_per_cycle=3.0, experts_per_token=16,
-                 timing_label="emulated A100, virtual clock",
-                 device={"target": {"forwards": 100, "modelled_s": 1.0, "cpu_s": 0.1},
-                         "drafter": {"forwards": 0 if run.method == "ar" else 400,
-                                     "modelled_s": 0.0 if run.method == "ar" else 0.5, "cpu_s": 0.2}})
-        path.write_text(json.dumps(m))
-        written[run] = m
-    return spec, written
 
 
 def test_claims_and_proportions_on_an_emulated_device(tree):

@@ -120,3 +120,22 @@ def test_a_claim_over_cells_reads_every_cells_interval():
     assert always_faster([faster, faster]) == Verdict.CONFIRMED and always_faster([faster, tie]) == Verdict.TIE
     assert always_faster([faster, tie, slower]) == Verdict.REFUTED
     assert never_slower([None]) == always_faster([None]) == Verdict.NOT_JUDGED
+
+
+def test_the_claims_figure_shows_every_cell_under_its_claim(resident, figures):
+    """Across the resident devices: each claim in the table's order, each cell's ratio under it, the tuned EAGLE-3
+    among them; and the tuned EAGLE-3 in each device's throughput figure like any method."""
+    _spec, _written, md, tables = resident
+    texts = [" ".join(t.split()) for t in figures["toy-resident-claims"]]
+    claims = tables["resident-claims/toy"]
+    cells = {"distinct": "distinct gather, drafter 0.068, gsm8k", "pair": "pair gather, drafter 0.068, gsm8k"}
+    expected = []
+    for key, row in rows(claims).items():
+        expected += [row[0], *([cells["distinct"]] if key.startswith("batched-gather") else cells.values())]
+    assert [t for t in texts if t in expected] == expected
+    assert "SpecFit is faster than EAGLE-3 at the best fixed tree (tuned)" in expected
+    assert {"confirmed", "refuted", "the thread's projection"} <= set(texts)
+    assert "![Claims with experts resident, toy, across devices: each cell's ratio" in md
+    for device in (PAIR, DISTINCT):
+        assert [t for t in figures[f"toy-{device}-gsm8k-tps"] if t in METHODS] == ["ar", "eagle3", "eagle3-tuned",
+                                                                                   "specfit", "specfit-ca"]

@@ -1,8 +1,9 @@
-"""The report: one HTML page (Jinja2 + matplotlib) and a Markdown twin with the same tables, per model and
-device, then per model across its devices: the sections `specfit.report.sections` lists, from the files the report
-stage reads (`specfit.report.inputs`). Timings over an emulated link say so; a missing input empties its section with a
-note, a malformed one is an error; every decode TPS and ratio carries its bootstrap interval
-(`specfit.results.intervals`)."""
+"""The report: one HTML page (Jinja2 + matplotlib) and a Markdown twin with the same tables, per model and device, then
+per model across its devices: the sections `specfit.report.sections` lists, from the files the report stage reads
+(`specfit.report.inputs`), with their figures (`specfit.report.figures`: throughput per method, the claims against
+the line at 1, the slot sweep, the calibration probes), which both pages embed. Timings over an emulated link say so;
+a missing input empties its section with a note, a malformed one is an error; every decode TPS and ratio carries its
+bootstrap interval (`specfit.results.intervals`)."""
 
 import logging
 from pathlib import Path

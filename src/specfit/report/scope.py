@@ -196,7 +196,7 @@ class ModelScope:
     """One model on each device it ran on, the devices in the paper's order (`Scope` per device)."""
 
     def __init__(self, inputs: Inputs, figures: Figures, model: str):
-        self.inputs, self.model, self.spec = inputs, model, inputs.spec
+        self.inputs, self.figures, self.model, self.spec = inputs, figures, model, inputs.spec
         devices = [d for d in self.spec["devices"] if any(r.model == model and r.device == d for r in inputs.runs)]
         devices.sort(key=lambda d: PAPER_DEVICES.index(gpu) if (gpu := paper_gpu(self.spec, d)) else len(PAPER_DEVICES))
         self.on = {d: Scope(inputs, figures, model, d) for d in devices}

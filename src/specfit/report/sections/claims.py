@@ -1,7 +1,11 @@
 """The paper's claims confronted with this run: each claim's ratio in the paper, this run's with its paired interval,
 and one verdict (`verdict.confronted`): confirmed, refuted or a tie. Whatever the direction, it is the run's finding;
-on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md)."""
+on an emulated device it is the toy's finding under the paper's cost regime (docs/device.md). A figure draws the
+claims that are ratios against the line at 1, the paper's beside each."""
 
+from dataclasses import dataclass
+
+from specfit.report.figures import Mark, claims_chart, slug
 from specfit.report.page import Estimate, Section, fmt, interval_note, note, table, tagged
 from specfit.report.quantities import x_cell
 from specfit.report.scope import Scope, slot_order
@@ -18,6 +22,25 @@ RATIOS = (
 )
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A row of the claims table: what the paper claims and what this run finds, as printed, with the ratio behind
+    them where the claim is one (the figure's row)."""
+
+    key: str
+    workload: str
+    claim: str
+    paper: str
+    run: str
+    verdict: Verdict
+    ratio: Estimate | None = None  # this run's (None: not measured, or the claim is not a ratio)
+    paper_ratio: float | None = None  # None: the claim is not a ratio (Table 5's)
+    label: str = ""  # the figure's, where the claim's text explains the table's cells
+
+    def mark(self) -> Mark:
+        return Mark(self.label or self.claim, self.ratio, self.verdict, self.paper_ratio)
+
+
 def section(scope: Scope) -> Section | None:
     if not scope.at_paper_scale:
         return None  # the CPU's own regime (a link-only device, the wall clock): shown, never a verdict
@@ -32,11 +55,29 @@ def section(scope: Scope) -> Section | None:
     if rows:
         sec.tables.append(table(scope.id("claims"), tagged(f"The paper's claims on {scope.model} / {scope.device}",
                                                        scope.link_emulated), [
-            ("Workload", lambda r: r[1]), ("Claim", lambda r: r[2]), ("Paper", lambda r: r[3]),
-            (tagged("This run", scope.link_emulated), lambda r: r[4]), ("Verdict", lambda r: str(r[5]))],
-            rows, key=lambda r: r[0]))
+            ("Workload", lambda c: c.workload), ("Claim", lambda c: c.claim), ("Paper", lambda c: c.paper),
+            (tagged("This run", scope.link_emulated), lambda c: c.run), ("Verdict", lambda c: str(c.verdict))],
+            rows, key=lambda c: c.key))
         sec.notes.append(interval_note(scope.inputs.seed))
+        figure(scope, sec, rows)
     return sec if sec.tables or sec.missing else None
+
+
+def figure(scope: Scope, sec: Section, rows: list[Claim]) -> None:
+    """The claims that are ratios, in the table's order under their workload, against the line at 1."""
+    shown = [c for c in rows if c.paper_ratio is not None]
+    if not shown:
+        return
+    groups = {}
+    for c in shown:
+        groups.setdefault(c.workload, []).append(c.mark())
+    where = f"{scope.model} / {scope.device}"
+    fig = claims_chart(groups, tagged(f"The paper's claims on {where}", scope.link_emulated),
+                       f"the paper's ratio ({scope.gpu})")
+    left = "" if len(shown) == len(rows) else "; Table 5's claim (a gap against its bound, not a ratio) is in the table"
+    sec.figures.append(scope.figures.save(fig, slug(scope.model, scope.device, "claims"), tagged(
+        f"The paper's claims on {where}: each ratio of this run with its 95% interval, the paper's ratio marked, "
+        f"the line at 1, the verdict by colour{left}", scope.link_emulated)))
 
 
 def ratio(scope: Scope, sec: Section, num, den) -> Estimate | None:
@@ -47,7 +88,7 @@ def ratio(scope: Scope, sec: Section, num, den) -> Estimate | None:
     return scope.inputs.tps_ratio(num, den)
 
 
-def ratio_claims(scope: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
+def ratio_claims(scope: Scope, sec: Section, pw: str, w: str) -> list[Claim]:
     paper, runs, rows = scope.paper.cells(pw), scope.paper_runs(w), []
     if paper is None:
         return []
@@ -58,12 +99,12 @@ def ratio_claims(scope: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
         e = ratio(scope, sec, num, den)
         p = paper[a]["tps_dec"] / paper[b]["tps_dec"]
         direction = Verdict.of(p, p)  # the paper's ratio has no interval: its direction
-        rows.append((f"{key}/{w}", w, claim, f"{p:.2f}× ({direction})", x_cell(e),
-                     confronted(direction, None if e is None else e.verdict)))
+        rows.append(Claim(f"{key}/{w}", w, claim, f"{p:.2f}× ({direction})", x_cell(e),
+                          confronted(direction, None if e is None else e.verdict), e, p))
     return rows
 
 
-def noisy_claim(scope: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
+def noisy_claim(scope: Scope, sec: Section, pw: str, w: str) -> list[Claim]:
     """Section 4.6: 60%-accurate routes decode as fast as exact ones (2.26× vs 2.27× over AR without the cache)."""
     routes = scope.paper.routes(pw)
     noisy = [m for m in scope.roles.noisy if scope.run(w, m, scope.main) in scope.runs]
@@ -71,11 +112,12 @@ def noisy_claim(scope: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
         return []
     e = ratio(scope, sec, scope.run(w, noisy[0], scope.main), scope.run(w, scope.roles.specfit, scope.main))
     p = routes["simulated_60pct_speedup"] / routes["exact_routes_speedup"]
-    return [(f"noisy-routes/{w}", w, f"SpecFit with 60%-accurate routes ({noisy[0]}) against exact routes",
-             f"{p:.3f}× ({Verdict.TIE})", x_cell(e), confronted(Verdict.TIE, None if e is None else e.verdict))]
+    return [Claim(f"noisy-routes/{w}", w, f"SpecFit with 60%-accurate routes ({noisy[0]}) against exact routes",
+                  f"{p:.3f}× ({Verdict.TIE})", x_cell(e), confronted(Verdict.TIE, None if e is None else e.verdict), e,
+                  p)]
 
 
-def sweep_claim(scope: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
+def sweep_claim(scope: Scope, sec: Section, pw: str, w: str) -> list[Claim]:
     """Figure 4: SpecFit's gain over EAGLE-3 grows as the cache shrinks (21.6% at 48 slots to 31.6% without a cache).
     Judged on the sweep's ends: the gain without a cache over the gain at the main slots, (SpecFit / EAGLE-3 at 0) /
     (SpecFit / EAGLE-3 at main), with its own paired interval, confronted with the paper's (above 1: the gain grows);
@@ -95,12 +137,15 @@ def sweep_claim(scope: Scope, sec: Section, pw: str, w: str) -> list[tuple]:
     shown += f"; 0 over {scope.main}: {x_cell(growth)}"
     gains = dict(zip(sweep["slots"], sweep["specfit_gain_pct"]))
     paper = ", ".join(f"{x}: {1 + g / 100:.2f}×" for x, g in gains.items())
-    paper += f"; 0 over {sweep['slots'][0]}: {(1 + gains[0] / 100) / (1 + gains[sweep['slots'][0]] / 100):.2f}×"
-    return [(f"gain-grows/{w}", w, "SpecFit's gain over EAGLE-3 grows as the cache shrinks (slots: gain; the gain "
-             "without a cache over the gain at the main slots decides)", paper, shown, verdict)]
+    grows = (1 + gains[0] / 100) / (1 + gains[sweep['slots'][0]] / 100)
+    paper += f"; 0 over {sweep['slots'][0]}: {grows:.2f}×"
+    return [Claim(f"gain-grows/{w}", w, "SpecFit's gain over EAGLE-3 grows as the cache shrinks (slots: gain; the gain "
+                  "without a cache over the gain at the main slots decides)", paper, shown, verdict, growth, grows,
+                  f"SpecFit's gain over EAGLE-3 grows as the cache shrinks: the gain without a cache over the gain "
+                  f"at {scope.main} slots")]
 
 
-def theory_claim(scope: Scope, pw: str, w: str) -> list[tuple]:
+def theory_claim(scope: Scope, pw: str, w: str) -> list[Claim]:
     """Table 5: the per-cycle ratio rule is within 1% of λ* and within the bound of Eq. 7."""
     paper = scope.paper.table5(pw)
     run = scope.run(w, scope.roles.specfit, scope.main)
@@ -108,7 +153,7 @@ def theory_claim(scope: Scope, pw: str, w: str) -> list[tuple]:
     if paper is None or t is None:
         return []
     holds = t["gap_pct"] <= t["bound_pct"] + 1e-9 and t["gap_pct"] < 1.0
-    return [(f"table5/{w}", w, "Ratio selection within 1% of λ* and within the bound of Eq. 7 (Table 5)",
-             f"{paper['gap_pct_of_lambda']:.2f}% ≤ {paper['bound_pct_of_lambda']:.2f}%",
-             f"{fmt(t['gap_pct'], '.2f')}% ≤ {fmt(t['bound_pct'], '.2f')}%",
-             Verdict.CONFIRMED if holds else Verdict.REFUTED)]
+    return [Claim(f"table5/{w}", w, "Ratio selection within 1% of λ* and within the bound of Eq. 7 (Table 5)",
+                  f"{paper['gap_pct_of_lambda']:.2f}% ≤ {paper['bound_pct_of_lambda']:.2f}%",
+                  f"{fmt(t['gap_pct'], '.2f')}% ≤ {fmt(t['bound_pct'], '.2f')}%",
+                  Verdict.CONFIRMED if holds else Verdict.REFUTED)]

@@ -1,12 +1,14 @@
 """Beyond the paper: every expert resident (docs/devices.md). On a device defined by measured verify widths, with
 nothing copied, AR, EAGLE-3 at the paper's tree and at the tree the tune rule found best, SpecFit and specfit-ca per
 gather mode, workload and assumed drafter cost: ms per cycle, decode TPS, the verify widths each chose, and three
-claims with verdicts (SpecFit never slower than AR, faster than the best fixed EAGLE-3, what a batched gather adds).
+claims with verdicts (SpecFit never slower than AR, faster than the best fixed EAGLE-3, what a batched gather adds),
+drawn with each cell's ratio against the line at 1.
 """
 
 from dataclasses import dataclass, field
 
 from specfit.planning.matrix import DecodeRun, method_config
+from specfit.report.figures import Mark, claims_chart, slug
 from specfit.report.page import MISSING, Estimate, Section, fmt, interval_note, note, table, tagged
 from specfit.report.quantities import column, metric, tps_cell, x_cell
 from specfit.report.scope import ModelScope
@@ -36,6 +38,20 @@ class Place:
     @property
     def label(self) -> str:
         return f"{self.gather} gather, drafter {self.draft_share:g}, {self.workload}"
+
+
+@dataclass(frozen=True)
+class ResidentClaim:
+    """A row of the resident claims' table: the claim, its cells' tally, this run's ratios as printed and the verdict,
+    with each cell's ratio (the figure's rows) and the range the claim projects, if one."""
+
+    key: str
+    claim: str
+    tally: str
+    run: str
+    verdict: Verdict
+    cells: list[tuple[Place, Estimate | None]]
+    projected: tuple[float, float] | None = None
 
 
 def places(model_scope: ModelScope) -> list[Place]:
@@ -85,8 +101,14 @@ def section(model_scope: ModelScope) -> Section | None:
     if claims:
         sec.tables.append(table(model_scope.id("resident-claims"), tagged(
             f"Claims with experts resident, {model_scope.model}", emulated), [
-            ("Claim", lambda c: c[1]), ("Cells", lambda c: c[2]), (tagged("This run", emulated), lambda c: c[3]),
-            ("Verdict", lambda c: str(c[4]))], claims, key=lambda c: c[0]))
+            ("Claim", lambda c: c.claim), ("Cells", lambda c: c.tally), (tagged("This run", emulated), lambda c: c.run),
+            ("Verdict", lambda c: str(c.verdict))], claims, key=lambda c: c.key))
+        fig = claims_chart({c.claim: [Mark(p.label, e, c.verdict, c.projected) for p, e in c.cells] for c in claims},
+                           tagged(f"Claims with experts resident, {model_scope.model}, across devices", emulated),
+                           "the thread's projection")
+        sec.figures.append(model_scope.figures.save(fig, slug(model_scope.model, "resident-claims"), tagged(
+            f"Claims with experts resident, {model_scope.model}, across devices: each cell's ratio with its 95% "
+            "interval under its claim, the line at 1, the claim's verdict by colour", emulated)))
     gathers = gather_rows(model_scope, ps)
     if gathers:
         sec.tables.append(table(model_scope.id("resident-gather"), tagged(
@@ -158,9 +180,9 @@ def always_faster(es: list[Estimate | None]) -> Verdict:
             else Verdict.NOT_JUDGED if unjudged == len(es) else Verdict.TIE)
 
 
-def claim_rows(model_scope: ModelScope, ps: list[Place]) -> list[tuple]:
-    """key, claim, cells, this run, verdict: SpecFit never slower than AR (its worst cell), faster than the best fixed
-    EAGLE-3 (every cell), and with a batched gather faster than AR (the thread's projection)."""
+def claim_rows(model_scope: ModelScope, ps: list[Place]) -> list[ResidentClaim]:
+    """The claims, each with its cells' ratios: SpecFit never slower than AR (its worst cell), faster than the best
+    fixed EAGLE-3 (every cell), and with a batched gather faster than AR (the thread's projection)."""
     inputs, rows = model_scope.inputs, []
 
     def ratios(num: str, den: str, keep=lambda p: True) -> list[tuple[Place, Estimate | None]]:
@@ -173,21 +195,23 @@ def claim_rows(model_scope: ModelScope, ps: list[Place]) -> list[tuple]:
     if cells := ratios(SPECFIT.name, AR.name):
         worst_place, worst = min(cells, key=lambda c: c[1].value if c[1] is not None else float("inf"))
         es = [e for _, e in cells]
-        rows.append(("specfit-never-slower-than-ar", "SpecFit is never slower than AR (its worst cell)",
-                     f"{len(cells)}: {tally(es)}", f"worst {worst_place.label}: {x_cell(worst)}", never_slower(es)))
+        rows.append(ResidentClaim("specfit-never-slower-than-ar", "SpecFit is never slower than AR (its worst cell)",
+                                  f"{len(cells)}: {tally(es)}", f"worst {worst_place.label}: {x_cell(worst)}",
+                                  never_slower(es), cells))
     for rival, claim in ((EAGLE3_TUNED.name, "SpecFit is faster than EAGLE-3 at the best fixed tree (tuned)"),
                          (EAGLE3.name, "SpecFit is faster than EAGLE-3 at the paper's tree")):
         if cells := ratios(SPECFIT.name, rival):
             es = [e for _, e in cells]
-            rows.append((f"specfit-faster-than-{rival}", claim, f"{len(cells)}: {tally(es)}", listed(cells),
-                         always_faster(es)))
+            rows.append(ResidentClaim(f"specfit-faster-than-{rival}", claim, f"{len(cells)}: {tally(es)}",
+                                      listed(cells), always_faster(es), cells))
     if cells := ratios(SPECFIT.name, AR.name, keep=lambda p: p.gather == "distinct"):
         es = [e for _, e in cells]
         lo = PROJECTED["speculative"][0] / PROJECTED["plain"][1]
         hi = PROJECTED["speculative"][1] / PROJECTED["plain"][0]
-        rows.append(("batched-gather-specfit-over-ar",
-                     f"With a batched gather, SpecFit is faster than AR (the thread projects {lo:.2f}–{hi:.2f}×)",
-                     f"{len(cells)}: {tally(es)}", listed(cells), always_faster(es)))
+        rows.append(ResidentClaim("batched-gather-specfit-over-ar",
+                                  f"With a batched gather, SpecFit is faster than AR (the thread projects "
+                                  f"{lo:.2f}–{hi:.2f}×)", f"{len(cells)}: {tally(es)}", listed(cells),
+                                  always_faster(es), cells, (lo, hi)))
     return rows
 
 

@@ -1,10 +1,13 @@
 """Decode throughput with and without the expert cache (Figures 2 and 3), and SpecFit's gains over EAGLE-3 at the
 same cache in decode and in request TPS (prefill included), the paper's beside."""
 
+from specfit.planning.matrix import method_kind
 from specfit.report.figures import slug, throughput_bars
 from specfit.report.page import CACHE, METHOD, Section, cache_cell, fmt, interval_note, note, table, tagged
 from specfit.report.quantities import column, gain_cell, metric, tps_cell, x_cell
 from specfit.report.scope import Scope
+
+BASELINES, PAPER, BEYOND = "Baselines", "SpecFit as in the paper", "Beyond the paper"  # the figure's groups
 
 
 def section(scope: Scope) -> Section:
@@ -23,12 +26,16 @@ def workload(scope: Scope, sec: Section, w: str) -> None:
         return
     groups = {scope.main: f"Every expert resident ({scope.main} slots)"} if scope.resident else {
         scope.main: f"With expert cache ({scope.main} slots)", 0: "Without expert cache"}
-    bars = {m: [scope.inputs.tps(scope.run(w, m, slots)) for slots in groups]
-            for m in scope.spec["methods"] if any(r.method == m for r in present)}
-    fig = throughput_bars(bars, list(groups.values()),
-                          tagged(f"{scope.model} / {scope.device} / {w}: decode throughput", emulated))
-    sec.figures.append(scope.figures.save(fig, slug(scope.model, scope.device, w, "tps"),
-                                      tagged(f"Decode TPS with 95% bootstrap intervals, {scope.title(w)}", emulated)))
+    methods = [m for m in scope.spec["methods"] if any(r.method == m for r in present)]
+    panels = {label: {m: scope.inputs.tps(scope.run(w, m, slots)) for m in methods} for slots, label in groups.items()}
+    paper = {label: {m: v for m in methods if (v := scope.paper_value(scope.run(w, m, slots), "tps_dec")) is not None}
+             for slots, label in groups.items()} if scope.at_paper_scale else {}
+    fig = throughput_bars(panels, method_groups(scope, methods),
+                          tagged(f"{scope.model} / {scope.device} / {w}: decode throughput", emulated),
+                          paper if any(paper.values()) else None, f"the paper's {scope.gpu} decode TPS")
+    sec.figures.append(scope.figures.save(fig, slug(scope.model, scope.device, w, "tps"), tagged(
+        f"Decode TPS of each method with 95% bootstrap intervals, {' and '.join(groups.values()).lower()}, "
+        f"{scope.title(w)}", emulated)))
     ar = scope.ar(w)
     sec.missing += scope.inputs.missing_requests([*present, ar])
     sec.tables.append(table(scope.id("throughput", w), tagged(f"Throughput, {scope.title(w)}", emulated), [
@@ -40,6 +47,18 @@ def workload(scope: Scope, sec: Section, w: str) -> None:
           else [])],
         present))
     gains(scope, sec, w, emulated)
+
+
+def method_groups(scope: Scope, methods: list[str]) -> dict[str, list[str]]:
+    """The figure's groups of methods, in the config's order: the baselines (kinds that select without routes: AR,
+    EAGLE-3 at any tree), SpecFit as the paper runs it (exact routes, and the simulated noisy ones) and the rest,
+    beyond the paper; empty groups left out."""
+    paper = {scope.roles.specfit, *scope.roles.noisy}
+
+    def group(m: str) -> str:
+        return BASELINES if not method_kind(scope.spec, m).reads_routes else PAPER if m in paper else BEYOND
+
+    return {g: ms for g in (BASELINES, PAPER, BEYOND) if (ms := [m for m in methods if group(m) == g])}
 
 
 def gains(scope: Scope, sec: Section, workload: str, emulated: bool) -> None:
