@@ -1,6 +1,8 @@
-"""``python tests/parse_only.py PROGRAM ARGS...``: run a Python program only as far as reading its arguments.
+"""``python tests/parse_only.py JSON``: run Python programs only as far as reading their arguments.
 
-Exit status 0 when ``ARGS`` parse, the program's own usage error (2) when not; nothing else runs. ``PROGRAM`` is a
+``JSON`` is a list of commands, each a list of words (``["specfit", "generate", "--model", "toy"]``). Each prints
+its exit status: 0 when its arguments parse, the program's own usage error (2) when not; nothing else runs. The
+exit status is 1 when any did not parse. ``PROGRAM`` is a
 console script (``specfit``, ``snakemake``), ``python -m MODULE``, ``pip`` or ``pytest``. argparse programs stop at
 their first successful ``parse_args`` (argparse's, or that of a subclass the program loaded, such as Snakemake's
 configargparse); pip's own parser (optparse) is asked directly; pytest collects without running. Used by
@@ -8,10 +10,10 @@ tests/test_doc_commands.py for the commands the docs mark as too long or too mac
 """
 
 import argparse
+import json
 import runpy
 import sys
 from importlib.metadata import entry_points
-
 
 
 def _stop_once_parsed(cls: type) -> None:
@@ -42,9 +44,9 @@ def pip(args: list[str]) -> None:
     raise SystemExit(0)
 
 
-def main(argv: list[str]) -> None:
+def parse(argv: list[str]) -> None:
+    """Exit (SystemExit) with ``argv``'s parse status."""
     program, *args = argv
-    _stop_once_parsed(argparse.ArgumentParser)
     if program in ("python", "python3"):
         if args[:1] != ["-m"] or len(args) < 2:
             sys.exit(f"parse_only: only `python -m MODULE` is understood, not {argv}")
@@ -69,5 +71,20 @@ def main(argv: list[str]) -> None:
     sys.exit(f"parse_only: {program} returned without parsing its arguments with argparse")
 
 
+def main(commands: list[list[str]]) -> None:
+    _stop_once_parsed(argparse.ArgumentParser)
+    failed = 0
+    for argv in commands:
+        try:
+            parse(argv)
+        except SystemExit as done:
+            status = 0 if done.code is None else done.code if isinstance(done.code, int) else 1
+            if isinstance(done.code, str):
+                print(done.code, file=sys.stderr)
+        print(f"parse_only {status}: {' '.join(argv)}", flush=True)
+        failed += status != 0
+    sys.exit(1 if failed else 0)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(json.loads(sys.argv[1]))
