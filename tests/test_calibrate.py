@@ -14,7 +14,8 @@ PROTOCOL = {"question_ids": [10, 11], "cycle_boundaries": [0, 2], "sizes": 8, "r
 
 def spec(**kw):
     return {"dtype": "float32", "torch_device": "cpu", "max_inflight": 2, "link": None, "emulate": None, "slots": 4,
-            "coefficients": "fit", "protocol": PROTOCOL, "seed": 0, "model": "tiny", "logits_dtype": "model", **kw}
+            "coefficients": "fit", "protocol": PROTOCOL, "seed": 0, "model": "tiny", "logits_dtype": "model",
+            "verify": "exact", **kw}
 
 
 def calibrated(files, out, **kw):

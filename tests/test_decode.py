@@ -13,7 +13,7 @@ DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: c
 def spec(name, **method):
     return {"method": {"name": name, **method}, "slots": 4, "max_inflight": 2, "link": None, "emulate": None,
             "torch_device": DEVICE, "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
-            "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model"}
+            "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model", "verify": "exact"}
 
 
 def outs(path, name):

@@ -32,7 +32,8 @@ METHODS = {"ar": {"name": "ar"}, "eagle3": {"name": "eagle3"},
 
 def spec(method: dict, **over) -> dict:
     return {"method": method, "slots": 4, "max_inflight": 2, "link": None, "emulate": None, "torch_device": DEVICE,
-            "dtype": "float32", "logits_dtype": "model", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
+            "dtype": "float32", "logits_dtype": "model", "verify": "exact",
+            "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
             "model": "tiny", **over}
 
 
@@ -41,7 +42,8 @@ def inputs(files, tmp_path_factory):
     """The tiny pair, coefficients with specfit-ca's fits, and a route predictor trained on it."""
     root = tmp_path_factory.mktemp("decoder")
     (root / "coefficients.json").write_text(json.dumps(COEFFICIENTS))
-    predictor.run({"model": "tiny", "dtype": "float32", "logits_dtype": "model", "torch_device": DEVICE,
+    predictor.run({"model": "tiny", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
+                  "torch_device": DEVICE,
                    "limit_tokens": 40, "max_new_tokens": 10, "k_max": 7, "max_depth": 5, "top_k_expand": 2,
                    "validation_requests": 1, "steps": 30, "batch_size": 64, "lr": 0.003, "seed": 0, "threads": 1},
                   {k: files[k] for k in ("prompts", "target", "drafter")}, {"predictor": root / "predictor"})
@@ -230,7 +232,7 @@ def test_a_resident_device_calibrates_at_every_expert_and_specfit_decodes_on_it(
     outputs = {"coefficients": tmp_path / "c.json", "points": tmp_path / "c.points.parquet"}
     calibrate.run({"dtype": "float32", "torch_device": "cpu", "max_inflight": 2, "link": None, "emulate": resident,
                    "slots": 8, "coefficients": "fit", "protocol": protocol, "seed": 0, "model": "tiny",
-                   "logits_dtype": "model"}, files, outputs)
+                   "logits_dtype": "model", "verify": "exact"}, files, outputs)
     coefficients = json.loads(outputs["coefficients"].read_text())
     points = pq.read_table(outputs["points"]).to_pylist()
     assert coefficients["cache"] is True and coefficients["slots"] == 8 and coefficients["source"] == "fit"
@@ -248,3 +250,17 @@ def test_a_tuned_method_is_refused_naming_the_fixed_tree_alternative():
     with pytest.raises(SpecFitError, match=r"'eagle3-tuned' decodes with the tree the tune rule chose .*"
                                            r"data/tune/<model>/<device>/<workload>/eagle3-tuned.json.* kind eagle3"):
         deployable(config, "eagle3-tuned")
+
+
+def test_the_shipped_toy_in_bf16_decodes_its_bf16_ars_tokens(monkeypatch):
+    """config.bf16.yaml: the shipped toy in bfloat16 with the exact verify; EAGLE-3's trees commit AR's tokens."""
+    monkeypatch.chdir(ROOT)
+    prompts = ["Summarize: the council voted to close the bridge for repairs next spring.",
+               "Tom has 3 boxes of 12 pencils and gives away 7. How many pencils are left?"]
+    decoders = {m: Decoder.from_config("toy", "cpu-a100", m, overlays=["config.bf16.yaml"], max_new_tokens=32)
+                for m in ("ar", "eagle3")}
+    assert decoders["ar"].spec.dtype == "bfloat16" and decoders["ar"].spec.verify == "exact"
+    for prompt in prompts:
+        ar, eagle = (decoders[m].generate(prompt) for m in ("ar", "eagle3"))
+        assert len(ar.output_ids) > 1 and eagle.output_ids == ar.output_ids
+        assert eagle.figures["committed_per_cycle"] > 1  # drafts were accepted: trees were verified and committed

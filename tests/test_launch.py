@@ -16,7 +16,7 @@ EMULATE = {"name": "A100", "fixed_ms": 74.02, "token_ms": 1.423, "expert_ms": 4.
            "draft_ms": 10.24}
 SPEC = {"method": {"name": "eagle3"}, "slots": 4, "max_inflight": 2, "link": None, "emulate": EMULATE,
         "torch_device": "cpu", "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
-        "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model"}
+        "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model", "verify": "exact"}
 ONE_THREAD = dict.fromkeys(THREAD_VARS, "1")  # as Snakemake sets them for a job of one thread
 
 

@@ -23,7 +23,7 @@ DEVICE = os.environ.get("SPECFIT_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh: c
 
 
 def spec(**over):
-    return {"model": "tiny", "dtype": "float32", "logits_dtype": "model", "torch_device": DEVICE,
+    return {"model": "tiny", "dtype": "float32", "logits_dtype": "model", "verify": "exact", "torch_device": DEVICE,
             "limit_tokens": 40, "max_new_tokens": 10, "k_max": 7, "max_depth": 5, "top_k_expand": 2,
             "validation_requests": 1, "steps": 30, "batch_size": 64, "lr": 0.003, "seed": 0, "threads": 1, **over}
 
@@ -32,7 +32,7 @@ def stream_spec(name, **method):
     """The decode stage's spec as the workflow builds it (`specfit.planning.specs.decode`) for the tiny pair: a config
     of one model, device and workload, ``method`` as its method entry; and a 3-token warm-up (a test's knob: the rule
     leaves the stage's default)."""
-    config = {"seed": 0, "models": {"tiny": {"dtype": "float32", "logits_dtype": "model"}},
+    config = {"seed": 0, "models": {"tiny": {"dtype": "float32", "logits_dtype": "model", "verify": "exact"}},
               "devices": {"test": {"torch_device": DEVICE, "max_inflight": 2, "link": None, "emulate": None}},
               "workloads": {"test": {"limit_tokens": 40, "max_new_tokens": 12}},
               "methods": {"test": {"kind": name, **method}}}

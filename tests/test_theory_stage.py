@@ -16,7 +16,7 @@ def theory_of(files, out, method: str, cost: str, emulate: dict | None = None):
     """Atlas build, measured run and the theory stage on it; returns the measured run's files and the table."""
     spec = {"method": {"name": method}, "slots": 4, "max_inflight": 2, "link": None, "emulate": emulate,
             "torch_device": DEVICE, "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 16, "seed": 0,
-            "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model"}
+            "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model", "verify": "exact"}
     build = {k: out / f"build.{k}" for k in ("atlas", "requests", "cycles", "metrics")}
     atlas.run(spec, files, build)
     measured = {k: out / f"run.{k}" for k in ("requests", "cycles", "metrics")}

@@ -19,7 +19,7 @@ def stream(name, **method):
     """A decode spec on the emulated A100 (the virtual clock: a tree's TPS follows its cycles, not the CPU)."""
     return {"method": {"name": name, **method}, "slots": 4, "max_inflight": 2, "link": None, "emulate": EMULATE,
             "torch_device": "cpu", "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
-            "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model"}
+            "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model", "verify": "exact"}
 
 
 def test_the_grid_and_the_choice():

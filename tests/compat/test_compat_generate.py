@@ -39,7 +39,8 @@ def workflow(target_dir, drafter_dir, prompt_files, tmp_path_factory):
     calibration = root / paths.calibration(MODEL, "a100", "cache")
     calibration.parent.mkdir(parents=True)
     calibration.write_text(json.dumps(COEFFICIENTS))
-    predictor.run({"model": MODEL, "dtype": "bfloat16", "logits_dtype": "model", "torch_device": DEVICE,
+    predictor.run({"model": MODEL, "dtype": "bfloat16", "logits_dtype": "model", "verify": "exact",
+    "torch_device": DEVICE,
                    "limit_tokens": 96, "max_new_tokens": NEW, "k_max": 7, "max_depth": 5, "top_k_expand": 2,
                    "validation_requests": 1, "steps": 30, "batch_size": 64, "lr": 0.003, "seed": 0, "threads": 1},
                   {"prompts": prompt_files["prompts"], "target": target_dir, "drafter": drafter_dir},

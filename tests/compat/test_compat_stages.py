@@ -83,7 +83,8 @@ def stages(target_dir, drafter_dir, prompt_files, ar_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("stages")
     prompts, calib = prompt_files["prompts"], prompt_files["calibration"]
     pair = {"target": target_dir, "drafter": drafter_dir}
-    device = {"model": MODEL, "logits_dtype": "model", "dtype": "bfloat16", "torch_device": DEVICE, "max_inflight": 2,
+    device = {"model": MODEL, "logits_dtype": "model", "verify": "exact",
+    "dtype": "bfloat16", "torch_device": DEVICE, "max_inflight": 2,
               "link": None, "emulate": None, "slots": 4, "seed": 0,
               "protocol": {"cycle_boundaries": [0], "sizes": 3, "repeats": 1, "limit_tokens": LIMIT}}
     fitted = {"coefficients": out / "fit.json", "points": out / "fit.points.parquet"}

@@ -100,7 +100,9 @@ def fake_metrics(rng, run, spec, rows) -> dict:
         "verify_ms_per_cycle": float(rng.uniform(2, 400)),
         "select_ms_median": float(rng.uniform(0, 3)) if rule == "specfit" else None,
         "select_share_pct": float(rng.uniform(0, 2)) if rule == "specfit" else None,
-        "lossless": lossless, "link_emulated": True, "timing_label": "emulated link (1.5 GB/s, 50 us)",
+        "lossless": lossless, "dtype": "float32",
+        "verify": "batched" if lossless and lossless["divergences"] else "exact", "link_emulated": True,
+        "timing_label": "emulated link (1.5 GB/s, 50 us)",
         "resumed": False, "n_requests": len(rows), "n_output_tokens": sum(r["n_output"] for r in rows),
     }
 

@@ -82,7 +82,8 @@ def test_toy(config, smoke):
 
 def test_calibrate(config, smoke):
     assert specs.calibrate(config, "toy", "cpu-4090", "cache") == {
-        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
+        "model": "toy", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
+        "torch_device": "cpu", "max_inflight": 2,
         "link": None, "emulate": RTX4090, "coefficients": "fit", "slots": 8,
         "protocol": {"cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2, "limit_tokens": 512}, "seed": 0}
     assert specs.calibrate(config, "toy", "cpu-4090", "nocache")["slots"] == 0
@@ -93,13 +94,15 @@ def test_calibrate(config, smoke):
 
 def test_decode(config, smoke):
     assert specs.decode(config, "toy", "cpu-a100link", "summarization", "specfit-noisy", "6") == {
-        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
+        "model": "toy", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
+        "torch_device": "cpu", "max_inflight": 2,
         "link": A100_LINK, "emulate": None, "method": {**SPECFIT, "routes": "noisy", "accuracy": 0.6}, "slots": 6,
         "limit_tokens": 2048, "max_new_tokens": 128, "seed": 0}
     # a method entry as it is written (the stage fills the defaults): AR sets nothing
     assert specs.decode(config, "toy", "cpu-a100link", "gsm8k", "ar", 0)["method"] == {"name": "ar"}
     assert specs.decode(smoke, "smoke", "cpu-a100link", "gsm8k", "specfit-learned", "4") == {
-        "model": "smoke", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
+        "model": "smoke", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
+        "torch_device": "cpu", "max_inflight": 2,
         "link": SMOKE_LINK, "emulate": None, "method": {**SPECFIT, "routes": "learned"}, "slots": 4,
         "limit_tokens": 512, "max_new_tokens": 12, "seed": 0}
 
@@ -115,7 +118,8 @@ def test_atlas_is_built_at_the_main_slots_without_the_link(config):
     """Both cache modes of a variant build with the device's with-cache slot count, no emulated link or device."""
     built = specs.atlas(config, "toy", "cpu-4090", "gsm8k", "specfit", "nocache")
     assert built == {
-        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "max_inflight": 2,
+        "model": "toy", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
+        "torch_device": "cpu", "max_inflight": 2,
         "link": None, "emulate": None, "method": SPECFIT, "slots": 8, "limit_tokens": 512, "max_new_tokens": 128,
         "seed": 0}
     assert specs.atlas(config, "toy", "cpu-4090", "gsm8k", "specfit", "cache") == built
@@ -126,7 +130,8 @@ def test_predictor(config, smoke):
     # the first decode run's device in the matrix's order: cpu-4090 sorts before cpu-a100
     assert specs.predictor_device(config, "toy") == "cpu-4090"
     assert specs.predictor(config, "toy") == {
-        "model": "toy", "dtype": "float32", "logits_dtype": "model", "torch_device": "cpu", "limit_tokens": 1024,
+        "model": "toy", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
+        "torch_device": "cpu", "limit_tokens": 1024,
         "max_new_tokens": 64, "k_max": 7, "max_depth": 5, "top_k_expand": 2, "validation_requests": 8,
         "steps": 1500, "batch_size": 512, "lr": 0.003, "seed": 0, "threads": 2}
     assert specs.predictor_device(smoke, "smoke") == "cpu-a100"

@@ -6,7 +6,7 @@ import sys
 from specfit import numerics
 from specfit.errors import SpecFitError
 
-BENCHMARKS = ("dag", "device", "engine", "link", "predictor", "proportions", "reproduce", "select", "spread",
+BENCHMARKS = ("dag", "device", "engine", "exact", "link", "predictor", "proportions", "reproduce", "select", "spread",
               "verdicts")
 
 

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def offloaded(slots: int):
         model, _ = load_target(target_dir, model_cfg["dtype"], "cpu", key=f"models.{args.model}.target",
-                               logits_dtype=model_cfg["logits_dtype"])
+                               logits_dtype=model_cfg["logits_dtype"], verify=model_cfg["verify"])
         engine = make_engine(model, slots, device["max_inflight"], device["link"], device["torch_device"],
                              device["emulate"])
         drafter = load_drafter(drafter_dir, model, device=device["torch_device"], key=f"models.{args.model}.drafter")

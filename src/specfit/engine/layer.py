@@ -14,12 +14,19 @@ logits to a few bf16 ulps, and routes and greedy tokens are the same unless a ro
 within rounding. It is not bit-identical everywhere (the rows a matmul computes together change its blocking on
 some CPUs), so whatever compares runs across cache states (the route atlas) tolerates that. Experts
 implementations other than those of ``SPLIT_ARITHMETIC`` are refused.
+
+An exact verify (`specfit.speculative.exact`) hands a layer its rows through `RowCalls` and `forward_rows`: the same
+admission, copies, LRU order and modelled cost as one forward over all rows, with every token's experts computed
+alone, as a one-token forward computes them, and combined per token. At one token every expert computes one row
+whichever group it falls in, so a token's output does not depend on how hits and misses split the forward: it is
+bit-identical to AR's step at any cache state (held to 0 by tests/engine/test_exact_verify.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -59,6 +66,32 @@ class SlotView:
         return getattr(self._module, name)
 
 
+class RowCalls:
+    """An exact verify's experts calls at one layer (`specfit.speculative.exact`): every row's MoE block calls the
+    experts once to be recorded (zeros returned, the layer's output discarded), the layer then runs one forward over
+    all rows (`forward`), and every row's block calls again to replay its row's output."""
+
+    def __init__(self) -> None:
+        self.layer: OffloadedLayer | None = None
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # per row: [1, H], [1, k], [1, k]
+        self.outputs: list[torch.Tensor] | None = None  # per row: [1, H], once computed
+
+    def call(self, layer: OffloadedLayer, hidden_states, top_k_index, top_k_weights) -> torch.Tensor:
+        if self.outputs is None:
+            if hidden_states.shape[0] != 1 or (self.layer is not None and layer is not self.layer):
+                raise RuntimeError("an exact verify records one row of one layer per experts call")
+            self.layer = layer
+            self.calls.append((hidden_states, top_k_index, top_k_weights))
+            return torch.zeros_like(hidden_states)
+        return self.outputs.pop(0)
+
+    def forward(self) -> RowCalls:
+        """The layer's one forward over the recorded rows; then every row's call replays its output."""
+        hidden, index, weights = (torch.cat(x) for x in zip(*self.calls))  # [T, H], [T, k], [T, k]
+        self.outputs = list(self.layer.forward_rows(hidden, index, weights).split(1))
+        return self
+
+
 class OffloadedLayer:
     """One MoE layer: host rows, device slot buffers, its LRU, and the forward the experts interface calls."""
 
@@ -93,6 +126,21 @@ class OffloadedLayer:
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
         # hidden_states [T, H], top_k_index [T, k] expert ids, top_k_weights [T, k] gate weights
+        calls = self.engine.row_calls
+        if calls is not None:  # an exact verify: one row of this layer, recorded or replayed
+            return calls.call(self, hidden_states, top_k_index, top_k_weights)
+        return self.run(hidden_states, top_k_index, top_k_weights, by_row=False)
+
+    def forward_rows(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """One forward over T rows, as `forward` admits, copies and times it, with each row's experts computed as a
+        one-row forward computes them (`specfit.speculative.exact`): [T, H] -> [T, H]."""
+        return self.run(hidden_states, top_k_index, top_k_weights, by_row=True)
+
+    def run(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, by_row: bool
+    ) -> torch.Tensor:
         engine = self.engine
         with torch.no_grad():
             counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
@@ -108,8 +156,9 @@ class OffloadedLayer:
         if engine.timeline is not None:
             engine.timeline.layer(self.index, hidden_states.shape[0], steps, landing)
 
+        compute = partial(self._compute_by_row, top_k_index.shape[0]) if by_row else self._compute
         if not misses and steps:  # all hits: one call of the target's own implementation over the slot rows
-            return self._compute(steps[0][1], True, hidden_states, top_k_index, top_k_weights)
+            return compute(steps[0][1], True, hidden_states, top_k_index, top_k_weights)
         # Several groups: one row per routed entry, top-1 each, with a unit gate weight, so that every group
         # returns its entries' expert outputs [T*k, H] exactly (zero elsewhere). The gate weights are applied and
         # the top-k summed once, afterwards, as the target's own implementation does it (see _combine). How hits
@@ -132,10 +181,13 @@ class OffloadedLayer:
                 engine.copier.wait(in_flight)
                 engine._copy_wait_s += time.perf_counter() - started
                 in_flight = []
-            part = self._compute(group, len(group) == len(union), entry_states, entry_index, entry_weights)
+            part = compute(group, len(group) == len(union), entry_states, entry_index, entry_weights)
             out = part if out is None else out.add_(part)
         if out is None:
             return torch.zeros_like(hidden_states)
+        if by_row:
+            return torch.cat([self._combine(out[t * k:(t + 1) * k], top_k_index[t:t + 1], top_k_weights[t:t + 1])
+                              for t in range(T)])  # [T, H]
         return self._combine(out, top_k_index, top_k_weights)  # [T, H]
 
     def _combine(self, outputs: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -167,19 +219,44 @@ class OffloadedLayer:
         top_k_index: torch.Tensor,
         top_k_weights: torch.Tensor,
     ) -> torch.Tensor:
-        """The target's experts implementation over the slot rows, for the routed entries of ``group`` only.
-
-        A group that is the whole union was never evicted from during this forward, so the table of all resident
-        experts serves it; it is rebuilt only after a change, which keeps the all-hit path short.
-        """
-        if whole:
-            if self.slot_table is None:
-                self.slot_table = self._table(self.cache.slot_of.items(), top_k_index.device)
-            table = self.slot_table
-        else:
-            table = self._table(group, top_k_index.device)
-        slot_index = table[top_k_index]  # [T, k] slot rows, the sentinel for entries outside the group
+        """The target's experts implementation over the slot rows, for the routed entries of ``group`` only."""
+        slot_index = self._group_table(group, whole, top_k_index.device)[top_k_index]  # [T, k], sentinel outside
         return self.inner(self.views[0 if whole else 1], hidden_states, slot_index, top_k_weights)
+
+    def _compute_by_row(
+        self,
+        tokens: int,
+        group: list[tuple[int, int]],
+        whole: bool,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """`_compute` one token at a time: its rows ([1, H] of a token, or its k entries [k, H]), each a new
+        tensor as a one-row forward's are, so that no kernel sees another token's rows. A token with no entry in
+        the group gets the zeros the implementation would return for it, without a call."""
+        per_token = hidden_states.shape[0] // tokens  # 1 (the tokens' rows) or k (their entries)
+        slot_index = self._group_table(group, whole, top_k_index.device)[top_k_index]  # [rows, k]
+        inside = (slot_index != self.rows).reshape(tokens, -1).any(dim=1).tolist()  # [tokens], one host sync
+        view = self.views[0 if whole else 1]
+        parts = []
+        for t, start in enumerate(range(0, hidden_states.shape[0], per_token)):
+            rows = slice(start, start + per_token)
+            if not inside[t]:
+                parts.append(torch.zeros_like(hidden_states[rows]))
+                continue
+            parts.append(self.inner(view, *(x[rows].clone() for x in (hidden_states, slot_index, top_k_weights))))
+        return torch.cat(parts)
+
+    def _group_table(self, group: list[tuple[int, int]], whole: bool, device: torch.device) -> torch.Tensor:
+        """[E] slot row of each expert of ``group``, the sentinel elsewhere. A group that is the whole union was
+        never evicted from during this forward, so the table of all resident experts serves it; it is rebuilt only
+        after a change, which keeps the all-hit path short."""
+        if not whole:
+            return self._table(group, device)
+        if self.slot_table is None:
+            self.slot_table = self._table(self.cache.slot_of.items(), device)
+        return self.slot_table
 
     def _table(self, pairs, device: torch.device) -> torch.Tensor:
         slot_of = [self.rows] * self.num_experts  # [E], the sentinel row index for experts not listed

@@ -36,6 +36,7 @@ from specfit.engine.layer import (
     EXPERTS_IMPLEMENTATION,
     SPLIT_ARITHMETIC,
     OffloadedLayer,
+    RowCalls,
     compute_device,
     move_all_but_experts,
     slot_buffers,
@@ -143,6 +144,7 @@ class OffloadEngine:
             root.register_forward_hook(lambda *_: self._end_forward(), always_call=True),
         ]
         self._recorder: RouteRecorder | None = None
+        self.row_calls: RowCalls | None = None  # set while an exact verify records or replays a layer's rows
         self._forward_routes: list[torch.Tensor | None] = [None] * self.num_layers
         self.reset_stats()
 

@@ -19,6 +19,7 @@ from specfit.models.checkpoint import check_tokenizer, read_config, tensor_shape
 from specfit.models.eagle3 import Eagle3Drafter
 from specfit.models.precision import apply_logits_dtype
 from specfit.models.speculators import DRAFTER_KEY
+from specfit.speculative.exact import set_verify
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # config keys under which the families of transformers name their routed expert count
@@ -108,9 +109,10 @@ def check_checkpoints(target, drafter=None, model: str = "<model>") -> None:
         check_drafter(drafter, config, f"models.{model}.drafter")
 
 
-def load_target(path, dtype="bfloat16", device="cpu", key=TARGET_KEY, logits_dtype="model"):
+def load_target(path, dtype="bfloat16", device="cpu", key=TARGET_KEY, logits_dtype="model", verify="exact"):
     """(model, tokenizer) of a local MoE causal LM, with sdpa attention; ``logits_dtype`` "float32" runs its final
-    norm and LM head in fp32 (`specfit.models.precision.apply_logits_dtype`)."""
+    norm and LM head in fp32 (`specfit.models.precision.apply_logits_dtype`); ``verify`` says how its tree
+    forwards compute their rows (`specfit.speculative.exact.set_verify`, refused here where "exact" cannot be)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -142,6 +144,7 @@ def load_target(path, dtype="bfloat16", device="cpu", key=TARGET_KEY, logits_dty
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = model.to(device).eval()
     apply_logits_dtype(model, logits_dtype)
+    set_verify(model, verify, key=key.rpartition(".")[0] + ".verify")
     return model, tokenizer
 
 

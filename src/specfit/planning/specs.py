@@ -74,7 +74,7 @@ def toy(config: dict, part: str) -> dict:
 def _engine(config: dict, model: str, device: str, link, emulate) -> dict:
     """The model's precision and the engine it runs on: the device, its copies in flight, its emulated link or GPU."""
     dev, mod = config["devices"][device], config["models"][model]
-    return {"model": model, "dtype": mod["dtype"], "logits_dtype": mod["logits_dtype"],
+    return {"model": model, "dtype": mod["dtype"], "logits_dtype": mod["logits_dtype"], "verify": mod["verify"],
             "torch_device": dev["torch_device"], "max_inflight": dev["max_inflight"], "link": link, "emulate": emulate}
 
 
@@ -169,6 +169,7 @@ def predictor(config: dict, model: str) -> dict:
         "model": model,
         "dtype": mod["dtype"],
         "logits_dtype": mod["logits_dtype"],
+        "verify": mod["verify"],
         "torch_device": config["devices"][predictor_device(config, model)]["torch_device"],
         "limit_tokens": p["limit_tokens"],
         "max_new_tokens": p["max_new_tokens"],

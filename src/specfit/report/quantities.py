@@ -41,6 +41,7 @@ DRAFT_KEYS = ("draft_nodes_per_cycle", "draft_ms_per_cycle", *SPLIT_KEYS)  # AR:
 LATER_KEYS = ("select_ms_per_cycle", "commit_ms_per_cycle", "cycles_without_draft")
 # the keys specfit.speculative.stream adds to those of stream_metrics
 LINK_EMULATED, TIMING_LABEL, LOSSLESS, RESUMED = "link_emulated", "timing_label", "lossless", "resumed"
+DTYPE, VERIFY = "dtype", "verify"  # the target's dtype and how its tree forwards computed their rows
 ROUTE_PREDICTOR = "route_predictor"  # a learned-route run's: the predictor's time in its cycles
 
 TOKENS_PER_TRANSFER = "Tokens/transfer"  # output tokens per H2D expert transfer, prefill included: 1 / H2D/token

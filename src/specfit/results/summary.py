@@ -26,6 +26,7 @@ def stream_summary(loaded: Loaded, spec: StreamSpec, prompts: list[dict], reques
     metrics = stream_metrics(requests.to_pylist(), cycles, prompts, spec.seed)
     metrics.update(
         method=spec.method.name, slots=spec.slots, slot_rows_allocated=slot_rows(engine),
+        dtype=spec.dtype, verify=spec.verify,  # the arithmetic the lossless check's guarantee rests on
         link_emulated=engine.link_emulated, timing_label=engine.timing_label, resumed=resumes,
         device=stats.get("device"),  # an emulated device: its virtual clock (modelled time, host work)
         prefetch=stats["prefetch"],  # copies a prefetching method issued and how each was settled

@@ -74,7 +74,7 @@ class Loaded:
 def offloaded_target(spec: StreamSpec, path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, OffloadEngine]:
     """The target checkpoint at ``path`` on the offload engine at ``spec.slots`` (its experts on the host)."""
     model, tokenizer = load_target(path, spec.dtype, "cpu", key=f"models.{spec.model}.target",
-                                   logits_dtype=spec.logits_dtype)
+                                   logits_dtype=spec.logits_dtype, verify=spec.verify)
     return model, tokenizer, make_engine(model, spec.slots, spec.max_inflight, spec.link, spec.torch_device,
                                          spec.emulate)
 

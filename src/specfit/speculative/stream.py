@@ -19,6 +19,7 @@ Spec (the rule's config slice)::
     model:         the model's name in config.yaml (errors name models.<model>.target / .drafter)
     torch_device:  "cpu" | "cuda"       dtype: "float32" | "bfloat16" | "float16"
     logits_dtype:  "model" | "float32" (final norm and LM head in fp32, see `specfit.models.precision`)
+    verify:        "exact" | "batched" (every tree row as AR's step, see `specfit.speculative.exact`)
     limit_tokens:  input + output tokens per request     max_new_tokens: output tokens per request
     max_requests:  null (all prompts) or the first n     seed: fixes everything stochastic
     warmup_tokens: output tokens of the warm-up request
@@ -65,6 +66,7 @@ class StreamSpec:
     torch_device: str
     dtype: str
     logits_dtype: str  # "model" or "float32" (`specfit.models.precision`)
+    verify: str  # "exact" or "batched" (`specfit.speculative.exact`)
     limit_tokens: int
     max_new_tokens: int
     seed: int

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 
 from specfit.models.eagle3 import aux_hidden_states
 from specfit.selection.pool import CandidatePool
+from specfit.speculative.exact import exact_tree_forward, verify_mode
 from specfit.speculative.tree import tree_mask, tree_positions
 
 
@@ -44,8 +45,13 @@ class Target:
     def prefix_len(self) -> int:
         return self.cache.get_seq_length()
 
-    def run(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None, **kwargs):
-        """The model output for new rows ``tokens``: causal when ``parent`` is None, else a tree query."""
+    def run(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None,
+            output_hidden_states: bool = False, exact: bool = True):
+        """The model output for new rows ``tokens``: causal when ``parent`` is None, else a tree query, whose rows
+        are computed as AR's one-row steps (`specfit.speculative.exact`) unless ``exact`` is False or the model's
+        verify is "batched"."""
+        if parent is not None and exact and verify_mode(self.model) == "exact":
+            return exact_tree_forward(self.model, self.cache, tokens, parent, depth, self.engine, output_hidden_states)
         device = self.model.device
         past = self.prefix_len
         mask = positions = None
@@ -55,7 +61,7 @@ class Target:
         input_ids = torch.tensor([tokens], device=device)  # [1, q]
         return self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
-            **kwargs,
+            output_hidden_states=output_hidden_states,
         )
 
     def forward(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None):
@@ -68,13 +74,15 @@ class Target:
     def routes(self, pool: CandidatePool) -> torch.Tensor:
         """[n+1, L, k] experts the target routes root + every pool node to, in one tree forward.
 
-        The forward commits nothing: its KV rows are dropped again. Routes come from the offload engine's
+        The forward commits nothing: its KV rows are dropped again, so it is one batched tree forward even where
+        the verify is exact (a pool holds several times a verify's rows); a route it gives can differ from the
+        verify's only where a router's top-k is tied within rounding. Routes come from the offload engine's
         recorder, or from the routers' logits when there is no engine (unit tests).
         """
         tokens = pool.token
         if self.engine is not None:
             with self.engine.record_routes() as recorder:
-                self.run(tokens, pool.parent, pool.level)
+                self.run(tokens, pool.parent, pool.level, exact=False)
             routes = recorder.routes  # [n+1, L, k]
         else:
             routes = self._router_choices(tokens, pool)  # [n+1, L, k]
@@ -83,11 +91,11 @@ class Target:
 
     def _router_choices(self, tokens: list[int], pool: CandidatePool) -> torch.Tensor:
         """[q, L, k] expert ids the routers (``mlp.gate``, returning ``(logits, scores, indices)``) pick."""
-        picked = []
+        picked = []  # layer by layer: [q, k]
         gates = [m for name, m in self.model.named_modules() if name.endswith("mlp.gate")]
         hooks = [g.register_forward_hook(lambda _m, _in, out: picked.append(out[-1])) for g in gates]
         try:
-            self.run(tokens, pool.parent, pool.level)
+            self.run(tokens, pool.parent, pool.level, exact=False)
         finally:
             for hook in hooks:
                 hook.remove()

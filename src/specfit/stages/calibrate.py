@@ -336,7 +336,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     torch.manual_seed(spec["seed"])
     check_checkpoints(inputs["target"], inputs["drafter"], spec["model"])  # configs and headers, before any weight
     model, _ = load_target(inputs["target"], spec["dtype"], "cpu", key=f"models.{spec['model']}.target",
-                           logits_dtype=spec["logits_dtype"])
+                           logits_dtype=spec["logits_dtype"], verify=spec["verify"])
     engine = make_engine(model, spec["slots"], spec["max_inflight"], spec["link"], spec["torch_device"],
                          spec["emulate"])
     drafter = load_drafter(inputs["drafter"], model, device=spec["torch_device"], key=f"models.{spec['model']}.drafter")

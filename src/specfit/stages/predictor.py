@@ -126,7 +126,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         raise SpecFitError(f"predictor: {len(prompts)} prompts, but `predictor.validation_requests` = {held_out} "
                            "are held out: add question ids to `predictor.question_ids`")
     model, _ = load_target(inputs["target"], spec["dtype"], "cpu", key=keys["target"],
-                           logits_dtype=spec["logits_dtype"])
+                           logits_dtype=spec["logits_dtype"], verify=spec["verify"])
     # slots 0 (no expert cache: each forward copies what it routes to) and no link: the routes do not depend on the
     # cache, and nothing here is timed as a decode
     engine = make_engine(model, 0, 2, None, spec["torch_device"])
