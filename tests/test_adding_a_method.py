@@ -42,6 +42,6 @@ def test_the_recipe_as_a_user_runs_it(workflow_copy, tmp_path):
         assert metrics["n_requests"] == metrics["lossless"]["n_identical"] == 12
     tables = json.loads((workdir / "reports/all/tables.json").read_text())["tables"]
     (lossless,) = [t for t in tables if t["id"] == "lossless/toy/cpu-a100"]
-    verdict = lossless["header"].index("Verdict")
-    assert {row["key"]: row["cells"][verdict] for row in lossless["rows"] if "/chain/" in row["key"]} == {
-        f"toy/cpu-a100/gsm8k/chain/{slots}": "lossless: all 12 requests identical" for slots in (0, 12)}
+    identical = lossless["header"].index("Identical to the reference")
+    assert {row["key"]: row["cells"][identical] for row in lossless["rows"] if "/chain/" in row["key"]} == {
+        f"toy/cpu-a100/gsm8k/chain/{slots}": "identical: 12 of 12 requests" for slots in (0, 12)}
