@@ -153,8 +153,8 @@ up() {
     fi
     wait_for 60 "node $node" node_idle
     status >&2
-    # what a shell needs (eval "$(scripts/slurm-local.sh up)"): the config, and the node's size as the cluster
-    # profile's caps on each job's request (workflow/profiles/slurm)
+    # what a shell needs (eval "$(scripts/slurm-local.sh up)"): the config, and one core's share of the node (1 CPU,
+    # the node's memory over its cores) as the cluster profile's caps on each job's request (workflow/profiles/slurm)
     echo "export SLURM_CONF=$conf PATH=$dir/bin:\$PATH"
     echo "export SPECFIT_SLURM_MAX_CPUS=1 SPECFIT_SLURM_MAX_MEM_MB=$(( $(node_mem_mb) / $(nproc) ))"
 }

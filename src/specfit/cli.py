@@ -17,6 +17,7 @@ import logging
 import sys
 
 from specfit.errors import SpecFitError
+from specfit.planning.config import add_configfile_option
 from specfit.speculative.kinds import AR
 
 
@@ -26,8 +27,7 @@ def parser() -> argparse.ArgumentParser:
     g = commands.add_parser("generate", help="decode one prompt, greedy, with a deployable method",
                             description="Decode one prompt (an argument, or stdin) in the model's chat template.")
     g.add_argument("prompt", nargs="?", help="the prompt (read from stdin when omitted)")
-    g.add_argument("--configfile", nargs="+", default=[], metavar="FILE",
-                   help="config files merged over config.yaml, as Snakemake's --configfile")
+    add_configfile_option(g)
     g.add_argument("--model", help="a model of the config (models.<name>)")
     g.add_argument("--device", help="a device of the config (devices.<name>)")
     g.add_argument("--method", help="a deployable method of the config (methods.<name>)")
@@ -68,7 +68,7 @@ def generate(args: argparse.Namespace) -> None:
     if not prompt.strip():
         raise SpecFitError("no prompt: give it as an argument or on stdin")
     decoder = Decoder.from_config(
-        args.model, args.device, args.method, overlays=args.configfile, slots=args.slots, routes=args.routes,
+        args.model, args.device, args.method, overlays=args.configfile or [], slots=args.slots, routes=args.routes,
         max_new_tokens=MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens,
     )
     if args.json or args.compare:

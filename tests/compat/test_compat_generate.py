@@ -53,8 +53,8 @@ def generate(workflow, monkeypatch, capsys, *args, stdin: str | None = None):
     monkeypatch.chdir(workflow)
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    argv = ["generate", "--configfile", str(ROOT / "config.qwen3-30b-a3b.yaml"), "here.yaml", "--slots", "4",
-            "--max-new-tokens", str(NEW), *args]
+    argv = ["generate", "--configfile", str(ROOT / "config.qwen3-30b-a3b.yaml"), "--configfile", "here.yaml",
+            "--slots", "4", "--max-new-tokens", str(NEW), *args]
     threads = torch.get_num_threads()
     try:
         cli.main(argv)

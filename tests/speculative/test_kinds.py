@@ -39,6 +39,20 @@ def test_a_builtin_name_cannot_be_taken_and_an_unknown_kind_is_named():
         Kind("x", "m:C", theory_cost="fast")
 
 
+def test_a_users_kind_imports_from_the_workflow_root(tmp_path, monkeypatch):
+    """A module beside config.yaml imports under a console script too (whose import path lacks the working
+    directory), as docs/adding-a-method.md puts it; a module found nowhere names where it was looked for."""
+    (tmp_path / "rootlab").mkdir()
+    (tmp_path / "rootlab" / "chain.py").write_text(
+        "from specfit.speculative.methods import Method, register_method\n\n"
+        "@register_method('root-chain')\nclass RootChain(Method):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert kind("rootlab.chain:root-chain").name == "root-chain"
+    with pytest.raises(SpecFitError, match=rf"cannot import 'rootlab.nope' .* from {tmp_path} or the installed"):
+        kind("rootlab.nope:x")
+
+
 def test_drafting_is_the_kinds_declaration():
     ar, eagle = (kind(n).implementation()(MethodConfig(n)) for n in ("ar", "eagle3"))
     assert (ar.drafts, ar.max_depth, eagle.drafts) == (False, 0, True)

@@ -1,7 +1,10 @@
 """The DAG itself: it lints, it is formatted, and it plans on a laptop and on a SLURM cluster."""
 
+import re
 import subprocess
 import sys
+
+import yaml
 
 
 def run(root, *args):
@@ -47,6 +50,16 @@ def test_cluster_profile_plans_gpu_jobs(root):
     proc = run(root, "snakemake", "-n", "--workflow-profile", "workflow/profiles/slurm", "reports/all", "--forceall")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rule decode:" in proc.stdout
+
+
+def test_cluster_profile_sends_every_gpu_rule_to_the_gpu_partition(root):
+    """A rule whose jobs may ask for a GPU (a `gpu=` resource) has its own GPU job in the SLURM profile: else a CUDA
+    device's job would go to the CPU partition asking for a GPU."""
+    asking = {name for text in (root / "rules").glob("*.smk") for name, body in
+              re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", text.read_text(), re.M | re.S) if "gpu=" in body}
+    profile = yaml.safe_load((root / "workflow/profiles/slurm/config.yaml").read_text())["set-resources"]
+    on_gpu = {rule for rule, entry in profile.items() if str(entry).startswith("?gpu_job(")}
+    assert asking == on_gpu and {"calibrate", "atlas", "predictor", "tune", "decode"} <= asking, (asking, on_gpu)
 
 
 def test_lint_and_format(root):

@@ -4,3 +4,15 @@ against Tables 2-4), ``engine`` (expert loads and the all-hit overhead), ``link`
 ``predictor`` (the learned route predictor's cost), ``proportions`` (the toy's proportions beside the paper's),
 ``reproduce`` (a run against the committed reference), ``select`` (the exact search on paper-sized pools), ``spread``
 (the same decode jobs in two runs) and ``verdicts`` (two reports' verdicts, cell by cell)."""
+
+import argparse
+
+COMMAND = "python -m specfit.bench"
+
+
+def parser(module: str, description: str | None = None, raw: bool = False) -> argparse.ArgumentParser:
+    """The argument parser of the benchmark module ``module`` (its ``__name__``), its usage line the command a user
+    types (``python -m specfit.bench NAME``; argparse would say ``__main__.py``)."""
+    formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
+    return argparse.ArgumentParser(prog=f"{COMMAND} {module.rsplit('.', 1)[-1]}", description=description,
+                                   formatter_class=formatter)

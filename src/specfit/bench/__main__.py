@@ -4,6 +4,7 @@ import importlib
 import sys
 
 from specfit import numerics
+from specfit.errors import SpecFitError
 
 BENCHMARKS = ("dag", "device", "engine", "exact", "link", "predictor", "proportions", "reproduce", "select", "spread",
               "verdicts")
@@ -14,7 +15,11 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] not in BENCHMARKS:
         sys.exit(f"usage: python -m specfit.bench {{{','.join(BENCHMARKS)}}} [options]")
     numerics.for_timing()  # timed as the decode stages time (specfit.planning.stage.stage_main)
-    importlib.import_module(f"specfit.bench.{argv[0]}").main(argv[1:])
+    try:
+        importlib.import_module(f"specfit.bench.{argv[0]}").main(argv[1:])
+    except SpecFitError as err:  # bad input (a missing log, a run not made yet): one line, as `specfit generate`
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,13 @@ then the run's span from its first job's start to its last job's end. Nothing is
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from specfit import bench
 from specfit.errors import SpecFitError
 from specfit.numerics import cpu_name
 
@@ -57,8 +57,7 @@ def newest_log(root: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specfit.bench dag", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench.parser(__name__, __doc__, raw=True)
     parser.add_argument("log", nargs="?", type=Path, help="a Snakemake log (default: the newest in .snakemake/log)")
     args = parser.parse_args(argv)
     log = args.log or newest_log(Path.cwd())

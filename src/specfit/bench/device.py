@@ -17,25 +17,23 @@ parameters (docs/devices.md).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from specfit import bench
 from specfit.engine.device import HOST_PARAMETERS, PARAMETERS, scaled
 from specfit.engine.paper_gpus import DERIVED_FROM, NAMES, check, derive
 from specfit.engine.resident import fit
 from specfit.paper import paper_results
+from specfit.planning.config import add_configfile_option
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specfit.bench device", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench.parser(__name__, __doc__, raw=True)
     parser.add_argument("--step-ms", type=float, default=None,
                         help="the toy's cached AR step on the A100 (ms; default: the paper's own, unit 1)")
     parser.add_argument("--experts-per-token", type=int, default=16, help="the toy's MoE layers x top-k")
     parser.add_argument("--top-k", type=int, default=4, help="the toy's experts per token (resident devices)")
-    parser.add_argument("--configfile", nargs="*", default=None, metavar="FILE",
-                        help="overlays merged over config.yaml for its resident devices (default: "
-                             "config.resident.yaml when it is there)")
+    add_configfile_option(parser, "config.resident.yaml when it is there")
     args = parser.parse_args(argv)
     paper = paper_results()
     print("The device model fed the paper's per-cycle counters (Tables 2-4): predicted vs reported ms per cycle.")

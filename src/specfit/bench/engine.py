@@ -13,7 +13,6 @@ For one MoE layer of each shape (a toy layer, and one of Qwen3-30B-A3B's shape w
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from specfit import bench
 from specfit.engine.layer import SlotView
 from specfit.engine.offload import OffloadConfig, offload_experts
 
@@ -159,7 +159,7 @@ def run_shape(shape: LayerShape, device: torch.device, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specfit.bench engine", description=__doc__.splitlines()[0])
+    parser = bench.parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {sorted(SHAPES)}")
     parser.add_argument("--max-inflight", type=int, default=2)

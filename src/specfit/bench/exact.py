@@ -12,7 +12,6 @@ proportions differ (docs/gpu.md).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from specfit import bench
 from specfit.engine.offload import make_engine
 from specfit.models.loading import load_target
 from specfit.speculative.exact import set_verify
@@ -71,7 +71,7 @@ def time_verifies(model: torch.nn.Module, prefix: int, repeats: int) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specfit.bench exact", description=__doc__.split("\n\n")[0])
+    parser = bench.parser(__name__, __doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--prefix", type=int, default=256, help="committed tokens before the verify")
     parser.add_argument("--layers", type=int, default=2, help="layers of the Qwen3-30B-A3B-shaped model")

@@ -9,11 +9,11 @@ Paste the figures into config.yaml.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
+from specfit import bench
 from specfit.engine.link import LinkModel, link_for_copy_share
 from specfit.engine.offload import make_engine
 from specfit.models import load_target
@@ -37,7 +37,7 @@ def uncached_ar_step(model, engine, prompt_len: int, steps: int) -> tuple[float,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specfit.bench link", description=__doc__)
+    parser = bench.parser(__name__, __doc__)
     parser.add_argument("--target", default="data/models/toy/target")
     parser.add_argument("--share", type=float, default=0.75, help="copy share of an uncached AR step")
     parser.add_argument("--latency-us", type=float, default=50.0)

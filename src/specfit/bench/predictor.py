@@ -5,17 +5,16 @@ layers, 128 experts, top-8; random weights: the cost does not depend on them) an
 full pool (the root and 18 draft nodes) on the device, as `LearnedRoutes` runs it inside SpecFit's selection.
 """
 
-import argparse
-
 import numpy as np
 import torch
 
+from specfit import bench
 from specfit.speculative.learned import POOL_NODES, RoutePredictor, pool_times
 from specfit.speculative.routes import predictor_cost
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench.parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--experts", type=int, default=128)

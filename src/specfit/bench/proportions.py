@@ -17,7 +17,6 @@ over AR's H2D per token. Timings over an emulated link are labelled so.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -26,13 +25,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from specfit import bench
 from specfit.engine.offload import make_engine
 from specfit.engine.paper_gpus import PROPORTIONS, paper_proportions, proportion_met, run_proportions
 from specfit.io import read_json
 from specfit.models import eos_ids, load_drafter, load_target
 from specfit.paper import paper_results
 from specfit.planning import paths
-from specfit.planning.config import load_config
+from specfit.planning.config import SCHEMA, add_configfile_option, load_config
 from specfit.results.metrics import stream_metrics
 from specfit.results.records import CYCLE_SCHEMA
 from specfit.speculative.config import MethodConfig
@@ -85,9 +85,8 @@ def metrics_of(run: dict, engine) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specfit.bench proportions", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="config.yaml")
+    parser = bench.parser(__name__, __doc__, raw=True)
+    add_configfile_option(parser)
     parser.add_argument("--model", default="toy")
     parser.add_argument("--device", default="cpu-a100")
     parser.add_argument("--requests", type=int, default=4, help="prompts per workload")
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = load_config(args.config)
+    config = load_config("config.yaml", SCHEMA, *(args.configfile or []))
     model_cfg, device = config["models"][args.model], config["devices"][args.device]
     slots = model_cfg["main_slots"][args.device]
     target_dir, drafter_dir = Path(model_cfg["target"]), Path(model_cfg["drafter"])

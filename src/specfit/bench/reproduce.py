@@ -19,12 +19,12 @@ are shown (the first request whose output differs) but are no goal by themselves
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 from pathlib import Path
 
+from specfit import bench
 from specfit.bench.verdicts import read_tables
 from specfit.errors import SpecFitError
 from specfit.io import atomic_path
@@ -233,7 +233,7 @@ def print_result(result: dict, made_with: dict) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench.parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("--reference", type=Path, default=Path(REFERENCE), help="the reference file")
     parser.add_argument("--decode", type=Path, default=Path(DECODE), help="the run's data/decode")
     parser.add_argument("--tables", type=Path, default=Path(REPORT) / "tables.json", help="the run's report tables")

@@ -8,11 +8,11 @@ searches. The cache-aware rule is also run by `reference_ca`, Algorithm 1 in pla
 same pools: both must select the same subtree, and the speedup is the reference's time over the whole selection.
 """
 
-import argparse
 import time
 
 import numpy as np
 
+from specfit import bench
 from specfit.selection import Pool, select_specfit, select_specfit_ca
 from specfit.selection.coefficients import preset
 from specfit.selection.pool import CandidatePool
@@ -106,7 +106,7 @@ def _median_us(fn, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specfit.bench select", description=__doc__)
+    parser = bench.parser(__name__, __doc__)
     parser.add_argument("--pools", type=int, default=100, help="random pools of the paper's size")
     parser.add_argument("--repeats", type=int, default=50, help="timed calls per pool (compiled path)")
     parser.add_argument("--reference-repeats", type=int, default=3, help="timed calls per pool (plain Python)")

@@ -11,12 +11,12 @@ of the bootstrap over requests.
     python -m specfit.bench spread /tmp/run1/data/decode data/decode
 """
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 
+from specfit import bench
 from specfit.results.intervals import CPU_SPREAD, PROCESS_SPREAD, VIRTUAL_SPREAD, cpu_timed, virtual
 
 
@@ -39,7 +39,7 @@ def log_ratios(a: Path, b: Path) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench.parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("a", type=Path, help="data/decode of the first run")
     parser.add_argument("b", type=Path, help="data/decode of the second run")
     parser.add_argument("--show", type=int, default=10, help="the jobs that moved most, how many to list")

@@ -12,11 +12,12 @@ reproducible; a tie against a direction is a ratio near the edge of its interval
     python -m specfit.bench verdicts /tmp/run1/reports/all reports/all
 """
 
-import argparse
 import json
 import re
 from collections import Counter
 from pathlib import Path
+
+from specfit import bench
 
 RATIO = re.compile(r"\] (faster|slower|tie)\b")  # "1.03× [0.97, 1.09] tie": a ratio after its interval
 WORD = re.compile(r"^(yes|no|confirmed|refuted|tie|met|not met|not judged|not required)( \(.*\))?$")  # a whole cell
@@ -83,7 +84,7 @@ def compare(a: dict, b: dict) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench.parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("a", type=Path, help="the first run's report folder (or its tables.json)")
     parser.add_argument("b", type=Path, help="the second run's report folder (or its tables.json)")
     args = parser.parse_args(argv)

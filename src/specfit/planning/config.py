@@ -101,6 +101,15 @@ def load_config(path: str | Path = "config.yaml", schema: str | Path = SCHEMA, *
     return validate_config(config, schema, Path(path).parent if check_files else None)
 
 
+def add_configfile_option(parser, default: str = "none") -> None:
+    """``--configfile FILE`` on a command run from the workflow root: an overlay merged over config.yaml, as
+    Snakemake's ``--configfile`` merges it (`load_config`); repeat it for several, merged in order. One file a flag,
+    so that an argument after it (``specfit generate``'s prompt) is never taken for a config file."""
+    parser.add_argument("--configfile", action="append", default=None, metavar="FILE",
+                        help=f"a config file merged over config.yaml; repeat for several, merged in order "
+                             f"(default: {default})")
+
+
 def _check_renamed(config: dict) -> None:
     """Refuse a key the config no longer has, naming its new name (before the schema, which would only say that
     the key is not allowed)."""

@@ -14,6 +14,8 @@ registers its kind with ``@register_method(name, reads_routes=...)`` (`specfit.s
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 
 from specfit.errors import SpecFitError
@@ -86,14 +88,26 @@ def register_kind(k: Kind) -> Kind:
     return k
 
 
+def _import_from_workflow_root(module: str, name: str) -> None:
+    """Import a user's ``module`` as Python would from the workflow root, where every command runs: the working
+    directory joins the end of the import path (``python -m`` puts it first; ``snakemake`` and ``specfit``, console
+    scripts, leave it out), so a ``mylab/`` beside config.yaml imports and an installed package still wins."""
+    root = os.getcwd()
+    if root not in sys.path:
+        sys.path.append(root)
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise SpecFitError(f"method kind {name!r}: cannot import {module!r} ({err}) from {root} or the installed "
+                           "packages: put the module in the workflow root, where the commands run, or install it") \
+            from err
+
+
 def kind(name: str) -> Kind:
     """The kind ``name``: a registered one, or ``module:name``, which imports ``module`` first (it registers it)."""
     module, sep, bare = name.rpartition(":")
     if sep:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise SpecFitError(f"method kind {name!r}: cannot import {module!r} ({err})") from err
+        _import_from_workflow_root(module, name)
         name = bare
     if name not in KINDS:
         raise SpecFitError(f"unknown method kind {name!r}; registered: {', '.join(sorted(KINDS))}, or module:name")
