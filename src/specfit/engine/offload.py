@@ -8,12 +8,12 @@ place of the fused weights through a thin view (`specfit.engine.layer`, which al
 guarantee). Nothing of the modeling code is copied. The copies run on a copier (`specfit.engine.copiers`); the
 counters are in `specfit.engine.counters`.
 
-``slots = 0`` means no expert cache: the cache is cleared (and the clearing timed) before every target forward,
-prefill included; within a layer forward an expert shared by several tokens is loaded once, into a scratch of
-``num_experts`` slots shared by all layers.
+``slots = 0`` means no expert cache: the cache is cleared (and the clearing timed) before every target forward, prefill
+included; within a layer forward an expert shared by several tokens is loaded once, into a scratch of ``num_experts``
+slots shared by all layers.
 
-On a resident device (`specfit.engine.resident`: every expert in memory) each layer holds all its experts from the
-start, expert e in slot e: nothing is ever copied and clearing the cache keeps them.
+On a resident device (`specfit.engine.resident`: every expert in memory) each layer holds all its experts from the start,
+expert e in slot e: nothing is ever copied and clearing the cache keeps them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from specfit.engine.layer import (
     EXPERTS_IMPLEMENTATION,
     SPLIT_ARITHMETIC,
     OffloadedLayer,
-    RowCalls,
     compute_device,
     move_all_but_experts,
     slot_buffers,
@@ -144,7 +143,7 @@ class OffloadEngine:
             root.register_forward_hook(lambda *_: self._end_forward(), always_call=True),
         ]
         self._recorder: RouteRecorder | None = None
-        self.row_calls: RowCalls | None = None  # set while an exact verify records or replays a layer's rows
+        self.row_calls = None  # a layer's RowCalls while an exact verify records or replays its rows
         self._forward_routes: list[torch.Tensor | None] = [None] * self.num_layers
         self.reset_stats()
 
