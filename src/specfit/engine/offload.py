@@ -12,8 +12,8 @@ counters are in `specfit.engine.counters`.
 included; within a layer forward an expert shared by several tokens is loaded once, into a scratch of ``num_experts``
 slots shared by all layers.
 
-On a resident device (`specfit.engine.resident`: every expert in memory) each layer holds all its experts from the start,
-expert e in slot e: nothing is ever copied and clearing the cache keeps them.
+On a resident device (`specfit.engine.resident`: every expert in memory) each layer holds all its experts from the
+start, expert e in slot e: nothing is ever copied and clearing the cache keeps them.
 """
 
 from __future__ import annotations
@@ -138,10 +138,8 @@ class OffloadEngine:
         root = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else model
         if not any(m is modules[0] for m in root.modules()):
             root = model
-        self._hooks = [
-            root.register_forward_pre_hook(lambda *_: self._begin_forward()),
-            root.register_forward_hook(lambda *_: self._end_forward(), always_call=True),
-        ]
+        self._hooks = [root.register_forward_pre_hook(lambda *_: self._begin_forward()),
+                       root.register_forward_hook(lambda *_: self._end_forward(), always_call=True)]
         self._recorder: RouteRecorder | None = None
         self.row_calls = None  # a layer's RowCalls while an exact verify records or replays its rows
         self._forward_routes: list[torch.Tensor | None] = [None] * self.num_layers
