@@ -214,6 +214,9 @@ def test_only_spec_bench_workloads_count_as_evaluated_questions(config, root):
         assert set(evaluated_question_ids(validate_config(other, schema))) == PAPER_IDS
     spec_bench = with_workload(config, "writing", question_ids={"start": 81, "stop": 90},
                                source={"path": config["spec_bench"]["path"]})
+    with pytest.raises(SpecFitError, match=r"'toy\.drafter\.categories' names 'writing', a workload"):
+        validate_config(copy.deepcopy(spec_bench), schema)  # the drafter's chat, until it leaves the category out
+    spec_bench["toy"]["drafter"]["categories"].remove("writing")
     assert set(evaluated_question_ids(validate_config(spec_bench, schema))) == PAPER_IDS | set(range(81, 91))
     assert workload_source(validate_config(local, schema), "gsm8k-full") == {
         "path": "data/gsm8k/test.jsonl", "hub": None, "name": None, "split": "test",
