@@ -88,5 +88,5 @@ def acceptance(scope: Scope, sec: Section) -> dict[str, float | None]:
             ("Paper", lambda r: fmt(r[3], ".2f")), ("Against the paper", lambda r: direction(r[2], r[3])),
             ("Goal met", lambda r: goal(None if r[4] is None else Outcome.of(r[4])))], rows, key=lambda r: r[0]))
     if committed:
-        sec.notes.append(note("acceptance"))
+        sec.notes.append(note("acceptance", shipped=scope.spec["models"][scope.model].get("shipped", False)))
     return {pw: committed[pw] for pw in ("summarization", "gsm8k") if pw in committed}
