@@ -34,6 +34,7 @@ def test_acceptance_rows_beside_the_papers():
         ordered_met,
         paper_acceptance,
         run_acceptance,
+        shown,
     )
 
     paper = paper_results()
@@ -52,6 +53,7 @@ def test_acceptance_rows_beside_the_papers():
     assert acceptance_met("e3_committed", 2.16, 2.54) and not acceptance_met("e3_committed", 2.15, 2.54)
     assert acceptance_met("selected_nodes", 9.0, 2.88) is None and acceptance_met("e3_committed", None, 2.54) is None
     assert direction(4.2, 2.88) == "higher (+46%)" and direction(0.157, 0.31) == "lower (-49%)"
-    assert direction(2.54, 2.54) == "equal" and direction(None, 2.54) == "-"
+    assert direction(2.54, 2.54) == "equal" and direction(None, 2.54) is None
+    assert shown("stopped_early_pct") == ".1f" and shown("rho_cv") == ".2f"
     assert ordered_met({"summarization": 2.5, "gsm8k": 4.1}) and not ordered_met({"summarization": 4.1, "gsm8k": 3.9})
     assert ordered_met({"gsm8k": 4.1}) is None

@@ -45,6 +45,7 @@ from specfit.results.acceptance import (
     ordered_met,
     paper_acceptance,
     run_acceptance,
+    shown,
 )
 from specfit.results.metrics import stream_metrics
 from specfit.results.records import CYCLE_SCHEMA
@@ -197,8 +198,8 @@ def print_acceptance(line, rows, model: str, device: str, paper: dict) -> None:
         committed[workload] = toy["e3_committed"]
         for key, name, _ in ACCEPTANCE:
             met = acceptance_met(key, toy[key], ref[key])
-            line(f"{name}, {workload}", toy[key], ref[key], "{:.2f}",
-                 direction(toy[key], ref[key]) + ("" if met is None else ", met" if met else ", not met"))
+            line(f"{name}, {workload}", toy[key], ref[key], "{:" + shown(key) + "}",
+                 (direction(toy[key], ref[key]) or "-") + ("" if met is None else ", met" if met else ", not met"))
         if not path.is_file():
             print(f"  (no {path}: `snakemake --cores 1 {path}` gives the Table 5 rows)")
     order = ordered_met(committed)

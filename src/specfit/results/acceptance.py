@@ -54,10 +54,15 @@ def acceptance_met(key: str, toy: float | None, paper: float | None) -> bool | N
     return abs(toy / paper - 1) <= TOLERANCE
 
 
-def direction(toy: float | None, paper: float | None) -> str:
-    """How this run's figure differs from the paper's: "higher (+12%)", "lower (-30%)", "equal"; "-" without both."""
+def shown(key: str) -> str:
+    """A row's number format: percentages to a tenth, the rest to a hundredth."""
+    return ".1f" if key.endswith("_pct") else ".2f"
+
+
+def direction(toy: float | None, paper: float | None) -> str | None:
+    """How this run's figure differs from the paper's: "higher (+12%)", "lower (-30%)", "equal"; None without both."""
     if toy is None or paper is None:
-        return "-"
+        return None
     if paper == 0:
         return "equal" if toy == 0 else "higher"
     change = toy / paper - 1

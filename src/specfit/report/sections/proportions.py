@@ -15,6 +15,7 @@ from specfit.results.acceptance import (
     paper_acceptance,
     run_acceptance,
 )
+from specfit.results.acceptance import shown as shown_as  # beside this module's own `shown` of the cost rows
 
 R2_GOAL = 0.9  # the with-cache NNLS fit of the paper's model
 
@@ -84,8 +85,9 @@ def acceptance(scope: Scope, sec: Section) -> dict[str, float | None]:
         rows = [(key, name, toy[key], paper[key], acceptance_met(key, toy[key], paper[key]))
                 for key, name, _ in ACCEPTANCE]
         sec.tables.append(table(scope.id("acceptance", w), f"Acceptance, {scope.title(w)}, beside the paper's {pw}", [
-            ("Quantity", lambda r: r[1]), ("This run", lambda r: fmt(r[2], ".2f")),
-            ("Paper", lambda r: fmt(r[3], ".2f")), ("Against the paper", lambda r: direction(r[2], r[3])),
+            ("Quantity", lambda r: r[1]), ("This run", lambda r: fmt(r[2], shown_as(r[0]))),
+            ("Paper", lambda r: fmt(r[3], shown_as(r[0]))),
+            ("Against the paper", lambda r: direction(r[2], r[3]) or MISSING),
             ("Goal met", lambda r: goal(None if r[4] is None else Outcome.of(r[4])))], rows, key=lambda r: r[0]))
     if committed:
         sec.notes.append(note("acceptance", shipped=scope.spec["models"][scope.model].get("shipped", False)))
