@@ -15,7 +15,14 @@ import yaml
 from specfit.errors import SpecFitError
 from specfit.planning.config import validate_config
 from specfit.planning.matrix import evaluated_question_ids
-from specfit.questions import load_questions, load_source, workload_file, workload_source
+from specfit.questions import (
+    SPEC_BENCH_CATEGORIES,
+    category_ids,
+    load_questions,
+    load_source,
+    workload_file,
+    workload_source,
+)
 
 PAPER_IDS = set(range(242, 321, 2)) | set(range(401, 481))  # 40 even CNN/DailyMail articles, 80 GSM8K questions
 MATH = [
@@ -68,6 +75,14 @@ def test_spec_bench_is_read_with_datasets_as_the_lines_say(questions_path):
     assert load_questions(questions_path) == [
         {"question_id": q["question_id"], "category": q["category"], "turns": q["turns"]} for q in lines
     ]
+
+
+def test_spec_bench_categories_are_the_files(questions_path):
+    """The table a config's drafter categories are checked against at load (no file read then) is the file's."""
+    seen: dict[str, list[int]] = {}
+    for q in load_questions(questions_path):
+        seen.setdefault(q["category"], []).append(q["question_id"])
+    assert {c: list(category_ids(c)) for c in SPEC_BENCH_CATEGORIES} == seen
 
 
 def test_spec_bench_default_source_reads_the_same_questions(questions_path, tmp_path):
@@ -199,6 +214,9 @@ def test_only_spec_bench_workloads_count_as_evaluated_questions(config, root):
         assert set(evaluated_question_ids(validate_config(other, schema))) == PAPER_IDS
     spec_bench = with_workload(config, "writing", question_ids={"start": 81, "stop": 90},
                                source={"path": config["spec_bench"]["path"]})
+    with pytest.raises(SpecFitError, match=r"'toy\.drafter\.categories' names 'writing', a workload"):
+        validate_config(copy.deepcopy(spec_bench), schema)  # the drafter's chat, until it leaves the category out
+    spec_bench["toy"]["drafter"]["categories"].remove("writing")
     assert set(evaluated_question_ids(validate_config(spec_bench, schema))) == PAPER_IDS | set(range(81, 91))
     assert workload_source(validate_config(local, schema), "gsm8k-full") == {
         "path": "data/gsm8k/test.jsonl", "hub": None, "name": None, "split": "test",

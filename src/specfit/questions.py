@@ -258,6 +258,22 @@ def _not_spec_bench(path: Path, err: Exception) -> str:
     return f"{path} is not Spec-Bench's question.jsonl ({type(err).__name__}: {err})"
 
 
+# Spec-Bench's categories in its pinned question.jsonl (`spec_bench.sha256`), each with its first and last question id:
+# what a config names when it selects training text by category (``toy.drafter.categories``), checked at config load
+# against the evaluated ids without reading the file (tests/test_questions.py holds it equal to the file).
+SPEC_BENCH_CATEGORIES = {
+    "writing": (81, 90), "roleplay": (91, 100), "reasoning": (101, 110), "math": (111, 120), "coding": (121, 130),
+    "extraction": (131, 140), "stem": (141, 150), "humanities": (151, 160), "translation": (161, 240),
+    "summarization": (241, 320), "qa": (321, 400), "math_reasoning": (401, 480), "rag": (481, 560),
+}
+
+
+def category_ids(category: str) -> range:
+    """The question ids of one of Spec-Bench's categories (`SPEC_BENCH_CATEGORIES`)."""
+    first, last = SPEC_BENCH_CATEGORIES[category]
+    return range(first, last + 1)
+
+
 def training_questions(questions: list[dict], exclude_ids: Iterable[int]) -> list[dict]:
     """The questions whose ids are not in ``exclude_ids`` (the evaluated ones), in file order: the toy models
     train on these and only these."""

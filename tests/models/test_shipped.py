@@ -56,6 +56,8 @@ def test_a_changed_missing_or_extra_file_is_refused_naming_it(tmp_path, tamper, 
     message = str(err.value)
     assert named in message and "`models.toy.drafter`" in message
     assert f"git checkout -- {toy}" in message and "another model name" in message
+    assert "`snakemake --cores 1 data/models/<name>/drafter --configfile <name>.yaml`" in message  # retrains
+    assert "`python -m specfit.toy.ship --from data/models/<name>" in message
     if "sha256" in named:
         actual = hashlib.sha256(b"other weights").hexdigest()
         expected = manifest["files"]["target/model.safetensors"]

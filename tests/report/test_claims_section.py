@@ -10,6 +10,7 @@ from specfit.paper import paper_results
 from specfit.planning.matrix import report_inputs
 from specfit.report.verdict import Verdict, confronted
 from specfit.results import intervals
+from specfit.results.acceptance import direction
 
 
 def test_confronted():
@@ -47,8 +48,17 @@ def test_claims_and_proportions_on_an_emulated_device(tree):
     assert props["level_share"][1] == f"{100 * level:.1f}%"
     assert props["execution_share"][1] == f"{100 * 16 * 4.786 / m['ar', 4]['ms_per_cycle']:.1f}%"
     assert props["copy_share"][3] == "–"  # shown beside the paper's, no goal
+    # acceptance beside the paper's: EAGLE-3's committed per cycle with its goal, Table 5's rows with their direction
+    acc = rows(tables[f"acceptance/toy/{DEVICE}/gsm8k"])
+    e3 = written[runs["eagle3", 4]]["committed_per_cycle"]
+    assert acc["e3_committed"][1:] == [f"{e3:.2f}", "4.35", direction(e3, 4.35),
+                                       "met" if abs(e3 / 4.35 - 1) <= 0.15 else "not met"]
+    theory = json.loads((tree / f"data/theory/toy/{DEVICE}/gsm8k.json").read_text())
+    assert acc["selected_nodes"][1:] == [f"{theory['selected_nodes_beta']:.2f}", "5.09",
+                                         direction(theory["selected_nodes_beta"], 5.09), "–"]
+    assert acc["stopped_early_pct"][2] == "33.7" and acc["rho_cv"][2] == "0.25"
     checks = rows(tables[f"device-checks/toy/{DEVICE}"])
-    assert list(checks) == ["r2"]  # nothing overruns a virtual clock
+    assert list(checks) == ["r2"]  # nothing overruns a virtual clock; one workload, so no order between two
     # the paper's own milliseconds: its cells beside the runs that stand for them
     counters, cells = tables[f"counters/toy/{DEVICE}/gsm8k"], paper_results()["counters"]["a100"]["gsm8k"]
     assert counters.header[-2:] == ["Paper a100 ms/cycle", "Paper a100 committed"]

@@ -10,7 +10,7 @@ from report_md import RATIO_CELL
 
 from specfit.planning.matrix import DecodeRun, report_inputs
 from specfit.report.page import EMULATED
-from specfit.report.render import config_hash, git_commit
+from specfit.report.render import config_hash, git_commit, provenance, shipped_by
 
 
 def test_html_links_are_relative_and_exist(built):
@@ -92,3 +92,18 @@ def test_tables_json_holds_every_table_by_id_and_row_key(built):
     md = (out / "report.md").read_text()
     ratio_cells = [c for t in data.values() for r in t["rows"] for c in r["cells"] if RATIO_CELL.search(c)]
     assert ratio_cells and sum(len(RATIO_CELL.findall(c)) for c in ratio_cells) == len(RATIO_CELL.findall(md))
+
+
+def test_the_shipped_toy_says_what_trained_each_part():
+    """The provenance row of the shipped toy: parts trained alike named together, one row per shipped model."""
+    amd, intel = {"model_name": "AMD EPYC", "flags": ["avx2"]}, {"model_name": "Intel Xeon", "flags": ["avx2", "fma"]}
+    manifest = {"commit": {"drafter": "d4af7e", "target": "0ld", "tokenizer": "0ld"},
+                "cpu": {"drafter": intel, "target": amd, "tokenizer": amd}, "files": {}}
+    assert shipped_by(manifest) == ("drafter trained at commit d4af7e on Intel Xeon (avx2, fma); target and tokenizer "
+                                    "trained at commit 0ld on AMD EPYC (avx2)")
+    manifest |= {"commit": dict.fromkeys(("drafter", "target", "tokenizer"), "0ld"),
+                 "cpu": dict.fromkeys(("drafter", "target", "tokenizer"), amd)}
+    assert shipped_by(manifest) == "trained at commit 0ld on AMD EPYC (avx2)"
+    spec = {"devices": {}, "workloads": {}}
+    assert ("Shipped toy (models.toy)", "trained at commit 0ld on AMD EPYC (avx2)") in provenance(spec, {},
+                                                                                                  {"toy": manifest})

@@ -3,7 +3,8 @@ from transformers import DynamicCache, LlamaConfig
 
 from specfit.models.eagle3 import Eagle3Drafter
 from specfit.models.speculators import eagle3_config
-from specfit.toy.drafter import Drafted, calibrate_confidence, ttt_forward
+from specfit.toy.drafter import Drafted, calibrate_confidence, chat_questions, draft_vocabulary, ttt_forward
+from specfit.toy.train import span_conversations
 
 
 def test_ttt_forward_equals_chain_drafting():
@@ -48,3 +49,25 @@ def test_calibrate_confidence_recovers_the_temperature_of_acceptance():
     assert torch.allclose(drafter.lm_head.weight, weight / stats["temperature"])
     assert abs(stats["top1_prob_after"] - stats["top1_hit_rate"]) < 0.03  # calibrated where it was not
     assert stats["top1_prob_before"] < stats["top1_hit_rate"] - 0.1
+
+
+def test_the_draft_vocabulary_is_what_the_target_generates_most():
+    """Counted on the target's continuations; ties and unseen ids by the training text's counts, then by id."""
+    replies = [torch.tensor([5, 5, 5, 7, 7, 9]), torch.tensor([9, 2])]  # 5: 3, 7: 2, 9: 2, 2: 1
+    text = torch.tensor([9, 9, 9, 1, 1, 3, 3, 0])  # 9 before 7 at their tie; 1 and 3 before the unseen rest
+    assert draft_vocabulary(replies, text, vocab_size=12, size=4).tolist() == [2, 5, 7, 9]
+    assert draft_vocabulary(replies, text, vocab_size=12, size=3).tolist() == [5, 7, 9]
+    assert draft_vocabulary(replies, text, vocab_size=12, size=6).tolist() == [1, 2, 3, 5, 7, 9]
+    assert draft_vocabulary(replies, text, vocab_size=12, size=8).tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
+
+
+def test_the_drafters_data_is_chat():
+    """Only the categories it names, and spans over their text without the summarization prompt's prefix."""
+    questions = [{"question_id": 1, "category": "qa", "turns": ["Who wrote it? A man did. He wrote it well."]},
+                 {"question_id": 2, "category": "summarization", "turns": ["Summarize: An article. It says things."]},
+                 {"question_id": 3, "category": "rag", "turns": ["Passages. More passages. A question?"]}]
+    chat = chat_questions(questions, ["qa", "rag"])
+    assert [q["question_id"] for q in chat] == [1, 3]
+    prompts = [c[0]["content"] for c in span_conversations(chat, 50, 0, 20, summarize_share=0.0)]
+    assert not any(p.startswith("Summarize: ") for p in prompts) and not any("article" in p for p in prompts)
+    assert any(c[0]["content"].startswith("Summarize: ") for c in span_conversations(chat, 50, 0, 20))  # the target's

@@ -70,6 +70,9 @@ def test_a_new_workload_moves_its_ids_out_of_training(config, questions, questio
     config["workloads"]["writing"] = {"question_ids": {"start": 81, "stop": 90}, "limit_tokens": 512}
     config["runs"][0]["workloads"].append("writing")
     assert {q["category"] for q in questions if q["question_id"] in writing} == {"writing"}
+    with pytest.raises(SpecFitError, match=r"'toy\.drafter\.categories' names 'writing', a workload"):
+        toy_spec("drafter", config)  # the drafter's chat, until the config leaves the category out
+    config["toy"]["drafter"]["categories"].remove("writing")
     for part in PARTS:
         spec = toy_spec(part, config)
         assert set(spec["exclude_question_ids"]) == PAPER_IDS | writing
@@ -81,6 +84,10 @@ def test_a_new_workload_moves_its_ids_out_of_training(config, questions, questio
 
 def test_calibration_ids_are_excluded_too(config):
     config["calibration"] = {"question_ids": [500, 501]}
+    with pytest.raises(SpecFitError, match=r"'toy\.drafter\.categories' names 'rag', which holds 2 evaluated "
+                                           r"question\(s\) \(500, 501;"):
+        toy_spec("tokenizer", config)  # probed by calibration, so out of the drafter's chat
+    config["toy"]["drafter"]["categories"].remove("rag")
     assert set(toy_spec("tokenizer", config)["exclude_question_ids"]) == PAPER_IDS | {500, 501}
 
 

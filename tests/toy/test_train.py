@@ -128,6 +128,10 @@ def test_drafter_same_seed_same_weights(questions_path, tokenizer_dir, tmp_path)
                         {"questions": questions_path, "target": tmp_path / "target"}, {"drafter": tmp_path / name})
         stats = json.loads((tmp_path / name / "acceptance.json").read_text())
         assert stats["steps"] == 3 and stats["tokens"] > 0 and 0 <= stats["top1_agreement"] <= 1
+        data = stats["data"]  # chat: the categories no workload evaluates, summarization's not among them
+        assert "summarization" not in data["categories"] and "math_reasoning" not in data["categories"]
+        assert 0 < data["pieces"] <= TINY_DRAFTER["distill_prompts"] and 0 < data["draft_vocab_coverage"] <= 1
+        assert data["reply_tokens"] <= data["pieces"] * TINY_DRAFTER["distill_new_tokens"]
         digests.append(stats["sha256"])
     assert digests[0] == digests[1]
 

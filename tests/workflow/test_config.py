@@ -260,6 +260,34 @@ def test_the_shipped_toy_is_never_retrained_or_renamed(config, schema, edit, mes
         validate_config(config, schema)
 
 
+@pytest.mark.parametrize("categories, message", [
+    (["qa", "summarization"], r"'toy\.drafter\.categories' names 'summarization', a workload"),
+    (["math_reasoning"], r"'toy\.drafter\.categories' names 'math_reasoning', which holds 80 evaluated question\(s\) "
+                         r"\(401, 402, 403, 404, 405, 406, …"),
+    (["qa", "news"], r"'toy\.drafter\.categories' names 'news', which is not a Spec-Bench category"),
+    (["gsm8k"], r"'toy\.drafter\.categories' names 'gsm8k', a workload"),
+])
+def test_a_drafter_data_selection_naming_an_evaluated_question_or_workload_is_refused(config, schema, categories,
+                                                                                      message):
+    """The drafter trains on chat (docs/toy.md): a category that holds an evaluated question, a workload's name and a
+    name Spec-Bench does not have are refused at load, naming the key."""
+    config["toy"]["drafter"]["categories"] = categories
+    with pytest.raises(SpecFitError, match=message):
+        validate_config(config, schema)
+
+
+def test_a_category_leaves_the_drafter_data_once_a_workload_evaluates_it(config, schema):
+    """Which categories are refused follows the config: translation is chat until a workload evaluates question 161."""
+    ok = copy.deepcopy(config)
+    ok["toy"]["drafter"]["categories"] = ["translation", "qa", "rag"]
+    assert validate_config(ok, schema)["toy"]["drafter"]["categories"] == ["translation", "qa", "rag"]
+    config["toy"]["drafter"]["categories"] = ["translation"]
+    config["workloads"]["wmt"] = {"question_ids": {"start": 161, "stop": 170}, "limit_tokens": 512}
+    with pytest.raises(SpecFitError, match=r"'toy\.drafter\.categories' names 'translation', which holds 10 "
+                                           r"evaluated question\(s\) \(161, 162"):
+        validate_config(config, schema)
+
+
 def test_a_toy_of_your_own_trains_under_another_name(config, schema):
     config["models"]["mytoy"] = TRAINED
     validate_config(config, schema)

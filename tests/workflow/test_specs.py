@@ -76,7 +76,10 @@ def test_toy(config, smoke):
         "heldout": 12, "seed": 0, "threads": 2, "exclude_question_ids": EVALUATED}
     drafter = specs.toy(smoke, "drafter")
     assert (drafter["steps"], drafter["ttt_steps"], drafter["distill_prompts"]) == (30, 3, 16)
-    assert specs.toy(config, "drafter")["steps"] == 1200
+    shipped = specs.toy(config, "drafter")
+    assert (shipped["steps"], shipped["draft_vocab_size"]) == (600, 864)
+    assert shipped["categories"] == ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                                     "humanities", "translation", "qa", "rag"]  # chat: no summarization, no GSM8K
     assert specs.toy(config | {"train_threads": 3}, "drafter")["threads"] == 3
 
 

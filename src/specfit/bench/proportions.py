@@ -9,6 +9,11 @@ and prints, beside the paper's A100 figures:
 - on an emulated device, the proportions of `specfit.engine.paper_gpus.PROPORTIONS` with their goals: AR's cycle
   without over with the cache, EAGLE-3's over AR's with and without it, one drafted level, expert execution and
   the copies as shares of a cached AR cycle;
+- the acceptance rows (`specfit.results.acceptance`): EAGLE-3's committed tokens per cycle with the cache (goal:
+  within 15% of the paper's, and more on GSM8K than on summarization), and SpecFit's selected nodes, drafted levels,
+  cycles stopped before level 5 and coefficient of variation of ρ from the workflow's Table 5
+  (``data/theory/<model>/<device>/<workload>.json``, after the workflow has run), each with its direction against
+  the paper's;
 - from the toy's training records: the target's held-out loss and the drafter's top-1 agreement.
 
 The paper's union ratio is read off Tables 2 and 3 without the cache: H2D per token × committed per cycle
@@ -33,6 +38,15 @@ from specfit.models import eos_ids, load_drafter, load_target
 from specfit.paper import paper_results
 from specfit.planning import paths
 from specfit.planning.config import SCHEMA, add_configfile_option, load_config
+from specfit.results.acceptance import (
+    ACCEPTANCE,
+    acceptance_met,
+    direction,
+    ordered_met,
+    paper_acceptance,
+    run_acceptance,
+    shown,
+)
 from specfit.results.metrics import stream_metrics
 from specfit.results.records import CYCLE_SCHEMA
 from specfit.speculative.config import MethodConfig
@@ -148,9 +162,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:72s} {show(toy):>8s} {show(paper_value):>8s} {goal}")
 
     for workload, _, e3, union, _ in rows:
-        line(f"EAGLE-3 committed per cycle, {workload}", e3["committed_per_cycle"], paper_p["committed"][workload])
-        line(f"  on cycles starting on a fresh output 4-gram ({100 * e3['cycles_fresh'] / e3['cycles']:.0f}% of "
-             "cycles)", e3["committed_per_cycle_fresh"], None)
+        fresh = 100 * e3["cycles_fresh"] / e3["cycles"]
+        line(f"EAGLE-3 committed per cycle starting on a fresh output 4-gram ({fresh:.0f}% of cycles), {workload}",
+             e3["committed_per_cycle_fresh"], None)
         line(f"F(8-token tree) / F(root), {workload}", union, paper_p["union"][workload])
         line(f"  EAGLE-3 draft nodes verified per cycle, {workload}", e3["draft_nodes_per_cycle"], 7.0)
     for workload, ar, _, _, toy_p in rows:
@@ -164,12 +178,33 @@ def main(argv: list[str] | None = None) -> None:
             pct = key.endswith("share")
             line(f"{name}, {workload}{label}", 100 * toy if pct else toy, 100 * ref if pct else ref,
                  "{:.1f}" if pct else "{:.2f}", "" if met is None else "met" if met else "not met")
+    print_acceptance(line, rows, args.model, args.device, paper)
     line("drafter top-1 agreement, held-out target continuations (%)", 100 * acceptance["top1_agreement"], None,
          "{:.1f}")
     line("target held-out loss (nats/token)", training["heldout_loss"], None)
     print(json.dumps({"target_sha256": training.get("sha256"), "drafter_sha256": acceptance.get("sha256")}))
     for _, e, _ in setups.values():
         e.close()
+
+def print_acceptance(line, rows, model: str, device: str, paper: dict) -> None:
+    """The acceptance rows of each workload beside the paper's A100 figures, with the goal or the direction; the
+    Table 5 rows from the workflow's theory outputs where they are there."""
+    committed = {}
+    for workload, _, e3, _, _ in rows:
+        path = Path(paths.theory(model, device, workload))
+        toy = run_acceptance(e3, read_json(path) if path.is_file() else None)
+        ref = paper_acceptance(paper, workload)
+        committed[workload] = toy["e3_committed"]
+        for key, name, _ in ACCEPTANCE:
+            met = acceptance_met(key, toy[key], ref[key])
+            line(f"{name}, {workload}", toy[key], ref[key], "{:" + shown(key) + "}",
+                 (direction(toy[key], ref[key]) or "-") + ("" if met is None else ", met" if met else ", not met"))
+        if not path.is_file():
+            print(f"  (no {path}: `snakemake --cores 1 {path}` gives the Table 5 rows)")
+    order = ordered_met(committed)
+    if order is not None:
+        print(f"EAGLE-3 commits more per cycle on gsm8k than on summarization: {'met' if order else 'not met'}")
+
 
 if __name__ == "__main__":
     main()

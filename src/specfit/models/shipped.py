@@ -48,6 +48,14 @@ def write_manifest(folder: str | os.PathLike, parts, **provenance) -> dict:
     return manifest
 
 
+def by_part(value, parts) -> dict:
+    """A manifest's provenance entry (``commit``, ``cpu``, ``specs``, ``numerics``) by part: as written, or one value
+    for every part where a manifest records one for the whole toy (a toy shipped in one go before parts were)."""
+    if isinstance(value, dict) and set(value) <= set(parts) and value:
+        return value
+    return {part: value for part in parts}
+
+
 def read_manifest(path: str | os.PathLike) -> dict:
     path = Path(path)
     try:
@@ -67,7 +75,9 @@ def manifest_parts(manifest: dict) -> list[str]:
 
 def restore(folder: Path) -> str:
     return (f"restore the shipped files with `git checkout -- {folder}` (and remove files the manifest does not list), "
-            "or train a toy of your own under another model name (docs/toy.md, \"The shipped toy\")")
+            "or retrain under another model name and ship that: `snakemake --cores 1 data/models/<name>/drafter "
+            "--configfile <name>.yaml` then `python -m specfit.toy.ship --from data/models/<name> --configfile "
+            "<name>.yaml` (docs/toy.md, \"The shipped toy\")")
 
 
 def verify(path: str | os.PathLike, key: str) -> None:

@@ -206,6 +206,7 @@ def _check_references(config: dict, root: Path | None = None) -> None:
                         f"'{field}' (defined: {', '.join(config[field])})"
                     )
     problems += _check_toys(config)
+    problems += _check_drafter_data(config)
     for run in config["runs"]:
         for model, device in itertools.product(run["models"], run["devices"]):
             if device not in config["models"].get(model, {}).get("main_slots", {device: 0}):
@@ -316,6 +317,32 @@ def _check_toys(config: dict) -> list[str]:
                 if folders[part] != folder:
                     problems.append(f"config key 'models.{name}.{part}': the shipped toy's {part} is {folder!r}")
     return problems
+
+
+def _check_drafter_data(config: dict) -> list[str]:
+    """The toy drafter's data (``toy.drafter.categories``) names Spec-Bench categories that no workload evaluates,
+    calibration probes or tunes on, and no workload: it trains on chat, never on what it is measured on."""
+    from specfit.questions import SPEC_BENCH_CATEGORIES, category_ids  # torch- and datasets-free
+
+    key = "config key 'toy.drafter.categories'"
+    evaluated = set(evaluated_question_ids(config))
+    problems = []
+    for category in config["toy"]["drafter"]["categories"]:
+        if category in config["workloads"]:
+            problems.append(f"{key} names {category!r}, a workload: the drafter never trains on what it is "
+                            "measured on")
+        elif category not in SPEC_BENCH_CATEGORIES:
+            problems.append(f"{key} names {category!r}, which is not a Spec-Bench category (its categories: "
+                            f"{', '.join(SPEC_BENCH_CATEGORIES)})")
+        elif held := sorted(evaluated.intersection(category_ids(category))):
+            problems.append(f"{key} names {category!r}, which holds {len(held)} evaluated question(s) "
+                            f"({_id_list(held)}; specfit.planning.matrix.evaluated_question_ids): the drafter "
+                            "trains on chat, never on a workload's questions or their category")
+    return problems
+
+
+def _id_list(ids: list[int], shown: int = 6) -> str:
+    return ", ".join(map(str, ids[:shown])) + (", …" if len(ids) > shown else "")
 
 
 def check_shipped(config: dict, root: Path, models: Iterable[str] | None = None) -> None:

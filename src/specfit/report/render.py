@@ -50,18 +50,26 @@ def trained(record: dict) -> str:
 
 
 def shipped_by(manifest: dict) -> str:
-    """The shipped toy's manifest (SHIPPED.json) as provenance: the commit and the CPU that trained it."""
-    cpu = manifest["cpu"]
-    flags = ", ".join(cpu.get("flags") or [])
-    return (f"trained at commit {manifest['commit']} on {cpu.get('model_name') or 'an unrecorded CPU'}"
-            + (f" ({flags})" if flags else ""))
+    """The shipped toy's manifest (SHIPPED.json) as provenance: the commit and the CPU that trained each part, the
+    parts trained alike named together."""
+    commits, cpus = manifest["commit"], manifest["cpu"]  # by part (specfit.toy.ship)
+    alike: dict[str, list[str]] = {}
+    for part in sorted(commits):
+        cpu = cpus[part]
+        flags = ", ".join(cpu.get("flags") or [])
+        how = (f"trained at commit {commits[part]} on {cpu.get('model_name') or 'an unrecorded CPU'}"
+               + (f" ({flags})" if flags else ""))
+        alike.setdefault(how, []).append(part)
+    if len(alike) == 1:
+        return next(iter(alike))
+    return "; ".join(f"{' and '.join(names)} {how}" for how, names in alike.items())
 
 
 def provenance(spec: dict, toy: dict[tuple[str, str], dict], shipped: dict[str, dict]) -> list[tuple[str, str]]:
     """The page's provenance block; ``toy``: (model, part) -> the toy part's training record (`Inputs.toy`);
     ``shipped``: model -> the shipped toy's manifest (`Inputs.shipped`)."""
     rows = [("Config hash (sha256 of the spec, sorted keys)", config_hash(spec)), ("Git commit", git_commit())]
-    rows += [(f"Shipped toy {model}", shipped_by(manifest)) for model, manifest in shipped.items()]
+    rows += [(f"Shipped toy (models.{model})", shipped_by(manifest)) for model, manifest in shipped.items()]
     rows += [(f"Weights of {model} {part}", trained(record)) for (model, part), record in toy.items()]
     rows += [(f"{name} version", v) for name, v in versions().items()]
     rows += [(f"Device {d}", d_spec.get("label") or d) for d, d_spec in spec["devices"].items()]

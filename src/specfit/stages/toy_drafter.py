@@ -3,13 +3,16 @@
 spec (config ``toy.drafter``, defaults in the schema; the rule adds seed and exclude_question_ids)::
 
     intermediate_size: 512      num_heads: 4            num_kv_heads: 2     (one Llama layer, the target's H)
-    draft_vocab_size: 2048      (the most frequent training tokens, mapped by d2t / t2d as in EAGLE-3)
+    categories: [writing, ..., translation, qa, rag]   (the Spec-Bench categories of its chat prompts; never
+                                the summarization articles, never an evaluated question: refused at config load)
+    draft_vocab_size: 2048      (the tokens the target generates most often in that data, mapped by d2t / t2d as
+                                in EAGLE-3; config.yaml: 864, the public Qwen3 drafters' share of the vocabulary)
     ttt_steps: 5                (EAGLE-3's training-time test: each step feeds back the drafter's own states)
     seq_len: 2048 (one piece per step: a prompt's end and the target's continuation)    lr: 2.0e-3
     steps: 1200                 max_minutes: 6          (a step budget; the limit is checked up front)
     acceptance_prompts: 12      acceptance_new_tokens: 128  (held-out prompts whose greedy continuations measure it)
     distill_prompts: 256        distill_new_tokens: 128     distill_max_prompt: 1536
-                                (EAGLE's recipe: train along the target's own output)
+                                (EAGLE's recipe: train along the target's own output, of chat prompts)
     span_max_words: 150         (longest random span among the self-distillation prompts, as toy.target's)
     heldout: 12                 seed: 0                 (as in the tokenizer and target stages)
     exclude_question_ids        (the evaluated ids, never trained on; required)
@@ -34,6 +37,8 @@ from specfit.planning.stage import stage_main
 from specfit.toy.drafter import (
     acceptance,
     calibrate_confidence,
+    chat_questions,
+    draft_vocabulary,
     new_drafter,
     piece_windows,
     self_distillation,
@@ -48,19 +53,24 @@ log = logging.getLogger("specfit.stages.toy_drafter")
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
     train, heldout = split(inputs["questions"], spec)  # first: refuses a spec without the evaluated ids
+    train = chat_questions(train, spec["categories"])
     seed = spec["seed"]
     seed_everything(seed, spec["threads"])
     target, tokenizer = load_target(inputs["target"], dtype="float32", key="models.toy.target")
     target.requires_grad_(False)
-    text = torch.cat(chat_ids(tokenizer, train))
-    counts = torch.bincount(text, minlength=target.config.vocab_size)
-    draft_vocab_size = min(spec["draft_vocab_size"], target.config.vocab_size)
-    draft_tokens = counts.topk(draft_vocab_size).indices.sort().values  # [Vd]
-    drafter = new_drafter(spec, target, draft_tokens, verifier=str(inputs["target"])).train()
-    log.info("draft vocabulary covers %.1f%% of training tokens", 100 * counts[draft_tokens].sum() / counts.sum())
-    pieces = self_distillation(target.eval(), tokenizer, train, spec, seed)
+    log.info("%d training questions of %s", len(train), ", ".join(spec["categories"]))
+    pieces, replies = self_distillation(target.eval(), tokenizer, train, spec, seed)
     log.info("self-distillation: %d training prompts with the target's greedy continuations, %d tokens",
              len(pieces), sum(len(p) for p in pieces))
+    vocab = target.config.vocab_size
+    draft_tokens = draft_vocabulary(replies, torch.cat(chat_ids(tokenizer, train)), vocab,
+                                    min(spec["draft_vocab_size"], vocab))  # [Vd]
+    replied = torch.bincount(torch.cat(replies), minlength=vocab)
+    coverage = (replied[draft_tokens].sum() / replied.sum()).item()
+    log.info("draft vocabulary: %d tokens, %.1f%% of the target's training continuations", len(draft_tokens),
+             100 * coverage)
+    torch.manual_seed(seed)  # the drafter's initialization, whatever the distillation drew
+    drafter = new_drafter(spec, target, draft_tokens, verifier=str(inputs["target"])).train()
 
     steps, lr, seq_len = spec["ttt_steps"], spec["lr"], spec["seq_len"]
     seen = 0  # tokens trained on
@@ -92,6 +102,8 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
 
     stats = train_loop(step, spec["steps"], "toy drafter", spec["max_minutes"], key="toy.drafter")
     stats["tokens"] = seen
+    stats["data"] = {"categories": list(spec["categories"]), "questions": len(train), "pieces": len(pieces),
+                     "reply_tokens": int(replied.sum()), "draft_vocab_coverage": coverage}
     drafter.eval()
     measured, drafted = acceptance(target, tokenizer, drafter, heldout, spec)
     stats |= measured

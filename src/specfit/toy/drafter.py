@@ -97,21 +97,44 @@ def teacher(target, drafter, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return aux, out.logits[..., draft_vocab], out.logits.argmax(-1)
 
 
+def chat_questions(questions: list[dict], categories) -> list[dict]:
+    """The drafter's own training questions: those of the Spec-Bench ``categories`` it trains on
+    (``toy.drafter.categories``: chat, never the summarization articles, as the public EAGLE-3 drafters train on
+    general chat; docs/toy.md)."""
+    keep = set(categories)
+    return [q for q in questions if q["category"] in keep]
+
+
+def draft_vocabulary(replies: list[torch.Tensor], text: torch.Tensor, vocab_size: int, size: int) -> torch.Tensor:
+    """[size] sorted target ids: the tokens the target generates most often in the drafter's training data
+    (``replies``, its continuations), as EAGLE-3 builds its d2t map from its training responses; ties, and ids the
+    replies never hold, by their count in the training ``text`` [N], then by id (stable, so the same data give the
+    same vocabulary)."""
+    by_text = torch.bincount(text, minlength=vocab_size).argsort(descending=True, stable=True)
+    replied = torch.bincount(torch.cat(replies), minlength=vocab_size)
+    order = by_text[replied[by_text].argsort(descending=True, stable=True)]
+    return order[:size].sort().values
+
+
 @torch.no_grad()
-def self_distillation(target, tokenizer, questions: list[dict], spec: dict, seed: int) -> list[torch.Tensor]:
-    """Training prompts, each followed by the target's own greedy continuation ([P + N] per prompt).
+def self_distillation(target, tokenizer, questions: list[dict], spec: dict, seed: int
+                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Training prompts, each followed by the target's own greedy continuation ([P + N] per prompt), and the
+    continuations alone ([N] each).
 
     The drafter then learns the distribution it drafts along at decode time, as EAGLE trains on the target's
     generations rather than on human text. The prompts are the first turns of the training questions and of
-    random-span conversations (as the target trained on), whole: the toy's replies copy the lead of the user
-    turn, so a prompt cut on the left would hide what the target copies. Batched by length, 8 at a time.
+    random-span conversations over their text (chat prompts: no "Summarize: " prefix), whole: the toy's replies
+    copy the lead of the user turn, so a prompt cut on the left would hide what the target copies. Batched by
+    length, 8 at a time.
     """
     n = spec["distill_prompts"]
-    chats = conversations(questions) + span_conversations(questions, n, seed + 1, spec["span_max_words"])
+    chats = conversations(questions) + span_conversations(questions, n, seed + 1, spec["span_max_words"],
+                                                          summarize_share=0.0)
     prompts = [tokenizer.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=True)["input_ids"]
                for chat in random.Random(seed).sample(chats, min(n, len(chats)))]
     prompts = sorted((p for p in prompts if len(p) <= spec["distill_max_prompt"]), key=len)
-    pieces = []
+    pieces, replies = [], []
     for i in range(0, len(prompts), 8):
         batch = tokenizer.pad({"input_ids": prompts[i : i + 8]}, return_tensors="pt")  # left-padded
         out = target.generate(**batch, max_new_tokens=spec["distill_new_tokens"], do_sample=False,
@@ -121,7 +144,8 @@ def self_distillation(target, tokenizer, questions: list[dict], spec: dict, seed
             eos = (row[width:] == tokenizer.eos_token_id).nonzero()
             end = width + int(eos[0]) + 1 if len(eos) else len(row)  # generate pads a finished sequence
             pieces.append(row[pads:end])
-    return pieces
+            replies.append(row[width:end])
+    return pieces, replies
 
 
 def piece_windows(pieces: list[torch.Tensor], seq_len: int, generator: torch.Generator) -> torch.Tensor:

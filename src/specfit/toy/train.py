@@ -43,15 +43,16 @@ def conversations(questions: list[dict]) -> list[list[dict]]:
     return chats
 
 
-def span_conversations(questions: list[dict], n: int, seed: int, max_words: int) -> list[list[dict]]:
+def span_conversations(questions: list[dict], n: int, seed: int, max_words: int,
+                       summarize_share: float = 0.5) -> list[list[dict]]:
     """``n`` more Lead-3 conversations over random sentence spans of the training text.
 
     Spec-Bench's training questions hold about 140k tokens, which a toy memorizes within a few epochs (1,500
     steps of 4 x 512 tokens on the questions alone: train loss 0.8, held-out 7.8). A span that starts at a
     random sentence of a random document, of a log-uniform length between 8 and ``max_words`` words, makes
-    many more distinct (prompt, reply) pairs of the same text, so the toy memorizes less. Half of the spans
-    get the summarization prompt's "Summarize: " prefix. (A toy this size does not learn to copy the lead
-    within the DAG's budget; see the README.)
+    many more distinct (prompt, reply) pairs of the same text, so the toy memorizes less. A ``summarize_share``
+    of the spans (half, for the target) get the summarization prompt's "Summarize: " prefix; the drafter's chat
+    prompts get none. (A toy this size does not learn to copy the lead within the DAG's budget; docs/toy.md.)
     """
     rng = random.Random(seed)
     docs = [SENTENCE_END.split(t.strip()) for q in questions for t in q["turns"]]
@@ -67,7 +68,7 @@ def span_conversations(questions: list[dict], n: int, seed: int, max_words: int)
                 break
             words += sentence.split()
         text = " ".join(words)
-        prompt = ("Summarize: " if rng.random() < 0.5 else "") + text
+        prompt = ("Summarize: " if rng.random() < summarize_share else "") + text
         chats.append([{"role": "user", "content": prompt}, {"role": "assistant", "content": lead(text)}])
     return chats
 
