@@ -1,6 +1,8 @@
 """The paper's claims confronted (sections/claims.py) and the emulated device's proportions
 (sections/proportions.py)."""
 
+import json
+
 from report_fakes import EMULATED_DEVICE as DEVICE
 from report_fakes import emulated_tree, fake_root, tiny_spec
 from report_md import build, ratio_of, ratio_of_ratios, rows, x_text
