@@ -95,15 +95,19 @@ def test_every_committed_row_is_ars_step_bit_for_bit(make_target, family, dtype)
 
 
 def test_the_batched_verify_is_not_exact_in_bf16(make_target):
-    """What the exact verify removes: the batched tree forward rounds a row otherwise than AR's step."""
-    base = make_target("qwen3_moe").to(torch.bfloat16)
+    """What the exact verify removes: a batched tree forward rounds some row otherwise than AR's step (in at least one
+    family: which ones depends on the CPU's kernels)."""
     prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    differs = []
     with torch.no_grad():
-        ar_out, ar_logits, _ = ar_decode(copy.deepcopy(base), None, prompt)
-        model = copy.deepcopy(base)
-        set_verify(model, "batched")
-        _, logits, _ = speculative_decode(model, None, prompt, ar_out)
-    assert any(not torch.equal(a, b) for a, b in zip(logits, ar_logits))
+        for family in FAMILIES:
+            base = make_target(family).to(torch.bfloat16)
+            ar_out, ar_logits, _ = ar_decode(copy.deepcopy(base), None, prompt)
+            model = copy.deepcopy(base)
+            set_verify(model, "batched")
+            _, logits, _ = speculative_decode(model, None, prompt, ar_out)
+            differs.append(any(not torch.equal(a, b) for a, b in zip(logits, ar_logits)))
+    assert any(differs)
 
 
 def tied_prompt(model, tries=200, length=8):

@@ -138,8 +138,8 @@ class OffloadEngine:
         root = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else model
         if not any(m is modules[0] for m in root.modules()):
             root = model
-        self._hooks = [root.register_forward_pre_hook(lambda *_: self._begin_forward()),
-                       root.register_forward_hook(lambda *_: self._end_forward(), always_call=True)]
+        self._hooks = [root.register_forward_pre_hook(lambda *_: self.begin_forward()),
+                       root.register_forward_hook(lambda *_: self.end_forward(), always_call=True)]
         self._recorder: RouteRecorder | None = None
         self.row_calls = None  # a layer's RowCalls while an exact verify records or replays its rows
         self._forward_routes: list[torch.Tensor | None] = [None] * self.num_layers
@@ -230,7 +230,7 @@ class OffloadEngine:
         self._total.transfers[index] += transfers
         self._current.transfers[index] += transfers
 
-    def _begin_forward(self) -> None:
+    def begin_forward(self) -> None:  # also called by a caller that runs the layers itself (the exact verify)
         if self.timeline is not None:
             self.timeline.begin()
         self._current = Counters(self.num_layers, self.expert_bytes)
@@ -238,7 +238,7 @@ class OffloadEngine:
         if self.config.slots == 0:
             self.clear_cache()
 
-    def _end_forward(self) -> None:
+    def end_forward(self) -> None:
         if self.timeline is not None:
             self.timeline.end()
         self._forwards += 1

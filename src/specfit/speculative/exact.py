@@ -17,9 +17,9 @@ forward with one expert union per layer, the same copies and LRU order and the s
 verify: each row's MoE block first calls the experts to be *recorded* (the layer's output is then discarded), the
 engine admits the union of all rows' routes once and computes every row's experts one row at a time
 (`specfit.engine.layer.OffloadedLayer.forward_rows`), and each row's MoE block runs again, *replaying* its row's
-expert output. A layer's output is its residual plus its MoE block's output, as every supported family's decoder
-layer ends (`FAMILY_LAYOUT`). What this costs (q row passes per layer instead of one, two calls of each MoE block)
-is printed by ``python -m specfit.bench exact``.
+expert output. A layer's output is its residual plus its MoE block's output, as the decoder layer of every family
+of `specfit.engine.families.FAMILIES` ends (a new entry there must end so too). What this costs (q row passes per
+layer instead of one, two calls of each MoE block) is printed by ``python -m specfit.bench exact``.
 """
 
 from __future__ import annotations
@@ -31,13 +31,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from specfit.engine.families import FAMILIES
 from specfit.engine.layer import RowCalls
 from specfit.errors import SpecFitError
 
 VERIFY_MODES = ("exact", "batched")  # models.<name>.verify: every row as AR's step, or one batched tree forward
-# Model types whose decoder runs embed -> rotary -> layers (input_layernorm, self_attn, + residual,
-# post_attention_layernorm, mlp, + residual) -> norm -> lm_head: the layout the exact verify walks.
-FAMILY_LAYOUT = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral")
 # attention implementations whose one-query call with no mask is AR's step
 EXACT_ATTENTION = ("sdpa", "eager")
 
@@ -69,11 +67,12 @@ def check_exact(model: nn.Module, key: str) -> None:
     """Refuse an exact verify of a target it cannot make exact, naming ``key`` and the family."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     family = getattr(config, "model_type", None)
-    if family not in FAMILY_LAYOUT:
+    if family not in FAMILIES:  # each runs embed -> rotary -> layers (norm, attention, + residual, norm, MoE block,
+        # + residual) -> norm -> LM head: the layout the exact verify walks
         raise SpecFitError(
-            f"`{key}: exact` needs a decoder whose layout the exact verify knows ({', '.join(FAMILY_LAYOUT)}); "
+            f"`{key}: exact` needs a decoder whose layout the exact verify knows ({', '.join(FAMILIES)}); "
             f"this target is {family!r}: set `{key}: batched` (lossless only as far as its kernels are "
-            "batch-invariant) or add the family to specfit.speculative.exact.FAMILY_LAYOUT once its layout matches"
+            "batch-invariant) or add it to specfit.engine.families.FAMILIES once its decoder ends as theirs do"
         )
     attention = getattr(config, "_attn_implementation", None) or "eager"
     if attention not in EXACT_ATTENTION:
@@ -155,8 +154,9 @@ def _layer_rows(layer: nn.Module, rows: list[torch.Tensor], positions, rope, kv:
 
     capture = layer.post_attention_layernorm.register_forward_hook(capture_rows)
     outputs = []
+    recorded = RowCalls() if engine is not None else None
     try:
-        with _recording(engine) as recorded:
+        with _row_calls(engine, recorded):
             for r, x in enumerate(rows):
                 kv.row = r
                 outputs.append(layer(x, attention_mask=None, position_ids=positions[r], cache=kv, use_cache=True,
@@ -165,7 +165,7 @@ def _layer_rows(layer: nn.Module, rows: list[torch.Tensor], positions, rope, kv:
         capture.remove()
     if recorded is None or not recorded.calls:
         return outputs  # the experts were the target's own (no engine), or the layer has no routed experts
-    with _replaying(engine, recorded.forward()):
+    with _row_calls(engine, recorded.forward()):
         return [residuals[r] + layer.mlp(moe_inputs[r]) for r in range(len(rows))]
 
 
@@ -175,28 +175,19 @@ def _one_forward(engine):
     if engine is None:
         yield
         return
-    engine._begin_forward()
+    engine.begin_forward()
     try:
         yield
     finally:
-        engine._end_forward()
+        engine.end_forward()
 
 
 @contextmanager
-def _recording(engine):
+def _row_calls(engine, calls: RowCalls | None):
+    """The engine's layers record into, or replay from, ``calls`` inside the block (nothing without an engine)."""
     if engine is None:
-        yield None
+        yield
         return
-    calls = RowCalls()
-    engine.row_calls = calls
-    try:
-        yield calls
-    finally:
-        engine.row_calls = None
-
-
-@contextmanager
-def _replaying(engine, calls):
     engine.row_calls = calls
     try:
         yield
