@@ -227,3 +227,33 @@ def test_probes_back_off_while_drafting_does_not_pay_and_reset_when_it_does():
     method.skipped = method.probe_every  # the next cycle probes, and drafting pays after it
     assert cycles(5, accepted=3) == [0, 1, 2, 3, 4]
     assert method.probe_every == method.PROBE_EVERY
+
+
+def test_online_calibration_lookahead_and_no_skipping_stay_lossless(offloaded, oracle, prompts, limits, ar):
+    """specfit-ca with every option beyond the paper: AR's tokens, every cycle drafts, and the calibration counted
+    the verified nodes whose parent was committed."""
+    model, engine = offloaded
+    config = MethodConfig("specfit-ca", calibration="online", lookahead=True, skip=False)
+    method = SpecFitCA(config, B, 0.05, 0.01, DraftCost(0.0, 0.0, 0.0), SharedExpert(), num_experts=8)
+    method.drafting_pays = lambda: False  # skipping would verify the root alone from the fifth cycle on
+    results = run(model, oracle, method, prompts, limits, engine, ar)
+    assert [r.request["output_ids"] for r in results] == ar
+    cycles = [c for r in results for c in r.cycles if r is results[-1]]
+    assert all(len(c["pool_token"]) > 1 for c in cycles[:-1])  # drafted every cycle (the last may have no room)
+    trials = method.calibration.trials.sum()
+    assert trials >= sum(1 for c in cycles if c["selected"]) and method.calibration.accepted.sum() > 0
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_lookahead_drafts_on_where_a_chain_pays_and_no_level_does(lookahead):
+    """No subtree of level 1 beats the root alone (1.9 / 1.95 < 1: the paper's rule stops); the level-1 node and one
+    more below it, at the expected rate 1/2, would reach (1 + 0.9 + 0.45) / 2.1 > 1."""
+    pool = CandidatePool([5])
+    pool.add(0, 6, 0.9)
+    pool.add(0, 7, 0.05)
+    b = [1.0, 1.95, 2.1, 2.2, 2.2, 2.2, 2.2, 2.2]
+    method = SpecFit(MethodConfig("specfit", lookahead=lookahead), b, 0.0, SharedExpert(), 8)
+    view = method.view(None, pool)
+    chosen = method.choose(view, 1)
+    assert chosen.nodes == ()
+    assert method.draft_on(view, chosen, 1) is lookahead

@@ -52,15 +52,17 @@ class CandidatePool:
         return self.n
 
     def view(self, routes: np.ndarray | None = None, num_experts: int = 1, resident: np.ndarray | None = None,
-             in_flight: np.ndarray | None = None) -> Pool:
+             in_flight: np.ndarray | None = None, path_prob: np.ndarray | None = None) -> Pool:
         """The selector's view; without ``routes`` [n+1, L, k] it carries no experts (probability rules).
 
         ``resident`` [L, N] bool marks the experts each layer's cache holds (None: nothing resident), ``in_flight``
         [L, N] the fraction of a resident expert's copy still to come (None: every resident expert has landed).
+        ``path_prob`` [n+1] replaces the drafter's p_v (calibrated ones, `specfit.selection.calibration`).
         """
         if routes is None:
             routes = np.empty((self.n + 1, 0, 1), dtype=np.int64)  # [n+1, 0 layers, 1]
-        pool = Pool(np.asarray(self.parent), np.asarray(self.path_prob), routes, num_experts, resident, in_flight)
+        probs = np.asarray(self.path_prob) if path_prob is None else path_prob
+        pool = Pool(np.asarray(self.parent), probs, routes, num_experts, resident, in_flight)
         pool.__dict__["level"] = np.asarray(self.level, dtype=np.int64)  # [n+1] known: no walk up the parents
         return pool
 

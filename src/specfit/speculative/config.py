@@ -52,6 +52,9 @@ def route_source(name: str) -> RouteSource:
     return ROUTE_SOURCES[name]
 
 
+CALIBRATIONS = ("none", "online")  # a method's commit probabilities: the drafter's own, or calibrated online
+
+
 @dataclass(frozen=True)
 class MethodConfig:
     """A method's parameters: the ``method`` slice of a decode rule's spec. The defaults are the paper's.
@@ -66,9 +69,16 @@ class MethodConfig:
     top_k_expand: int = 2  # children per expanded node, and nodes expanded per level
     routes: str = "atlas"  # SpecFit's route source, a name in ROUTE_SOURCES
     accuracy: float = 0.6  # route accuracy of a noisy source (the paper's simulated predictor)
+    # beyond the paper, for the kinds that read routes (`specfit.speculative.methods.SpecFit`):
+    calibration: str = "none"  # "online": commit probabilities calibrated from verification outcomes
+    lookahead: bool = False  # draft on while a chain through the next levels could pay, not only the next level
+    skip: bool = True  # specfit-ca: verify the root alone while drafting has not paid lately
 
     def __post_init__(self):
         route_source(self.routes)
+        if self.calibration not in CALIBRATIONS:
+            raise SpecFitError(f"method {self.name}: calibration {self.calibration!r} is not one of "
+                               f"{', '.join(CALIBRATIONS)}")
 
     @property
     def route_source(self) -> RouteSource:

@@ -17,6 +17,7 @@ import numpy as np
 
 from specfit.errors import SpecFitError
 from specfit.io import read_json
+from specfit.selection.calibration import OnlineCalibration
 from specfit.selection.coefficients import DraftCost, cache_aware_cost
 from specfit.selection.pool import CandidatePool, Pool
 from specfit.selection.selectors import Selection, holds_level, select_specfit, select_specfit_ca, select_top_prob
@@ -72,6 +73,10 @@ class Method:
     def wants_draft(self, cycle: Cycle) -> bool:
         """Before level 1: whether this cycle drafts at all (False: verify the root alone, drafter untouched)."""
         return True
+
+    def verified(self, pool: CandidatePool, decision: Decision, accepted: list[int]) -> None:
+        """After verification, before the next cycle: the pool, what was verified and the accepted node ids (a path
+        from the root)."""
 
     def committed(self, cycle: Cycle, decision: Decision, accepted: int) -> None:
         """After the cycle committed: how many of the verified draft nodes the target accepted."""
@@ -150,6 +155,10 @@ class SpecFit(Method):
 
     With a route source that needs the full pool (the atlas build), the pool is drafted to full depth, the
     routes are queried once and the rule is replayed on V<=1, V<=2, ...; ``drafted_levels`` is where it stops.
+
+    Beyond the paper (off by default, `MethodConfig`): ``calibration: online`` selects with commit probabilities
+    calibrated from earlier verifications (`specfit.selection.calibration`), and ``lookahead`` drafts on also while a
+    chain through the levels not drafted yet could pay (`chain_pays`), where the paper's rule sees one level only.
     """
 
     def __init__(self, config: MethodConfig, b, beta: float, routes, num_experts: int):
@@ -159,6 +168,21 @@ class SpecFit(Method):
         self.route_source = routes
         self.num_experts = num_experts
         self.live = find_source(routes, LiveRoutes)  # a noisy source over live routes still builds the exact atlas
+        self.calibration = OnlineCalibration(config.max_depth) if config.calibration == "online" else None
+
+    def reset(self):
+        if self.calibration is not None:
+            self.calibration.reset()
+
+    def verified(self, pool, decision, accepted):
+        if self.calibration is not None and decision.nodes:
+            self.calibration.observe(pool.parent, pool.path_prob, pool.level, decision.nodes, accepted)
+
+    def path_probs(self, pool: CandidatePool) -> np.ndarray | None:
+        """[n+1] the calibrated path probabilities the selector reads; None: the drafter's own."""
+        if self.calibration is None:
+            return None
+        return self.calibration.path_probs(pool.parent, pool.path_prob, pool.level)
 
     @classmethod
     def from_inputs(cls, config, inputs, seed, num_experts):
@@ -184,15 +208,56 @@ class SpecFit(Method):
 
     def view(self, cycle: Cycle, pool: CandidatePool) -> Pool:
         """The selector's view of the pool, with the route source's routes."""
-        return pool.view(self.route_source.routes(cycle, pool), self.num_experts)
+        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, path_prob=self.path_probs(pool))
 
     def choose(self, view: Pool, depth: int) -> Selection:
         """Ŝ over ``view``, the pool drafted to ``depth`` levels."""
         return select_specfit(view, self.b, self.beta, self.config.k_max)
 
     def draft_on(self, view: Pool, chosen: Selection, depth: int) -> bool:
-        """Adaptive depth: after level d, draft level d + 1 only if the selection holds a level-d node."""
-        return holds_level(view, chosen, depth)
+        """Adaptive depth: after level d, draft level d + 1 only if the selection holds a level-d node (or, with
+        ``lookahead``, a chain through the next levels could pay)."""
+        return holds_level(view, chosen, depth) or self.chain_pays(view, chosen, depth)
+
+    def chain_pays(self, view: Pool, chosen: Selection, depth: int) -> bool:
+        """Look-ahead (``lookahead``): whether Ŝ_d plus the path to the most probable level-d node f, extended by a
+        chain of j = 1, 2, ... nodes through the levels not drafted yet, predicts a higher ratio than Ŝ_d.
+
+        The chain's i-th node has path probability p_f · c_{d+1} ··· c_{d+i}, c_l the calibration's expected
+        conditional of a level-l best child (`OnlineCalibration.chain_rate`; 1/2 without calibration), and adds the
+        experts per node that f's own path added (their union over its length); its time is `chain_time`'s. A chain
+        pays together where no single level does: the paper's rule stops at the first level whose nodes do not
+        pay by themselves.
+        """
+        if not self.config.lookahead or depth >= self.config.max_depth:
+            return False
+        level = view.level
+        frontier = [v for v in range(1, view.n + 1) if level[v] == depth]
+        f = max(frontier, key=lambda v: (view.path_prob[v], -v))
+        path = []
+        v = f
+        while v > 0:
+            path.append(v)
+            v = int(view.parent[v])
+        base = sorted(set(chosen.nodes) | set(path))
+        room = min(self.config.k_max, len(self.b) - 1) - len(base)
+        if room <= 0:
+            return False
+        root_union = view.expert_union(())
+        per_node = (view.expert_union(path) - root_union) / len(path)  # experts a chain node adds
+        reward = 1.0 + sum(float(view.path_prob[u]) for u in base)
+        p, ratio = float(view.path_prob[f]), chosen.reward / chosen.time
+        for j in range(1, min(room, self.config.max_depth - depth) + 1):
+            rate = self.calibration.chain_rate(depth + j) if self.calibration is not None else 0.5
+            p *= rate
+            reward += p
+            if reward / self.chain_time(view, base, j, per_node, depth) > ratio:
+                return True
+        return False
+
+    def chain_time(self, view: Pool, base: list[int], j: int, per_node: float, depth: int) -> float:
+        """T̂ of ``base`` and a chain of ``j`` more nodes, each adding ``per_node`` experts (Eq. 4)."""
+        return float(self.b[len(base) + j]) + self.beta * (view.expert_union(base) + j * per_node)
 
     def decided(self, view: Pool, chosen: Selection, depth: int) -> Decision:
         return Decision(chosen.nodes, depth)
@@ -244,6 +309,7 @@ class SpecFitCA(SpecFit):
         self.reset()
 
     def reset(self):
+        super().reset()
         self.history: deque[tuple[float, float, int, int]] = deque(maxlen=self.HISTORY)  # (T̂(∅), T̂(Ŝ), d, acc.)
         self.skipped = 0
         self.probe_every = self.PROBE_EVERY  # skipped cycles before the next probe
@@ -264,7 +330,7 @@ class SpecFitCA(SpecFit):
         return cls(config, *cache_aware_cost(c), routes, num_experts)
 
     def wants_draft(self, cycle):
-        if len(self.history) < self.MIN_HISTORY:
+        if not self.config.skip or len(self.history) < self.MIN_HISTORY:
             return True
         if self.skipped >= self.probe_every:
             self.skipped, self._probing = 0, True
@@ -296,7 +362,8 @@ class SpecFitCA(SpecFit):
     def view(self, cycle, pool):
         if self._resident[0] is not cycle:  # once per cycle: the cache does not change while the pool grows
             self._read_resident(cycle)
-        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1])
+        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1],
+                         path_prob=self.path_probs(pool))
 
     def _read_resident(self, cycle: Cycle) -> None:
         engine = cycle.target.engine if cycle.target is not None else None
@@ -310,11 +377,25 @@ class SpecFitCA(SpecFit):
         return select_specfit_ca(view, self.b + self.drafting(depth), self.beta_miss, self.beta_hit, self.config.k_max)
 
     def draft_on(self, view, chosen, depth):
+        return self.level_pays(view, chosen, depth) or self.chain_pays(view, chosen, depth)
+
+    def level_pays(self, view, chosen, depth):
+        """The next level alone (the bound above)."""
         if not holds_level(view, chosen, depth):
             return False
         p_max = max(float(view.path_prob[v]) for v in range(1, view.n + 1) if view.level[v] == depth)
         gain = min(self.config.top_k_expand ** 2, self.config.k_max) * p_max
         return gain > chosen.reward / chosen.time * (self.drafting.next_level_ms - self.delta_b)
+
+    def chain_time(self, view, base, j, per_node, depth):
+        """T̂_CA of ``base`` and ``j`` chain nodes, with drafting d + j levels; the chain's new experts miss the cache
+        as often as ``base``'s did."""
+        union, misses = view.expert_union(base), view.expert_misses(base)
+        new = union - view.expert_union(())
+        miss_share = (misses - view.expert_misses(())) / new if new > 0 else 1.0
+        union, misses = union + j * per_node, misses + j * per_node * miss_share
+        return (float(self.b[len(base) + j]) + self.drafting(depth + j) + self.beta_miss * misses
+                + self.beta_hit * (union - misses))
 
     def decided(self, view, chosen, depth):
         root_only = view.cache_aware_time((), self.b[0], self.beta_miss, self.beta_hit)  # T̂_CA of the root alone

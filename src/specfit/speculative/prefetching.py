@@ -83,7 +83,7 @@ class SpecFitPrefetch(Prefetching, SpecFitCA):
     def view(self, cycle, pool):
         self._read_resident(cycle)  # every level: the prefetch of the level before changed it
         return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1],
-                         in_flight=self._in_flight)
+                         in_flight=self._in_flight, path_prob=self.path_probs(pool))
 
     def _read_resident(self, cycle):
         super()._read_resident(cycle)

@@ -1,0 +1,47 @@
+"""Commit probabilities calibrated online: the drafter's own before any trial, each bin's acceptance after."""
+
+import numpy as np
+import pytest
+
+from specfit.errors import SpecFitError
+from specfit.selection.calibration import OnlineCalibration
+from specfit.speculative.config import MethodConfig
+
+# root 0; level 1: nodes 1 (q 0.8) and 2 (q 0.15); level 2: node 3 under 1 (q 0.5), node 4 under 2 (q 0.6)
+PARENT = [-1, 0, 0, 1, 2]
+PROB = [1.0, 0.8, 0.15, 0.4, 0.09]
+LEVEL = [0, 1, 1, 2, 2]
+
+
+def test_before_any_trial_the_path_probabilities_are_the_drafters():
+    cal = OnlineCalibration(max_depth=5)
+    assert np.allclose(cal.path_probs(PARENT, PROB, LEVEL), PROB, rtol=0, atol=1e-15)
+    assert cal.chain_rate(1) == 0.5  # no trial: one half
+
+
+def test_a_bin_moves_to_its_acceptance_shrunk_toward_the_nodes_own_q():
+    cal = OnlineCalibration(max_depth=5, prior=4.0)
+    for accepted in ([1, 3], [], [1], [], []):  # node 1 (q 0.8, bin [0.8, 0.9)) taken 2 times in 5
+        cal.observe(PARENT, PROB, LEVEL, (1, 2, 3), accepted)
+    p = cal.path_probs(PARENT, PROB, LEVEL)
+    assert p[1] == pytest.approx((2 + 4 * 0.8) / (5 + 4))
+    assert p[2] == pytest.approx((0 + 4 * 0.15) / (5 + 4))  # node 2: 5 trials, never taken
+    # node 3 (level 2, q 0.5) was a trial only when node 1 was committed: twice, taken once
+    assert p[3] == pytest.approx(p[1] * (1 + 4 * 0.5) / (2 + 4))
+    assert p[4] == pytest.approx(p[2] * 0.6)  # level 2's bin of q 0.6: no trial yet
+    assert all(p[v] <= p[PARENT[v]] for v in range(1, 5))
+    # the best child of each committed parent: node 1 at level 1 (5 trials, 2 taken), node 3 at level 2 (2, 1)
+    assert cal.chain_rate(1) == pytest.approx((2 + 4 * 0.8) / (5 + 4))
+    assert cal.chain_rate(2) == pytest.approx((1 + 4 * 0.5) / (2 + 4))
+
+
+def test_reset_forgets_every_trial():
+    cal = OnlineCalibration(max_depth=5)
+    cal.observe(PARENT, PROB, LEVEL, (1, 2), [])
+    cal.reset()
+    assert np.allclose(cal.path_probs(PARENT, PROB, LEVEL), PROB)
+
+
+def test_an_unknown_calibration_is_refused_by_name():
+    with pytest.raises(SpecFitError, match="calibration 'isotonic'"):
+        MethodConfig("specfit-ca", calibration="isotonic")
