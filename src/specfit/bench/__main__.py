@@ -7,7 +7,7 @@ from specfit import numerics
 from specfit.errors import SpecFitError
 
 BENCHMARKS = ("dag", "device", "engine", "exact", "link", "predictor", "proportions", "reproduce", "select", "spread",
-              "verdicts")
+              "tuned", "verdicts")
 
 
 def main(argv: list[str] | None = None) -> None:
