@@ -44,7 +44,7 @@ def test_extract(config, smoke):
     assert specs.extract(config, "toy", "gsm8k") == {
         "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 12}
     assert specs.extract(smoke, "smoke", "summarization") == {
-        "model": "smoke", "question_ids": list(range(242, 321, 2)), "limit_tokens": 2048, "max_requests": 2}
+        "model": "smoke", "question_ids": list(range(242, 321, 2)), "limit_tokens": 244, "max_requests": 2}
     assert specs.extract(config, "toy", "calibration") == {
         "model": "toy", "question_ids": [401, 402, 403], "limit_tokens": 512, "max_requests": None}
     assert specs.extract(smoke, "smoke", "calibration")["question_ids"] == [401]
@@ -107,7 +107,7 @@ def test_decode(config, smoke):
         "model": "smoke", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
         "torch_device": "cpu", "max_inflight": 2,
         "link": SMOKE_LINK, "emulate": None, "method": {**SPECFIT, "routes": "learned"}, "slots": 4,
-        "limit_tokens": 512, "max_new_tokens": 12, "seed": 0}
+        "limit_tokens": 244, "max_new_tokens": 12, "seed": 0}
 
 
 def test_max_new_tokens_unset_is_the_length_limit(config):
@@ -151,7 +151,7 @@ def test_theory(config, smoke):
     assert specs.theory_run(smoke, "smoke", "cpu-a100link", "gsm8k", "specfit-ca") == DecodeRun(
         "smoke", "cpu-a100link", "gsm8k", "specfit-ca", 4)
     assert specs.theory(smoke, "smoke", "cpu-a100link", "gsm8k", "specfit-ca") == {
-        "beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 12,
+        "beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 244, "max_new_tokens": 12,
         "cost": "cache_aware"}
 
 

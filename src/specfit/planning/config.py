@@ -20,6 +20,7 @@ from specfit.errors import SpecFitError
 from specfit.planning import paths
 from specfit.planning.matrix import (
     evaluated_question_ids,
+    is_toy,
     method_config,
     method_kind,
     predictor_question_ids,
@@ -239,6 +240,7 @@ def _check_references(config: dict, root: Path | None = None) -> None:
                             "models its own link (copy_ms); drop the link")
     problems += _check_resident(config, root)
     problems += _check_tuned(config)
+    problems += _check_toy_window(config)
     overlap = sorted(set(predictor_question_ids(config)) & set(evaluated_question_ids(config)))
     if overlap:
         problems.append(f"config key 'predictor.question_ids' holds questions a workload evaluates or calibration "
@@ -249,6 +251,27 @@ def _check_references(config: dict, root: Path | None = None) -> None:
                         "under 'methods'")
     if problems:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
+
+
+def _check_toy_window(config: dict) -> list[str]:
+    """A toy target decodes only positions it trained at: every workload a toy runs fits `toy.target.seq_len` with
+    its prompt and reply. Past its training window a small target falls into loops (docs/toy.md), which would
+    measure the loop rather than the drafter."""
+    window = config["toy"]["target"]["seq_len"]
+    problems = []
+    for block in config["runs"]:
+        if not any(is_toy(config["models"][m]) for m in block["models"] if m in config["models"]):
+            continue
+        for workload in block["workloads"]:
+            wl = config["workloads"].get(workload)
+            if wl is None or wl["limit_tokens"] + wl["max_new_tokens"] <= window:
+                continue
+            problems.append(f"config key 'toy.target.seq_len' is {window}, but workload {workload!r} decodes a toy up "
+                            f"to position {wl['limit_tokens'] + wl['max_new_tokens']} (limit_tokens "
+                            f"{wl['limit_tokens']} + max_new_tokens {wl['max_new_tokens']}): a toy target decodes only "
+                            "positions it trained at (docs/toy.md); lower the workload's limit_tokens or retrain the "
+                            "toy with a longer toy.target.seq_len")
+    return problems
 
 
 def _check_tuned(config: dict) -> list[str]:
