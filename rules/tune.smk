@@ -27,9 +27,9 @@ rule tune:
         target=target_dir,
         drafter=drafter_dir,
     output:
-        tune=paths.tune("{model}", "{device}", "{workload}", "{method}"),
+        tune=paths.tune("{model}", "{device}", "{workload}", "{method}", "{slots}"),
     log:
-        paths.log("tune", "{model}", "{device}", "{workload}", "{method}"),
+        paths.log("tune", "{model}", "{device}", "{workload}", "{method}", "slots{slots}"),
     conda:
         CONDA_ENV
     resources:

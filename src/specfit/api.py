@@ -73,7 +73,7 @@ def deployable(config: dict, method: str) -> None:
     if kind(entry["kind"]).tuned:
         raise SpecFitError(
             f"method {method!r} decodes with the tree the tune rule chose for one workload and device "
-            f"(data/tune/<model>/<device>/<workload>/{method}.json): add that tree as a method of kind eagle3 "
+            f"(data/tune/<model>/<device>/<workload>/{method}/slots<N>.json): add that tree as a method of kind eagle3 "
             "(its max_depth, top_k_expand, k_max) and run that one")
     if not kind(entry["kind"]).reads_routes or route_source(entry.get("routes", "atlas")).learned:
         return

@@ -5,6 +5,7 @@ group with its value, the claims figure every claim that is a ratio in the table
 figure file with alt text naming what it shows, and the Markdown twin links the same. The checks themselves are
 checked on figures drawn wrong."""
 
+import itertools
 import json
 import re
 import warnings
@@ -56,8 +57,8 @@ def twenty_methods_spec() -> dict:
 @pytest.fixture()
 def twenty(tree):
     spec, written = emulated_tree(tree, twenty_methods_spec())
-    for w in spec["workloads"]:
-        path = tree / paths.tune("toy", EMULATED_DEVICE, w, "eagle3-tuned")
+    for w, slots in itertools.product(spec["workloads"], (0, 4)):
+        path = tree / paths.tune("toy", EMULATED_DEVICE, w, "eagle3-tuned", slots)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"chosen": TREE, "trees": [{**TREE, "tps_dec": 1.0}], "question_ids": [403]}))
     out = tree / "reports" / "all"

@@ -49,7 +49,7 @@ def resident(tree):
         write_requests(tree, run, rng_rows)
         (tree / run.file("metrics.json")).write_text(json.dumps(written[run]))
     for device in (PAIR, DISTINCT):
-        path = tree / paths.tune("toy", device, "gsm8k", "eagle3-tuned")
+        path = tree / paths.tune("toy", device, "gsm8k", "eagle3-tuned", 32)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"chosen": TREE, "trees": [{**TREE, "tps_dec": 1.0}], "question_ids": [403]}))
     md, tables = build(spec, report_inputs(spec), tree / "reports" / "all")

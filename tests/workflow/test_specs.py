@@ -212,7 +212,7 @@ JOBS = {
     "specfit.stages.atlas": (specs.atlas, [paths.atlas(*W, "{method}-{cache}")]),
     "specfit.stages.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
     "specfit.stages.predictor": (specs.predictor, [paths.predictor("{model}")]),
-    "specfit.stages.tune": (specs.tune, [paths.tune(*W, "{method}")]),
+    "specfit.stages.tune": (specs.tune, [paths.tune(*W, "{method}", "{slots}")]),
     "specfit.stages.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
 }
 
@@ -301,6 +301,6 @@ def test_the_tune_rules_specs(root):
     assert {k: v for k, v in extract.items() if k != "question_ids"} == {
         k: v for k, v in specs.extract(resident, "toy", "gsm8k").items() if k not in ("question_ids", "max_requests")
     } | {"max_requests": None}
-    tune = specs.tune(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned")
+    tune = specs.tune(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
     assert tune["stream"] == specs.decode(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
     assert len(tune["trees"]) == 10 and tune["trees"][-1] == {"max_depth": 5, "top_k_expand": 2, "k_max": 10}

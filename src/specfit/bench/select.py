@@ -1,7 +1,7 @@
 """``python -m specfit.bench select``: time the exact selectors on pools of the paper's size.
 
 Pools follow Section 3.1's generator: top-2 expansion to depth 5 (2 children of the root, then the 2
-most probable nodes of each level get 2 children each: 18 draft nodes), K = 7, 48 layers x 128 experts,
+most probable nodes of each level get 2 children each: 18 draft nodes), K = 7 (``--k-max``: up to 16), 48 layers x 128 experts,
 top-8 routes, and for the cache-aware rule a random residency of 48 slots per layer. One timed call of the
 whole selection builds the selector's view from the drafted pool, encodes its routes (and residency) and
 searches. The cache-aware rule is also run by `reference_ca`, Algorithm 1 in plain Python with sets, on the
@@ -96,6 +96,16 @@ def reference_ca(parent, prob, routes, resident, b, beta_miss, beta_hit, k_max=7
     return (best["nodes"], *best["figures"])
 
 
+def extended(b, k_max: int) -> np.ndarray:
+    """Intercepts b_0..b_{k_max}: the paper's b_0..b_7, continued past b_7 by their mean step over b_1..b_7 (the paper
+    probes 8 sizes; a K above 7 needs a calibration that probes more, `calibration.sizes`)."""
+    b = np.asarray(b, dtype=np.float64)
+    if k_max < len(b):
+        return b
+    step = (b[-1] - b[1]) / (len(b) - 2)
+    return np.concatenate([b, b[-1] + step * np.arange(1, k_max - len(b) + 2)])
+
+
 def _median_us(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -111,31 +121,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=50, help="timed calls per pool (compiled path)")
     parser.add_argument("--reference-repeats", type=int, default=3, help="timed calls per pool (plain Python)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--k-max", type=int, default=7, help="K, the most draft nodes selected (up to 16: the pool's "
+                        "18 nodes; past 7 the intercepts continue b_1..b_7's mean step)")
     args = parser.parse_args(argv)
+    K = args.k_max
 
     rng = np.random.default_rng(args.seed)
     raw = [(*paper_pool(rng), random_residency(rng)) for _ in range(args.pools)]
-    b, beta = A100_CACHE["b"], A100_CACHE["beta"]
-    b_ca, beta_miss, beta_hit = np.asarray(CA["b"]), CA["beta_miss"], CA["beta_hit"]
+    b, beta = extended(A100_CACHE["b"], K), A100_CACHE["beta"]
+    b_ca, beta_miss, beta_hit = extended(CA["b"], K), CA["beta_miss"], CA["beta_hit"]
     parent, prob, routes, resident = raw[0]
-    select_specfit(Pool(parent, prob, routes, 128), b, beta)  # load or compile the kernels outside the timing
-    select_specfit_ca(Pool(parent, prob, routes, 128, resident), b_ca, beta_miss, beta_hit)
+    select_specfit(Pool(parent, prob, routes, 128), b, beta, K)  # load or compile the kernels outside the timing
+    select_specfit_ca(Pool(parent, prob, routes, 128, resident), b_ca, beta_miss, beta_hit, K)
 
     times: dict[str, list[float]] = {}
     visited, nodes, ca_nodes = [], [], []
     for parent, prob, routes, resident in raw:
         pool = Pool(parent, prob, routes, 128)
-        fast = select_specfit(pool, b, beta)
-        slow = select_specfit(pool, b, beta, backend="python")
+        fast = select_specfit(pool, b, beta, K)
+        slow = select_specfit(pool, b, beta, K, backend="python")
         if fast != slow:
             raise AssertionError(f"backends disagree: {fast} vs {slow}")
         candidates = drafted(parent, prob)
         ca_pool = candidates.view(routes, 128, resident=resident)
-        ca = select_specfit_ca(ca_pool, b_ca, beta_miss, beta_hit)
-        ca_slow = select_specfit_ca(ca_pool, b_ca, beta_miss, beta_hit, backend="python")
+        ca = select_specfit_ca(ca_pool, b_ca, beta_miss, beta_hit, K)
+        ca_slow = select_specfit_ca(ca_pool, b_ca, beta_miss, beta_hit, K, backend="python")
         if ca != ca_slow:
             raise AssertionError(f"cache-aware backends disagree: {ca} vs {ca_slow}")
-        reference = reference_ca(parent, prob, routes, resident, b_ca, beta_miss, beta_hit)
+        reference = reference_ca(parent, prob, routes, resident, b_ca, beta_miss, beta_hit, K)
         if reference != (ca.nodes, ca.reward, ca.union, ca.misses, ca.time):
             raise AssertionError(f"the reference disagrees: {reference} vs {ca}")
         visited.append(fast.visited)
@@ -148,19 +161,19 @@ def main(argv: list[str] | None = None) -> None:
 
         fast_repeats, slow_repeats = args.repeats, max(1, args.repeats // 10)
         timed = {
-            "paper whole": (lambda: select_specfit(Pool(parent, prob, routes, 128), b, beta), fast_repeats),
+            "paper whole": (lambda: select_specfit(Pool(parent, prob, routes, 128), b, beta, K), fast_repeats),
             "paper encode": (lambda: Pool(parent, prob, routes, 128).words, fast_repeats),
-            "paper search": (lambda: select_specfit(pool, b, beta), fast_repeats),
-            "paper python": (lambda: select_specfit(pool, b, beta, backend="python"), slow_repeats),
+            "paper search": (lambda: select_specfit(pool, b, beta, K), fast_repeats),
+            "paper python": (lambda: select_specfit(pool, b, beta, K, backend="python"), slow_repeats),
             "ca whole": (lambda: select_specfit_ca(candidates.view(routes, 128, resident=resident), b_ca, beta_miss,
-                                                   beta_hit), fast_repeats),
+                                                   beta_hit, K), fast_repeats),
             "ca whole raw": (lambda: select_specfit_ca(Pool(parent, prob, routes, 128, resident), b_ca, beta_miss,
-                                                       beta_hit), fast_repeats),
+                                                       beta_hit, K), fast_repeats),
             "ca encode": (encode_ca, fast_repeats),
-            "ca search": (lambda: select_specfit_ca(ca_pool, b_ca, beta_miss, beta_hit), fast_repeats),
-            "ca python": (lambda: select_specfit_ca(ca_pool, b_ca, beta_miss, beta_hit, backend="python"),
+            "ca search": (lambda: select_specfit_ca(ca_pool, b_ca, beta_miss, beta_hit, K), fast_repeats),
+            "ca python": (lambda: select_specfit_ca(ca_pool, b_ca, beta_miss, beta_hit, K, backend="python"),
                           slow_repeats),
-            "reference": (lambda: reference_ca(parent, prob, routes, resident, b_ca, beta_miss, beta_hit),
+            "reference": (lambda: reference_ca(parent, prob, routes, resident, b_ca, beta_miss, beta_hit, K),
                           args.reference_repeats),
         }
         for name, (fn, repeats) in timed.items():
@@ -168,19 +181,19 @@ def main(argv: list[str] | None = None) -> None:
     med = {name: float(np.median(values)) for name, values in times.items()}
     speedup = np.array(times["reference"]) / np.array(times["ca whole"])  # per pool
 
-    print(f"pools: {args.pools} of {raw[0][0].shape[0] - 1} nodes, K = 7, 48 layers x 128 experts, top-8, "
+    print(f"pools: {args.pools} of {raw[0][0].shape[0] - 1} nodes, K = {K}, 48 layers x 128 experts, top-8, "
           f"{SLOTS} resident experts per layer (cache-aware rule)")
     print(f"subtrees visited: median {np.median(visited):.0f}, min {min(visited)}, max {max(visited)}")
     print(f"selected nodes: mean {np.mean(nodes):.2f} (paper objective), {np.mean(ca_nodes):.2f} (cache-aware; "
           f"beta_miss {beta_miss:.3f} ms, beta_hit {beta_hit:.3f} ms)")
     print("median over pools of each pool's median time per call, us:")
     print("paper objective, select_specfit:")
-    print(f"  numba, Pool + encoding + search:              {med['paper whole']:9.1f}   (goal <= 50)")
+    print(f"  numba, Pool + encoding + search:              {med['paper whole']:9.1f}   (goal <= {50 if K <= 7 else 100})")
     print(f"  numba, Pool + encoding only:                  {med['paper encode']:9.1f}")
     print(f"  numba, search on encoded pool:                {med['paper search']:9.1f}")
     print(f"  python, search on encoded pool:               {med['paper python']:9.1f}")
     print("cache-aware objective, select_specfit_ca:")
-    print(f"  numba, view + encodings + search:             {med['ca whole']:9.1f}   (goal <= 50)")
+    print(f"  numba, view + encodings + search:             {med['ca whole']:9.1f}   (goal <= {50 if K <= 7 else 100})")
     print(f"  numba, Pool (arrays) + encodings + search:    {med['ca whole raw']:9.1f}")
     print(f"  numba, view + route and residency encoding:   {med['ca encode']:9.1f}")
     print(f"  numba, search on encoded pool:                {med['ca search']:9.1f}")

@@ -118,7 +118,7 @@ def decode_inputs(config: dict, run: DecodeRun) -> dict[str, str]:
         variant = paths.atlas_variant(run.method, run.slots)
         inputs["atlas"] = paths.atlas(run.model, run.device, run.workload, variant)
     if method_kind(config, run.method).tuned:
-        inputs["tune"] = paths.tune(run.model, run.device, run.workload, run.method)
+        inputs["tune"] = paths.tune(run.model, run.device, run.workload, run.method, run.slots)
     return inputs
 
 

@@ -12,7 +12,7 @@ find files through them. Torch-free, so that ``snakemake -n`` stays fast.
     data/calibration/{model}/{device}/{cache}.json, .points.parquet   calibrate
     data/atlas/{model}/{device}/{workload}/{method}-{cache}/          atlas
     data/predictor/{model}/                                           predictor (learned routes)
-    data/tune/{model}/{device}/{workload}/{method}.json               tune (a tuned method's tree)
+    data/tune/{model}/{device}/{workload}/{method}/slots{slots}.json  tune (a tuned method's tree)
     data/decode/{model}/{device}/{workload}/{method}/slots{slots}/    decode
     data/theory/{model}/{device}/{workload}[.{method}].json           theory (a method: beyond the paper)
     reports/all/                                                      report
@@ -49,10 +49,10 @@ def tune_prompts(model: str, workload: str) -> str:
     return f"data/prompts/{model}/tune/{workload}.parquet"
 
 
-def tune(model: str, device: str, workload: str, method: str) -> str:
+def tune(model: str, device: str, workload: str, method: str, slots) -> str:
     """A tune job's choice (JSON): the grid's trees with their decode TPS and the best one
-    (`specfit.speculative.tuning`)."""
-    return f"data/tune/{model}/{device}/{workload}/{method}.json"
+    (`specfit.speculative.tuning`), tuned at the run's own cache size."""
+    return f"data/tune/{model}/{device}/{workload}/{method}/slots{slots}.json"
 
 
 def toy_dir(model: str) -> str:

@@ -128,13 +128,12 @@ def decode(config: dict, model: str, device: str, workload: str, method: str, sl
     return _stream(config, model, device, _limits(config, workload), method, int(slots), dev["link"], _emulated(dev))
 
 
-def tune(config: dict, model: str, device: str, workload: str, method: str) -> dict:
-    """Rule tune: the decode spec of the tuned method's runs (their slots: the model's main slot count on the device,
-    as the tree a user tunes is tuned with their cache) and the grid of trees (`specfit.speculative.tuning.grid`)."""
+def tune(config: dict, model: str, device: str, workload: str, method: str, slots) -> dict:
+    """Rule tune: the decode spec of the tuned method's run at ``slots`` (a user tunes the tree on their device, with
+    their cache) and the grid of trees (`specfit.speculative.tuning.grid`)."""
     from specfit.speculative.tuning import grid  # torch-free
 
-    slots = config["models"][model]["main_slots"][device]
-    return {"stream": decode(config, model, device, workload, method, slots), "trees": grid(config["tune"])}
+    return {"stream": decode(config, model, device, workload, method, int(slots)), "trees": grid(config["tune"])}
 
 
 def generate(config: dict, model: str, device: str, method: str, slots: int, limit_tokens: int,
