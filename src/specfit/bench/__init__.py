@@ -3,7 +3,8 @@ runs one: ``dag`` (a workflow run's time per rule, from Snakemake's log), ``devi
 against Tables 2-4), ``engine`` (expert loads and the all-hit overhead), ``link`` (the toy's emulated links),
 ``predictor`` (the learned route predictor's cost), ``proportions`` (the toy's proportions beside the paper's),
 ``reproduce`` (a run against the committed reference), ``select`` (the exact search on paper-sized pools), ``spread``
-(the same decode jobs in two runs), ``tuned`` (every method against the hand-tuned tree, cell by cell) and ``verdicts`` (two reports' verdicts, cell by cell)."""
+(the same decode jobs in two runs), ``tuned`` (every method against the hand-tuned tree, cell by cell) and
+``verdicts`` (two reports' verdicts, cell by cell)."""
 
 import argparse
 

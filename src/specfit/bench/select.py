@@ -1,8 +1,8 @@
 """``python -m specfit.bench select``: time the exact selectors on pools of the paper's size.
 
 Pools follow Section 3.1's generator: top-2 expansion to depth 5 (2 children of the root, then the 2
-most probable nodes of each level get 2 children each: 18 draft nodes), K = 7 (``--k-max``: up to 16), 48 layers x 128 experts,
-top-8 routes, and for the cache-aware rule a random residency of 48 slots per layer. One timed call of the
+most probable nodes of each level get 2 children each: 18 draft nodes), K = 7 (``--k-max``: up to 16), 48 layers x
+128 experts, top-8 routes, and for the cache-aware rule a random residency of 48 slots per layer. One timed call of the
 whole selection builds the selector's view from the drafted pool, encodes its routes (and residency) and
 searches. The cache-aware rule is also run by `reference_ca`, Algorithm 1 in plain Python with sets, on the
 same pools: both must select the same subtree, and the speedup is the reference's time over the whole selection.
@@ -188,12 +188,13 @@ def main(argv: list[str] | None = None) -> None:
           f"beta_miss {beta_miss:.3f} ms, beta_hit {beta_hit:.3f} ms)")
     print("median over pools of each pool's median time per call, us:")
     print("paper objective, select_specfit:")
-    print(f"  numba, Pool + encoding + search:              {med['paper whole']:9.1f}   (goal <= {50 if K <= 7 else 100})")
+    goal = 50 if K <= 7 else 100
+    print(f"  numba, Pool + encoding + search:              {med['paper whole']:9.1f}   (goal <= {goal})")
     print(f"  numba, Pool + encoding only:                  {med['paper encode']:9.1f}")
     print(f"  numba, search on encoded pool:                {med['paper search']:9.1f}")
     print(f"  python, search on encoded pool:               {med['paper python']:9.1f}")
     print("cache-aware objective, select_specfit_ca:")
-    print(f"  numba, view + encodings + search:             {med['ca whole']:9.1f}   (goal <= {50 if K <= 7 else 100})")
+    print(f"  numba, view + encodings + search:             {med['ca whole']:9.1f}   (goal <= {goal})")
     print(f"  numba, Pool (arrays) + encodings + search:    {med['ca whole raw']:9.1f}")
     print(f"  numba, view + route and residency encoding:   {med['ca encode']:9.1f}")
     print(f"  numba, search on encoded pool:                {med['ca search']:9.1f}")

@@ -69,14 +69,15 @@ class MethodConfig:
     top_k_expand: int = 2  # children per expanded node, and nodes expanded per level
     routes: str = "atlas"  # SpecFit's route source, a name in ROUTE_SOURCES
     accuracy: float = 0.6  # route accuracy of a noisy source (the paper's simulated predictor)
-    # beyond the paper, for the kinds that read routes (`specfit.speculative.methods.SpecFit`):
-    calibration: str = "none"  # "online": commit probabilities calibrated from verification outcomes
-    lookahead: bool = False  # draft on while a chain through the next levels could pay, not only the next level
-    skip: bool = True  # specfit-ca: verify the root alone while drafting has not paid lately
+    # beyond the paper, for the kinds that read routes (`specfit.speculative.methods.SpecFit`); None: the kind's own
+    # default (`SpecFit.DEFAULTS`: the paper's for specfit, specfit-ca's, specfit-online's)
+    calibration: str | None = None  # "online": commit probabilities calibrated from verification outcomes; "none"
+    lookahead: bool | None = None  # draft on while a chain through the next levels could pay, not only the next level
+    skip: bool | None = None  # specfit-ca: verify the root alone while drafting has not paid lately
 
     def __post_init__(self):
         route_source(self.routes)
-        if self.calibration not in CALIBRATIONS:
+        if self.calibration not in (None, *CALIBRATIONS):
             raise SpecFitError(f"method {self.name}: calibration {self.calibration!r} is not one of "
                                f"{', '.join(CALIBRATIONS)}")
 

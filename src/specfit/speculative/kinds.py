@@ -69,13 +69,16 @@ SPECFIT = Kind("specfit", f"{_METHODS}:SpecFit", reads_routes=True, theory_cost=
                label="SpecFit")
 SPECFIT_CA = Kind("specfit-ca", f"{_METHODS}:SpecFitCA", reads_routes=True, theory_cost=CACHE_AWARE,
                   roles=(COMPARED,))
+# specfit-ca with online-calibrated commit probabilities, look-ahead stopping and no skipping (beyond the paper); no
+# theory run: Table 5's replay reads the drafter's probabilities, not the calibrated ones it selected with
+SPECFIT_ONLINE = Kind("specfit-online", f"{_METHODS}:SpecFitOnline", reads_routes=True, label="SpecFit online")
 SPECFIT_PREFETCH = Kind("specfit-prefetch", f"{_PREFETCHING}:SpecFitPrefetch", reads_routes=True,
                         theory_cost=CACHE_AWARE)
 EAGLE3_PREFETCH = Kind("eagle3-prefetch", f"{_PREFETCHING}:Eagle3Prefetch", reads_routes=True, roles=(RIVAL,))
 
 PAPER_KINDS = (AR.name, EAGLE3.name, SPECFIT.name)  # the paper's three methods, which key its results
 
-BUILTIN = (AR, EAGLE3, EAGLE3_TUNED, SPECFIT, SPECFIT_CA, SPECFIT_PREFETCH, EAGLE3_PREFETCH)
+BUILTIN = (AR, EAGLE3, EAGLE3_TUNED, SPECFIT, SPECFIT_CA, SPECFIT_ONLINE, SPECFIT_PREFETCH, EAGLE3_PREFETCH)
 KINDS: dict[str, Kind] = {k.name: k for k in BUILTIN}  # and the kinds registered from outside
 
 

@@ -161,6 +161,8 @@ class SpecFit(Method):
     chain through the levels not drafted yet could pay (`chain_pays`), where the paper's rule sees one level only.
     """
 
+    DEFAULTS = {"calibration": "none", "lookahead": False, "skip": False}  # the options a config entry leaves unset
+
     def __init__(self, config: MethodConfig, b, beta: float, routes, num_experts: int):
         super().__init__(config)
         self.b = np.asarray(b, dtype=np.float64)
@@ -168,7 +170,12 @@ class SpecFit(Method):
         self.route_source = routes
         self.num_experts = num_experts
         self.live = find_source(routes, LiveRoutes)  # a noisy source over live routes still builds the exact atlas
-        self.calibration = OnlineCalibration(config.max_depth) if config.calibration == "online" else None
+        self.calibration = OnlineCalibration(config.max_depth) if self.option("calibration") == "online" else None
+
+    def option(self, name: str):
+        """An option beyond the paper (`MethodConfig`): the config entry's, else the kind's default (`DEFAULTS`)."""
+        value = getattr(self.config, name)
+        return self.DEFAULTS[name] if value is None else value
 
     def reset(self):
         if self.calibration is not None:
@@ -229,7 +236,7 @@ class SpecFit(Method):
         pays together where no single level does: the paper's rule stops at the first level whose nodes do not
         pay by themselves.
         """
-        if not self.config.lookahead or depth >= self.config.max_depth:
+        if not self.option("lookahead") or depth >= self.config.max_depth:
             return False
         level = view.level
         frontier = [v for v in range(1, view.n + 1) if level[v] == depth]
@@ -294,6 +301,7 @@ class SpecFitCA(SpecFit):
     output is AR's whatever it decides, and the trajectory does not depend on the clock.
     """
 
+    DEFAULTS = {**SpecFit.DEFAULTS, "skip": True}
     HISTORY = 16
     MIN_HISTORY = 4
     PROBE_EVERY = 8
@@ -330,7 +338,7 @@ class SpecFitCA(SpecFit):
         return cls(config, *cache_aware_cost(c), routes, num_experts)
 
     def wants_draft(self, cycle):
-        if not self.config.skip or len(self.history) < self.MIN_HISTORY:
+        if not self.option("skip") or len(self.history) < self.MIN_HISTORY:
             return True
         if self.skipped >= self.probe_every:
             self.skipped, self._probing = 0, True
@@ -401,3 +409,22 @@ class SpecFitCA(SpecFit):
         root_only = view.cache_aware_time((), self.b[0], self.beta_miss, self.beta_hit)  # T̂_CA of the root alone
         self._last = (root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
         return Decision(chosen.nodes, depth)
+
+
+class SpecFitOnline(SpecFitCA):
+    """specfit-ca with every change that keeps it from falling behind a fixed tree (beyond the paper; the options of
+    `MethodConfig`, each on by default here, each one measured on its own by config.selection.yaml):
+
+    - its commit probabilities calibrated online from the verifications before (`specfit.selection.calibration`);
+    - the look-ahead stopping rule (`SpecFit.chain_pays`): drafting goes on while a chain through the levels not
+      drafted yet could pay, where one level alone may not;
+    - no skipping: every cycle drafts, and the selection decides how much of the pool to verify (the root alone, when
+      nothing pays);
+    - with ``k_max`` above 7 (and the calibration's intercepts for it, ``calibration.sizes``), subtrees of up to 16
+      nodes, searched exactly.
+
+    Deployable: it reads learned routes (``routes: learned``) or an atlas, and learns only from what the decode has
+    already verified.
+    """
+
+    DEFAULTS = {"calibration": "online", "lookahead": True, "skip": False}

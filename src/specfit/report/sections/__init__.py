@@ -19,9 +19,10 @@ from specfit.report.sections import (
                                      sweep,
                                      theory,
                                      throughput,
+                                     tuned,
 )
 
-PER_DEVICE = (claims.section, proportions.section, throughput.section, specfit_ca.section, prefetch.section,
-              learned_routes.section, counters.section, sweep.section, theory.section, calibration.section,
-              selection_cost.section, noisy_routes.section, lossless.section)
+PER_DEVICE = (claims.section, proportions.section, throughput.section, tuned.section, specfit_ca.section,
+              prefetch.section, learned_routes.section, counters.section, sweep.section, theory.section,
+              calibration.section, selection_cost.section, noisy_routes.section, lossless.section)
 ACROSS_DEVICES = (devices.section, resident.section, paper_headline.section)
