@@ -43,6 +43,8 @@ def test_every_method_against_the_tuned_tree_and_the_goal(tree, online_speed, fa
         vs_best = next(v for h, v in row.items() if h.startswith("/ best baseline"))
         if method == "eagle3-tuned":
             assert vs_tuned == "–" and vs_best == "best: eagle3-tuned"  # the fastest baseline at 8 tok/s
+            # a grid of one tree: the chosen one sits at its edge, and the table says so
+            assert row["Tree"] == "depth 3, width 1, k 3 (tuned on 1 questions; the grid's largest depth and width)"
         else:
             assert vs_tuned.endswith(("faster", "slower", "tie")) and "(best: eagle3-tuned)" in vs_best
     goal = rows(tables[f"tuned-goal/toy/{EMULATED_DEVICE}"])

@@ -10,6 +10,7 @@ from specfit.planning.matrix import method_kind
 from specfit.report.page import Section, cache_cell, fmt, interval_note, note, table, tagged
 from specfit.report.quantities import tps_cell, x_cell
 from specfit.report.scope import Scope
+from specfit.report.sections.resident import tree as verified_from
 from specfit.report.verdict import Verdict
 from specfit.speculative.kinds import AR, EAGLE3, EAGLE3_TUNED, SPECFIT, SPECFIT_ONLINE
 
@@ -71,6 +72,7 @@ def section(scope: Scope) -> Section | None:
                                                       f"{scope.model} / {scope.device}", emulated), [
         ("Workload", lambda x: x["workload"]), ("Cache", lambda x: cache_cell(x["slots"])),
         ("Method", lambda x: x["run"].method), ("Kind", lambda x: x["kind"]),
+        ("Tree", lambda x: verified_from(scope.inputs, x["kind"], x["run"])),
         (tagged("Decode TPS", emulated), lambda x: tps_cell(x["tps"])),
         (tagged("/ tuned tree (×)", emulated), lambda x: "–" if x["tuned"] is None else x_cell(x["tuned"])),
         (tagged("/ best baseline (×)", emulated),
