@@ -29,7 +29,9 @@ rule tune:
     output:
         tune=paths.tune("{model}", "{device}", "{workload}", "{method}", "{slots}"),
     log:
-        paths.log("tune", "{model}", "{device}", "{workload}", "{method}", "slots{slots}"),
+        paths.log(
+            "tune", "{model}", "{device}", "{workload}", "{method}", "slots{slots}"
+        ),
     conda:
         CONDA_ENV
     resources:

@@ -248,7 +248,8 @@ def test_a_resident_device_calibrates_at_every_expert_and_specfit_decodes_on_it(
 def test_a_tuned_method_is_refused_naming_the_fixed_tree_alternative():
     config = load_config(ROOT / "config.yaml", ROOT / SCHEMA, ROOT / "config.resident.yaml")
     with pytest.raises(SpecFitError, match=r"'eagle3-tuned' decodes with the tree the tune rule chose .*"
-                                           r"data/tune/<model>/<device>/<workload>/eagle3-tuned.json.* kind eagle3"):
+                                           r"data/tune/<model>/<device>/<workload>/eagle3-tuned/slots<N>.json.* "
+                                           r"kind eagle3"):
         deployable(config, "eagle3-tuned")
 
 

@@ -104,7 +104,7 @@ def test_report_tables_match_the_metrics(workflow):
     md = (out / "report.md").read_text()
     assert "\n### Beyond the paper: prefetch while drafting\n" in md
     # the resident device: its section, with the tree the tune job chose for the tuned EAGLE-3
-    chosen = json.loads((workdir / "data/tune/smoke/cpu-resident/gsm8k/eagle3-tuned.json").read_text())["chosen"]
+    chosen = json.loads((workdir / "data/tune/smoke/cpu-resident/gsm8k/eagle3-tuned/slots8.json").read_text())["chosen"]
     header, rows = find(tables, "Every expert resident, smoke")
     tuned = next(r for r in rows if r[header.index("Method")] == "eagle3-tuned")
     assert tuned[header.index("Tree")].startswith(f"depth {chosen['max_depth']}, width {chosen['top_k_expand']}, "

@@ -378,8 +378,8 @@ def test_a_tuned_method_tunes_on_questions_its_workload_does_not_evaluate(reside
     assert tune_question_ids(resident, "gsm8k") == [413, 414, 415, 416]  # after the 12 it evaluates (401..412)
     assert tune_question_ids(resident, "summarization") == [266, 268, 270, 272]
     run = DecodeRun("toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
-    assert decode_inputs(resident, run)["tune"] == "data/tune/toy/cpu-m5max-pair/gsm8k/eagle3-tuned.json"
-    assert "data/tune/toy/cpu-m5max-pair/gsm8k/eagle3-tuned.json" in report_inputs(resident)["tune"]
+    assert decode_inputs(resident, run)["tune"] == "data/tune/toy/cpu-m5max-pair/gsm8k/eagle3-tuned/slots32.json"
+    assert "data/tune/toy/cpu-m5max-pair/gsm8k/eagle3-tuned/slots32.json" in report_inputs(resident)["tune"]
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -389,6 +389,13 @@ def test_a_tuned_method_tunes_on_questions_its_workload_does_not_evaluate(reside
      r"'workloads\.gsm8k\.tune_question_ids': a tuned method runs on workload 'gsm8k', which has no questions"),
     (lambda c: c["workloads"]["gsm8k"].update(tune_question_ids={"start": 410, "stop": 415}),
      r"'workloads\.gsm8k\.tune_question_ids' holds questions the workload evaluates \(410, 411, 412\)"),
+    (lambda c: c.setdefault("tune", {}).update(max_depth=[1, 2, 3]),
+     r"'tune\.max_depth' reaches 3, short of the paper's tree \(max_depth 5\)"),
+    (lambda c: c.setdefault("tune", {}).update(top_k_expand=[1]),
+     r"'tune\.top_k_expand' reaches 1, short of the paper's tree \(top_k_expand 2\)"),
+    (lambda c: c["methods"].update({"wide": {"kind": "specfit-online", "routes": "learned", "k_max": 8}}) or
+     c["runs"][0]["methods"].append("wide"),
+     r"'methods\.wide\.k_max' is 8, but device 'cpu-m5max-pair' has intercepts b_0\.\.b_7 only"),
 ])
 def test_a_bad_tuned_method_is_named_at_load(resident, schema, edit, message):
     edit(resident)

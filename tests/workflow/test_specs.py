@@ -182,7 +182,7 @@ def test_report_inputs(config, smoke):
         "data/theory/smoke/cpu-a100link/summarization.json", "data/theory/smoke/cpu-resident/gsm8k.json"]
     assert inputs["models"] == ["data/models/smoke/target", "data/models/smoke/drafter"]
     assert inputs["predictor"] == [paths.predictor("smoke")]
-    assert inputs["tune"] == ["data/tune/smoke/cpu-resident/gsm8k/eagle3-tuned.json"]
+    assert inputs["tune"] == ["data/tune/smoke/cpu-resident/gsm8k/eagle3-tuned/slots8.json"]
     assert report_inputs(config)["models"] == ["data/models/toy/target", "data/models/toy/drafter",
                                                "data/models/toy/SHIPPED.json"]
 

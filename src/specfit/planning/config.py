@@ -274,9 +274,13 @@ def _check_toy_window(config: dict) -> list[str]:
     return problems
 
 
+PAPER_TREE = {"max_depth": 5, "top_k_expand": 2}  # the paper's EAGLE-3 tree (Section 4.1), which a tune grid must span
+
+
 def _check_tuned(config: dict) -> list[str]:
-    """A tuned method (`specfit.speculative.kinds.Kind.tuned`) sets no tree of its own, and each workload it runs on
-    has tuning questions that it does not evaluate."""
+    """A tuned method (`specfit.speculative.kinds.Kind.tuned`) sets no tree of its own, its grid reaches the paper's
+    tree (a tuned tree is the best of trees that include the one published), and each workload it runs on has tuning
+    questions that it does not evaluate."""
     from specfit.speculative.tuning import TREE_KEYS  # torch-free
 
     problems, tuned = [], set()
@@ -291,6 +295,12 @@ def _check_tuned(config: dict) -> list[str]:
             if key in entry:
                 problems.append(f"config key 'methods.{name}.{key}': the tune rule chooses a method of kind "
                                 f"{entry['kind']!r}'s tree (the grid under 'tune'); drop it")
+    used = {m for b in config["runs"] for m in b["methods"]}
+    for key, least in PAPER_TREE.items():
+        if tuned & used and max(config["tune"][key]) < least:
+            problems.append(f"config key 'tune.{key}' reaches {max(config['tune'][key])}, short of the paper's tree "
+                            f"({key} {least}): a tuned tree is the best of a grid that holds the published one; "
+                            f"add {least}")
     for workload in sorted({w for b in config["runs"] if tuned & set(b["methods"]) for w in b["workloads"]}):
         if workload not in config["workloads"]:
             continue

@@ -115,9 +115,11 @@ def tuned_claims(scope: Scope, sec: Section, w: str) -> list[Claim]:
         if tuned is None or num not in scope.runs or den not in scope.runs:
             continue
         e = ratio(scope, sec, num, den)
-        claim = f"SpecFit against EAGLE-3 at the best fixed tree (tuned), both {'with' if slots else 'without'} the cache"
-        rows.append(Claim(f"specfit-tuned-{mode}/{w}", w, claim, f"premise: {Verdict.FASTER} (no tuned tree measured)",
-                          x_cell(e), confronted(Verdict.FASTER, None if e is None else e.verdict), e))
+        claim = (f"SpecFit against EAGLE-3 at the best fixed tree (tuned), both {'with' if slots else 'without'} "
+                 "the cache")
+        rows.append(Claim(f"specfit-tuned-{mode}/{w}", w, claim,
+                          f"premise: {Verdict.FASTER} (no tuned tree measured)", x_cell(e),
+                          confronted(Verdict.FASTER, None if e is None else e.verdict), e))
     return rows
 
 
