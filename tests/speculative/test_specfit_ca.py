@@ -257,3 +257,19 @@ def test_lookahead_drafts_on_where_a_chain_pays_and_no_level_does(lookahead):
     chosen = method.choose(view, 1)
     assert chosen.nodes == ()
     assert method.draft_on(view, chosen, 1) is lookahead
+
+
+def test_each_kind_has_its_own_defaults_and_an_entry_overrides_them():
+    from specfit.speculative.methods import SpecFitOnline
+
+    def online(**options):
+        return SpecFitOnline(MethodConfig("specfit-online", **options), B, 0.05, 0.01, DraftCost(0.0, 0.0, 0.0),
+                             SharedExpert(), num_experts=8)
+
+    mine = online()
+    assert mine.calibration is not None and mine.option("lookahead") and not mine.option("skip")
+    plain = online(calibration="none", lookahead=False, skip=True)
+    assert plain.calibration is None and not plain.option("lookahead") and plain.option("skip")
+    assert ca(None).option("skip") and ca(None).calibration is None and not ca(None).option("lookahead")
+    paper = SpecFit(MethodConfig("specfit"), B, 0.05, SharedExpert(), 8)
+    assert paper.calibration is None and not paper.option("lookahead")
