@@ -260,7 +260,7 @@ def test_lookahead_drafts_on_where_a_chain_pays_and_no_level_does(lookahead):
 
 
 def test_each_kind_has_its_own_defaults_and_an_entry_overrides_them():
-    from specfit.speculative.methods import SpecFitOnline
+    from specfit.speculative.online import SpecFitOnline
 
     def online(**options):
         return SpecFitOnline(MethodConfig("specfit-online", **options), B, 0.05, 0.01, DraftCost(0.0, 0.0, 0.0),

@@ -83,7 +83,7 @@ def test_a_new_workload_moves_its_ids_out_of_training(config, questions, questio
 
 
 def test_calibration_ids_are_excluded_too(config):
-    config["calibration"] = {"question_ids": [500, 501]}
+    config["calibration"]["question_ids"] = [500, 501]
     with pytest.raises(SpecFitError, match=r"'toy\.drafter\.categories' names 'rag', which holds 2 evaluated "
                                            r"question\(s\) \(500, 501;"):
         toy_spec("tokenizer", config)  # probed by calibration, so out of the drafter's chat

@@ -111,7 +111,7 @@ def test_snakemake_stops_before_any_job(root, config, tmp_path):
 def test_decode_matrix(config, schema):
     validate_config(config, schema)
     runs = decode_runs(config)
-    assert len(runs) == len(set(runs)) == 41
+    assert len(runs) == len(set(runs)) == 53
     # the prefetching methods beside specfit-prefetch's self without prefetch, on the A100 at the main slots
     prefetching = ("specfit-ca-learned", "specfit-prefetch", "specfit-prefetch-atlas", "eagle3-prefetch")
     assert {(r.device, r.workload, r.method, r.slots) for r in runs if r.method in prefetching} == {
@@ -201,10 +201,12 @@ def test_k_max_beyond_the_fitted_intercepts_is_named(config, schema):
     """SpecFit needs b_0..b_K: a calibration of fewer probe sizes would fail deep inside the selector."""
     config["calibration"] = {"sizes": 6}
     with pytest.raises(SpecFitError, match=r"'methods\.specfit\.k_max' is 7.*b_0\.\.b_5.*calibration\.sizes"):
-        validate_config(config, schema)
+        validate_config(copy.deepcopy(config), schema)
     config["calibration"] = {"sizes": 8}
+    with pytest.raises(SpecFitError, match=r"'methods\.specfit-online\.k_max' is 16.*b_0\.\.b_7.*calibration\.sizes"):
+        validate_config(copy.deepcopy(config), schema)
     for method in ("specfit", "specfit-noisy", "specfit-ca", "specfit-learned", "specfit-ca-learned",
-                   "specfit-prefetch", "specfit-prefetch-atlas", "eagle3-prefetch"):
+                   "specfit-prefetch", "specfit-prefetch-atlas", "eagle3-prefetch", "specfit-online"):
         config["methods"][method]["k_max"] = 6
     config["calibration"]["sizes"] = 7
     validate_config(config, schema)
@@ -321,7 +323,7 @@ def test_the_resident_overlay_is_valid_and_runs_the_resident_matrix_alone(config
     for gather in ("pair", "distinct"):
         for workload in ("summarization", "gsm8k"):
             assert {r.method for r in runs if (r.device, r.workload) == (f"cpu-m5max-{gather}", workload)} == {
-                "ar", "eagle3", "eagle3-tuned", "specfit", "specfit-ca"}
+                "ar", "eagle3", "eagle3-tuned", "specfit", "specfit-ca", "specfit-online"}
         shares = {resident["devices"][d]["resident"]["draft_share"] for d in {r.device for r in runs}
                   if resident["devices"][d]["resident"]["gather"] == gather}
         assert shares == {0.034, 0.068, 0.136}  # the assumed drafter cost, at half and double
@@ -393,9 +395,9 @@ def test_a_tuned_method_tunes_on_questions_its_workload_does_not_evaluate(reside
      r"'tune\.max_depth' reaches 3, short of the paper's tree \(max_depth 5\)"),
     (lambda c: c.setdefault("tune", {}).update(top_k_expand=[1]),
      r"'tune\.top_k_expand' reaches 1, short of the paper's tree \(top_k_expand 2\)"),
-    (lambda c: c["methods"].update({"wide": {"kind": "specfit-online", "routes": "learned", "k_max": 8}}) or
+    (lambda c: c["methods"].update({"wide": {"kind": "specfit-online", "routes": "learned", "k_max": 17}}) or
      c["runs"][0]["methods"].append("wide"),
-     r"'methods\.wide\.k_max' is 8, but device 'cpu-m5max-pair' has intercepts b_0\.\.b_7 only"),
+     r"'methods\.wide\.k_max' is 17, but device 'cpu-m5max-pair' has intercepts b_0\.\.b_16 only"),
 ])
 def test_a_bad_tuned_method_is_named_at_load(resident, schema, edit, message):
     edit(resident)

@@ -44,7 +44,7 @@ def test_extract(config, smoke):
     assert specs.extract(config, "toy", "gsm8k") == {
         "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 12}
     assert specs.extract(smoke, "smoke", "summarization") == {
-        "model": "smoke", "question_ids": list(range(242, 321, 2)), "limit_tokens": 244, "max_requests": 2}
+        "model": "smoke", "question_ids": list(range(242, 321, 2)), "limit_tokens": 2048, "max_requests": 2}
     assert specs.extract(config, "toy", "calibration") == {
         "model": "toy", "question_ids": [401, 402, 403], "limit_tokens": 512, "max_requests": None}
     assert specs.extract(smoke, "smoke", "calibration")["question_ids"] == [401]
@@ -71,7 +71,7 @@ def test_toy(config, smoke):
     target = specs.toy(smoke, "target")
     assert target == {
         "hidden_size": 64, "num_layers": 4, "num_experts": 8, "top_k": 2, "moe_intermediate_size": 64,
-        "seq_len": 256, "batch_size": 2, "lr": 0.004, "steps": 40, "span_conversations": 200, "unlikelihood": 1.0,
+        "seq_len": 2060, "batch_size": 1, "lr": 0.004, "steps": 40, "span_conversations": 200, "unlikelihood": 1.0,
         "max_minutes": 45, "num_heads": 4, "num_kv_heads": 2, "router_aux_loss_coef": 0.01, "span_max_words": 150,
         "heldout": 12, "seed": 0, "threads": 2, "exclude_question_ids": EVALUATED}
     drafter = specs.toy(smoke, "drafter")
@@ -88,11 +88,11 @@ def test_calibrate(config, smoke):
         "model": "toy", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
         "torch_device": "cpu", "max_inflight": 2,
         "link": None, "emulate": RTX4090, "coefficients": "fit", "slots": 8,
-        "protocol": {"cycle_boundaries": [0, 4, 8], "sizes": 8, "repeats": 2, "limit_tokens": 512}, "seed": 0}
+        "protocol": {"cycle_boundaries": [0, 4, 8], "sizes": 17, "repeats": 2, "limit_tokens": 512}, "seed": 0}
     assert specs.calibrate(config, "toy", "cpu-4090", "nocache")["slots"] == 0
     smoke_fit = specs.calibrate(smoke, "smoke", "cpu-a100link", "cache")
     assert (smoke_fit["link"], smoke_fit["slots"]) == (SMOKE_LINK, 4)
-    assert smoke_fit["protocol"] == {"cycle_boundaries": [0, 2], "sizes": 8, "repeats": 1, "limit_tokens": 512}
+    assert smoke_fit["protocol"] == {"cycle_boundaries": [0, 2], "sizes": 17, "repeats": 1, "limit_tokens": 512}
 
 
 def test_decode(config, smoke):
@@ -107,7 +107,7 @@ def test_decode(config, smoke):
         "model": "smoke", "dtype": "float32", "logits_dtype": "model", "verify": "exact",
         "torch_device": "cpu", "max_inflight": 2,
         "link": SMOKE_LINK, "emulate": None, "method": {**SPECFIT, "routes": "learned"}, "slots": 4,
-        "limit_tokens": 244, "max_new_tokens": 12, "seed": 0}
+        "limit_tokens": 512, "max_new_tokens": 12, "seed": 0}
 
 
 def test_max_new_tokens_unset_is_the_length_limit(config):
@@ -151,7 +151,7 @@ def test_theory(config, smoke):
     assert specs.theory_run(smoke, "smoke", "cpu-a100link", "gsm8k", "specfit-ca") == DecodeRun(
         "smoke", "cpu-a100link", "gsm8k", "specfit-ca", 4)
     assert specs.theory(smoke, "smoke", "cpu-a100link", "gsm8k", "specfit-ca") == {
-        "beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 244, "max_new_tokens": 12,
+        "beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 12,
         "cost": "cache_aware"}
 
 
@@ -244,7 +244,7 @@ def test_every_job_gets_its_builders_spec(root, overlays):
     # config.yaml: 64 jobs (no toy training: the shipped toy is read), 8 prefetching decodes, 2 atlases and 2 theory
     # jobs; smoke: 49 (its toy's 3 training jobs among them), 4 + 1 + 1, and its resident device's 8 (extract_tune,
     # tune, calibrate, atlas, theory and 3 decodes)
-    assert len(commands) == (76 if not overlays else 63)
+    assert len(commands) == (96 if not overlays else 63)
     for argv in commands:
         assert argv[:3] == ["python", "-m", "specfit.launch"]  # the launcher, then the stage's name
         module, argv = f"specfit.stages.{argv[3]}", argv[4:argv.index(">")]
@@ -303,4 +303,4 @@ def test_the_tune_rules_specs(root):
     } | {"max_requests": None}
     tune = specs.tune(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
     assert tune["stream"] == specs.decode(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
-    assert len(tune["trees"]) == 10 and tune["trees"][-1] == {"max_depth": 5, "top_k_expand": 2, "k_max": 10}
+    assert len(tune["trees"]) == 24 and tune["trees"][-1] == {"max_depth": 6, "top_k_expand": 4, "k_max": 24}

@@ -20,10 +20,10 @@ from specfit.errors import SpecFitError
 from specfit.planning import paths
 from specfit.planning.matrix import (
     evaluated_question_ids,
-    is_toy,
     method_config,
     method_kind,
     predictor_question_ids,
+    trained_toys,
     tune_question_ids,
     workload_ids,
 )
@@ -240,7 +240,8 @@ def _check_references(config: dict, root: Path | None = None) -> None:
                             "models its own link (copy_ms); drop the link")
     problems += _check_resident(config, root)
     problems += _check_tuned(config)
-    problems += _check_toy_window(config)
+    problems += _check_toy_window(config, {m: config["toy"]["target"]["seq_len"] for m in trained_toys(config)},
+                                  "toy.target.seq_len")
     overlap = sorted(set(predictor_question_ids(config)) & set(evaluated_question_ids(config)))
     if overlap:
         problems.append(f"config key 'predictor.question_ids' holds questions a workload evaluates or calibration "
@@ -253,24 +254,22 @@ def _check_references(config: dict, root: Path | None = None) -> None:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(sorted(set(problems))))
 
 
-def _check_toy_window(config: dict) -> list[str]:
-    """A toy target decodes only positions it trained at: every workload a toy runs fits `toy.target.seq_len` with
-    its prompt and reply. Past its training window a small target falls into loops (docs/toy.md), which would
-    measure the loop rather than the drafter."""
-    window = config["toy"]["target"]["seq_len"]
+def _check_toy_window(config: dict, windows: dict[str, int], source: str) -> list[str]:
+    """A toy target decodes only positions it trained at: every workload a toy (``windows``: model -> its training
+    window, read from ``source``) runs fits that window with its prompt and reply. Past its training window a small
+    target falls into loops (docs/toy.md), which would measure the loop rather than the drafter."""
     problems = []
     for block in config["runs"]:
-        if not any(is_toy(config["models"][m]) for m in block["models"] if m in config["models"]):
-            continue
-        for workload in block["workloads"]:
-            wl = config["workloads"].get(workload)
-            if wl is None or wl["limit_tokens"] + wl["max_new_tokens"] <= window:
+        for model, workload in itertools.product(block["models"], block["workloads"]):
+            wl, window = config["workloads"].get(workload), windows.get(model)
+            if wl is None or window is None or None in (wl.get("limit_tokens"), wl.get("max_new_tokens")) \
+                    or wl["limit_tokens"] + wl["max_new_tokens"] <= window:
                 continue
-            problems.append(f"config key 'toy.target.seq_len' is {window}, but workload {workload!r} decodes a toy up "
-                            f"to position {wl['limit_tokens'] + wl['max_new_tokens']} (limit_tokens "
-                            f"{wl['limit_tokens']} + max_new_tokens {wl['max_new_tokens']}): a toy target decodes only "
-                            "positions it trained at (docs/toy.md); lower the workload's limit_tokens or retrain the "
-                            "toy with a longer toy.target.seq_len")
+            problems.append(f"{source} is {window}, but workload {workload!r} decodes toy {model!r} up to position "
+                            f"{wl['limit_tokens'] + wl['max_new_tokens']} (limit_tokens {wl['limit_tokens']} + "
+                            f"max_new_tokens {wl['max_new_tokens']}): a toy target decodes only positions it trained "
+                            "at (docs/toy.md); lower the workload's limit_tokens or train a toy with a longer "
+                            "toy.target.seq_len")
     return problems
 
 
@@ -387,6 +386,13 @@ def check_shipped(config: dict, root: Path, models: Iterable[str] | None = None)
                 f"shipped toy with `git checkout -- {manifest.parent}` (docs/toy.md)"
                 for name in (config["models"] if models is None else models)
                 if config["models"][name]["shipped"] and not manifest.is_file()]
+    shipped = [name for name in (config["models"] if models is None else models) if config["models"][name]["shipped"]]
+    if shipped and not problems:  # the window the shipped target trained at, as its manifest records it
+        try:  # a manifest that cannot be read is named when a stage loads the toy (specfit.models.shipped)
+            window = ((json.loads(manifest.read_text()).get("specs") or {}).get("target") or {}).get("seq_len")
+        except (OSError, ValueError, AttributeError):
+            window = None
+        problems = _check_toy_window(config, dict.fromkeys(shipped, window), f"the shipped toy's window ({manifest})")
     if problems:
         raise SpecFitError("invalid config:\n  " + "\n  ".join(problems))
 

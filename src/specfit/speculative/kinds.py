@@ -71,7 +71,8 @@ SPECFIT_CA = Kind("specfit-ca", f"{_METHODS}:SpecFitCA", reads_routes=True, theo
                   roles=(COMPARED,))
 # specfit-ca with online-calibrated commit probabilities, look-ahead stopping and no skipping (beyond the paper); no
 # theory run: Table 5's replay reads the drafter's probabilities, not the calibrated ones it selected with
-SPECFIT_ONLINE = Kind("specfit-online", f"{_METHODS}:SpecFitOnline", reads_routes=True, label="SpecFit online")
+SPECFIT_ONLINE = Kind("specfit-online", "specfit.speculative.online:SpecFitOnline", reads_routes=True,
+                      label="SpecFit online")
 SPECFIT_PREFETCH = Kind("specfit-prefetch", f"{_PREFETCHING}:SpecFitPrefetch", reads_routes=True,
                         theory_cost=CACHE_AWARE)
 EAGLE3_PREFETCH = Kind("eagle3-prefetch", f"{_PREFETCHING}:Eagle3Prefetch", reads_routes=True, roles=(RIVAL,))

@@ -19,6 +19,7 @@ from specfit.errors import SpecFitError
 from specfit.io import read_json
 from specfit.selection.calibration import OnlineCalibration
 from specfit.selection.coefficients import DraftCost, cache_aware_cost
+from specfit.selection.lookahead import chain_pays
 from specfit.selection.pool import CandidatePool, Pool
 from specfit.selection.selectors import Selection, holds_level, select_specfit, select_specfit_ca, select_top_prob
 from specfit.speculative.config import MethodConfig
@@ -227,40 +228,14 @@ class SpecFit(Method):
         return holds_level(view, chosen, depth) or self.chain_pays(view, chosen, depth)
 
     def chain_pays(self, view: Pool, chosen: Selection, depth: int) -> bool:
-        """Look-ahead (``lookahead``): whether Ŝ_d plus the path to the most probable level-d node f, extended by a
-        chain of j = 1, 2, ... nodes through the levels not drafted yet, predicts a higher ratio than Ŝ_d.
-
-        The chain's i-th node has path probability p_f · c_{d+1} ··· c_{d+i}, c_l the calibration's expected
-        conditional of a level-l best child (`OnlineCalibration.chain_rate`; 1/2 without calibration), and adds the
-        experts per node that f's own path added (their union over its length); its time is `chain_time`'s. A chain
-        pays together where no single level does: the paper's rule stops at the first level whose nodes do not
-        pay by themselves.
-        """
+        """Look-ahead (``lookahead``, `specfit.selection.lookahead.chain_pays`): whether Ŝ_d and a chain through the
+        levels not drafted yet predict a higher ratio, each chain node at the calibration's expected rate for its
+        level (`OnlineCalibration.chain_rate`; 1/2 without calibration), timed by `chain_time`."""
         if not self.option("lookahead") or depth >= self.config.max_depth:
             return False
-        level = view.level
-        frontier = [v for v in range(1, view.n + 1) if level[v] == depth]
-        f = max(frontier, key=lambda v: (view.path_prob[v], -v))
-        path = []
-        v = f
-        while v > 0:
-            path.append(v)
-            v = int(view.parent[v])
-        base = sorted(set(chosen.nodes) | set(path))
-        room = min(self.config.k_max, len(self.b) - 1) - len(base)
-        if room <= 0:
-            return False
-        root_union = view.expert_union(())
-        per_node = (view.expert_union(path) - root_union) / len(path)  # experts a chain node adds
-        reward = 1.0 + sum(float(view.path_prob[u]) for u in base)
-        p, ratio = float(view.path_prob[f]), chosen.reward / chosen.time
-        for j in range(1, min(room, self.config.max_depth - depth) + 1):
-            rate = self.calibration.chain_rate(depth + j) if self.calibration is not None else 0.5
-            p *= rate
-            reward += p
-            if reward / self.chain_time(view, base, j, per_node, depth) > ratio:
-                return True
-        return False
+        rate = self.calibration.chain_rate if self.calibration is not None else (lambda level: 0.5)
+        return chain_pays(view, chosen, depth, self.config.max_depth, min(self.config.k_max, len(self.b) - 1), rate,
+                          lambda base, j, per_node: self.chain_time(view, base, j, per_node, depth))
 
     def chain_time(self, view: Pool, base: list[int], j: int, per_node: float, depth: int) -> float:
         """T̂ of ``base`` and a chain of ``j`` more nodes, each adding ``per_node`` experts (Eq. 4)."""
@@ -410,21 +385,3 @@ class SpecFitCA(SpecFit):
         self._last = (root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
         return Decision(chosen.nodes, depth)
 
-
-class SpecFitOnline(SpecFitCA):
-    """specfit-ca with every change that keeps it from falling behind a fixed tree (beyond the paper; the options of
-    `MethodConfig`, each on by default here, each one measured on its own by config.selection.yaml):
-
-    - its commit probabilities calibrated online from the verifications before (`specfit.selection.calibration`);
-    - the look-ahead stopping rule (`SpecFit.chain_pays`): drafting goes on while a chain through the levels not
-      drafted yet could pay, where one level alone may not;
-    - no skipping: every cycle drafts, and the selection decides how much of the pool to verify (the root alone, when
-      nothing pays);
-    - with ``k_max`` above 7 (and the calibration's intercepts for it, ``calibration.sizes``), subtrees of up to 16
-      nodes, searched exactly.
-
-    Deployable: it reads learned routes (``routes: learned``) or an atlas, and learns only from what the decode has
-    already verified.
-    """
-
-    DEFAULTS = {"calibration": "online", "lookahead": True, "skip": False}

@@ -4,7 +4,7 @@ spec (config ``toy.target``, defaults in the schema; the rule adds seed and excl
 
     hidden_size: 128            num_layers: 4           num_heads: 4 (head_dim = hidden_size / num_heads)
     num_kv_heads: 2             num_experts: 32         top_k: 4            moe_intermediate_size: 128
-    seq_len: 512                batch_size: 4           lr: 4.0e-3
+    seq_len: 2176               batch_size: 1           lr: 4.0e-3
     steps: 600                  max_minutes: 8          seed: 0     (a step budget; the limit is checked up front)
     span_conversations: 6000    span_max_words: 150     (random-span Lead-3 conversations beside the questions')
     unlikelihood: 1.0           (weight of the token-level unlikelihood loss against loops; 0: plain LM loss)
