@@ -92,7 +92,7 @@ def test_calibrate(config, smoke):
     assert specs.calibrate(config, "toy", "cpu-4090", "nocache")["slots"] == 0
     smoke_fit = specs.calibrate(smoke, "smoke", "cpu-a100link", "cache")
     assert (smoke_fit["link"], smoke_fit["slots"]) == (SMOKE_LINK, 4)
-    assert smoke_fit["protocol"] == {"cycle_boundaries": [0, 2], "sizes": 17, "repeats": 1, "limit_tokens": 512}
+    assert smoke_fit["protocol"] == {"cycle_boundaries": [0, 2], "sizes": 8, "repeats": 1, "limit_tokens": 512}
 
 
 def test_decode(config, smoke):
