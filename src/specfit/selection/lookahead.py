@@ -9,14 +9,14 @@ from specfit.selection.selectors import Selection
 
 
 def chain_pays(view: Pool, chosen: Selection, depth: int, max_depth: int, k_cap: int, rate: Callable[[int], float],
-               time_of: Callable[[list[int], int, float], float]) -> bool:
+               time_of: Callable[[list[int], float], Callable[[int], float]]) -> bool:
     """Whether Ŝ_d (``chosen`` over ``view``, the pool drafted to ``depth`` levels) plus the path to the most probable
     level-d node f, extended by a chain of j = 1, 2, ... nodes through levels d + 1 .. ``max_depth``, predicts a higher
     ratio R̂ / T̂ than Ŝ_d, with at most ``k_cap`` nodes in all.
 
     The chain's i-th node has path probability p_f · c_{d+1} ··· c_{d+i}, c_l = ``rate(l)`` (the expected conditional
     of a level-l best child), and adds the experts per node that f's own path added (its union over its length);
-    ``time_of(base, j, per_node)`` is T̂ of the nodes ``base`` and j such chain nodes.
+    ``time_of(base, per_node)`` gives j -> T̂ of the nodes ``base`` and j such chain nodes.
     """
     frontier = [v for v in range(1, view.n + 1) if view.level[v] == depth]
     f = max(frontier, key=lambda v: (view.path_prob[v], -v))
@@ -31,10 +31,10 @@ def chain_pays(view: Pool, chosen: Selection, depth: int, max_depth: int, k_cap:
         return False
     per_node = (view.expert_union(path) - view.expert_union(())) / len(path)  # experts a chain node adds
     reward = 1.0 + sum(float(view.path_prob[u]) for u in base)
-    p, ratio = float(view.path_prob[f]), chosen.reward / chosen.time
+    p, ratio, time = float(view.path_prob[f]), chosen.reward / chosen.time, time_of(base, per_node)
     for j in range(1, min(room, max_depth - depth) + 1):
         p *= rate(depth + j)
         reward += p
-        if reward / time_of(base, j, per_node) > ratio:
+        if reward / time(j) > ratio:
             return True
     return False

@@ -235,11 +235,13 @@ class SpecFit(Method):
             return False
         rate = self.calibration.chain_rate if self.calibration is not None else (lambda level: 0.5)
         return chain_pays(view, chosen, depth, self.config.max_depth, min(self.config.k_max, len(self.b) - 1), rate,
-                          lambda base, j, per_node: self.chain_time(view, base, j, per_node, depth))
+                          lambda base, per_node: self.chain_time(view, base, per_node, depth))
 
-    def chain_time(self, view: Pool, base: list[int], j: int, per_node: float, depth: int) -> float:
-        """T̂ of ``base`` and a chain of ``j`` more nodes, each adding ``per_node`` experts (Eq. 4)."""
-        return float(self.b[len(base) + j]) + self.beta * (view.expert_union(base) + j * per_node)
+    def chain_time(self, view: Pool, base: list[int], per_node: float, depth: int):
+        """j -> T̂ of ``base`` and a chain of j more nodes, each adding ``per_node`` experts (Eq. 4); the union of
+        ``base`` is counted once."""
+        union = view.expert_union(base)
+        return lambda j: float(self.b[len(base) + j]) + self.beta * (union + j * per_node)
 
     def decided(self, view: Pool, chosen: Selection, depth: int) -> Decision:
         return Decision(chosen.nodes, depth)
@@ -370,15 +372,18 @@ class SpecFitCA(SpecFit):
         gain = min(self.config.top_k_expand ** 2, self.config.k_max) * p_max
         return gain > chosen.reward / chosen.time * (self.drafting.next_level_ms - self.delta_b)
 
-    def chain_time(self, view, base, j, per_node, depth):
-        """T̂_CA of ``base`` and ``j`` chain nodes, with drafting d + j levels; the chain's new experts miss the cache
+    def chain_time(self, view, base, per_node, depth):
+        """j -> T̂_CA of ``base`` and j chain nodes, with drafting d + j levels; the chain's new experts miss the cache
         as often as ``base``'s did."""
         union, misses = view.expert_union(base), view.expert_misses(base)
         new = union - view.expert_union(())
-        miss_share = (misses - view.expert_misses(())) / new if new > 0 else 1.0
-        union, misses = union + j * per_node, misses + j * per_node * miss_share
-        return (float(self.b[len(base) + j]) + self.drafting(depth + j) + self.beta_miss * misses
-                + self.beta_hit * (union - misses))
+        share = (misses - view.expert_misses(())) / new if new > 0 else 1.0  # of a chain node's experts, missed
+
+        def time(j: int) -> float:
+            u, m = union + j * per_node, misses + j * per_node * share
+            return (float(self.b[len(base) + j]) + self.drafting(depth + j) + self.beta_miss * m
+                    + self.beta_hit * (u - m))
+        return time
 
     def decided(self, view, chosen, depth):
         root_only = view.cache_aware_time((), self.b[0], self.beta_miss, self.beta_hit)  # T̂_CA of the root alone
