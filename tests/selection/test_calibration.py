@@ -45,3 +45,15 @@ def test_reset_forgets_every_trial():
 def test_an_unknown_calibration_is_refused_by_name():
     with pytest.raises(SpecFitError, match="calibration 'isotonic'"):
         MethodConfig("specfit-ca", calibration="isotonic")
+
+
+def test_a_pool_extended_level_by_level_gets_the_same_probabilities_bit_for_bit():
+    """SpecFit calibrates each node once per cycle, as the pool grows: the extension equals one pass over the pool."""
+    cal = OnlineCalibration(max_depth=5, prior=4.0)
+    for accepted in ([1, 3], [], [1]):
+        cal.observe(PARENT, PROB, LEVEL, (1, 2, 3, 4), accepted)
+    whole = cal.path_probs(PARENT, PROB, LEVEL)
+    level_1 = cal.path_probs(PARENT[:3], PROB[:3], LEVEL[:3])
+    extended = cal.path_probs(PARENT, PROB, LEVEL, known=level_1)
+    assert extended == whole and extended is level_1  # extended in place
+    assert whole[3] == whole[1] * (1 + 4 * 0.5) / (2 + 4)

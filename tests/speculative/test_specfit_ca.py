@@ -273,3 +273,33 @@ def test_each_kind_has_its_own_defaults_and_an_entry_overrides_them():
     assert ca(None).option("skip") and ca(None).calibration is None and not ca(None).option("lookahead")
     paper = SpecFit(MethodConfig("specfit"), B, 0.05, SharedExpert(), 8)
     assert paper.calibration is None and not paper.option("lookahead")
+
+
+class CountingRoutes(SharedExpert):
+    """`SharedExpert`, counting the calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def routes(self, cycle, pool):
+        self.calls += 1
+        return super().routes(cycle, pool)
+
+
+@pytest.mark.parametrize(("beta_miss", "beta_hit", "asked"), [(0.0, 8.9e-16, False), (0.0, 0.01, True),
+                                                                (0.05, 0.0, True)])
+def test_a_learned_source_is_asked_nothing_when_the_cost_has_no_expert_term(beta_miss, beta_hit, asked):
+    """A resident device's per-pair gather fits β = 0 (NNLS leaves ~1e-16): routes cannot change the cost there, so
+    the selector predicts none (host work for nothing), and selects as it would with them, up to exact ties."""
+    source = CountingRoutes()
+    config = MethodConfig("specfit-ca", routes="learned", k_max=4)
+    method = SpecFitCA(config, B, beta_miss, beta_hit, DraftCost(0.0, 0.0, 0.0), source, num_experts=8)
+    pool = CandidatePool.root_only(5)
+    for token, prob in ((6, 0.9), (7, 0.05)):
+        pool.add(0, token, prob)
+    pool.add(1, 8, 0.8)
+    chosen = method.select(None, pool, final=True)
+    assert method.asks_routes is asked and (source.calls > 0) is asked
+    assert chosen.nodes == (1, 3)  # p 0.9 and 0.72 pay; 0.05 does not
+    atlas = SpecFitCA(CONFIG, B, beta_miss, beta_hit, DraftCost(0.0, 0.0, 0.0), CountingRoutes(), num_experts=8)
+    assert atlas.asks_routes  # an atlas source is always asked (the paper's measurement, the atlas build)

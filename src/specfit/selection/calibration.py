@@ -20,10 +20,21 @@ Everything it reads is known before the next selection: the output stays AR's wh
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 # bin edges of the conditional probability q_v: finer where a drafter's confidence says most
 EDGES = np.array([0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95])
+EDGES_LIST = EDGES.tolist()  # for the scalar path (`OnlineCalibration.path_probs`)
+
+
+def conditional(path_prob, u: int, v: int) -> tuple[float, int]:
+    """q_v = p_v / p_u of node v under its parent u (0 under a parent of probability 0), clipped to [0, 1], and its
+    bin in `EDGES`."""
+    up = path_prob[u]
+    q = min(max(path_prob[v] / up, 0.0), 1.0) if up > 0 else 0.0
+    return q, bisect.bisect_right(EDGES_LIST, q) - 1
 
 
 class OnlineCalibration:
@@ -41,47 +52,43 @@ class OnlineCalibration:
         self.best_trials = np.zeros(self.max_depth + 1)
         self.best_q = np.zeros(self.max_depth + 1)  # [level] sum of those children's own q
 
-    @staticmethod
-    def conditionals(parent, path_prob) -> np.ndarray:
-        """[n+1] q_v = p_v / p_parent(v) (1 for the root)."""
-        parent, path_prob = np.asarray(parent), np.asarray(path_prob, dtype=np.float64)
-        q = np.ones_like(path_prob)
-        up = path_prob[np.maximum(parent[1:], 0)]
-        q[1:] = np.divide(path_prob[1:], up, out=np.zeros_like(up), where=up > 0)
-        return np.clip(q, 0.0, 1.0)
+    def path_probs(self, parent, path_prob, level, known: list[float] | None = None) -> list[float]:
+        """[n+1] the calibrated p̃_v of a pool (parents before children), p̃ of the root 1.
 
-    def path_probs(self, parent, path_prob, level) -> np.ndarray:
-        """[n+1] the calibrated p̃_v of a pool (parents before children), p̃ of the root 1."""
-        q = self.conditionals(parent, path_prob)
-        lv = np.minimum(np.asarray(level), self.max_depth)
-        b = np.searchsorted(EDGES, q, side="right") - 1  # [n+1] bin of each q
-        tilde = (self.accepted[lv, b] + self.prior * q) / (self.trials[lv, b] + self.prior)
-        out = np.ones(len(q))
-        for v in range(1, len(q)):
-            out[v] = out[parent[v]] * tilde[v]
+        ``known``: p̃ of the pool's first nodes, from a call before this one in the same cycle (the counts change only
+        between cycles, in `observe`): extended in place with the nodes drafted since, and returned. Scalar float64
+        arithmetic, the same operations in the same order for every node, so a pool's p̃ does not depend on how
+        many levels it was extended by.
+        """
+        out = [1.0] if not known else known
+        prior = self.prior
+        for v in range(len(out), len(path_prob)):
+            u = parent[v]
+            q, b = conditional(path_prob, u, v)
+            lv = min(level[v], self.max_depth)
+            out.append(out[u] * ((self.accepted[lv, b] + prior * q) / (self.trials[lv, b] + prior)))
         return out
 
     def observe(self, parent, path_prob, level, nodes, accepted) -> None:
         """Count the outcome of one verification: ``nodes`` the verified draft node ids, ``accepted`` the committed
         ones (a path from the root)."""
         committed = {0, *accepted}
-        q = self.conditionals(parent, path_prob)
-        best: dict[int, int] = {}  # committed parent -> its verified child of highest q
+        best: dict[int, tuple[float, int]] = {}  # committed parent -> (q, id) of its verified child of highest q
         for v in nodes:
             u = int(parent[v])
             if u not in committed:
                 continue
+            q, b = conditional(path_prob, u, v)
             lv = min(int(level[v]), self.max_depth)
-            b = int(np.searchsorted(EDGES, q[v], side="right") - 1)
             self.trials[lv, b] += 1
             self.accepted[lv, b] += v in committed
-            if u not in best or q[v] > q[best[u]]:
-                best[u] = v
-        for v in best.values():
+            if u not in best or q > best[u][0]:
+                best[u] = (q, v)
+        for q, v in best.values():
             lv = min(int(level[v]), self.max_depth)
             self.best_trials[lv] += 1
             self.best_accepted[lv] += v in committed
-            self.best_q[lv] += q[v]
+            self.best_q[lv] += q
 
     def chain_rate(self, level: int) -> float:
         """The expected conditional of the best child at ``level`` (the share of trials the best verified child of a

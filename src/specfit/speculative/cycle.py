@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 
 # The parts of a cycle that a GPU deployment runs on its CPU, the host work the paper measured and included (Section
-# 4.6): the selector, route prediction and a prefetch's decisions all run inside the "select" sections. Everything
-# else of a cycle (drafting, verification, commit) is device work, inside the modelled costs (docs/device.md).
+# 4.6): the selector, route prediction, a prefetch's decisions and what a method learns from a verification's outcome
+# all run inside the "select" sections. Everything else of a cycle (drafting, verification, commit) is device work,
+# inside the modelled costs (docs/device.md).
 HOST_SECTIONS = frozenset({"select"})
 
 

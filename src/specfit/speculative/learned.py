@@ -115,22 +115,31 @@ class LearnedRoutes:
         self.predictor = RoutePredictor.load(path)
         self.reset_counts()
         self._cycle: Cycle | None = None
-        self._routes: list[np.ndarray] = []  # [L, k] per node predicted this cycle
+        self._routes = self._buffer(POOL_NODES)  # [>= n+1, L, k] the nodes predicted this cycle, rows 0.._known-1
+        self._known = 0
+
+    def _buffer(self, rows: int) -> np.ndarray:
+        return np.empty((rows, self.predictor.num_layers, self.predictor.top_k), dtype=np.int64)
 
     def routes(self, cycle: Cycle, pool: CandidatePool) -> np.ndarray:
         start = cycle.clock.wall()  # host work: wall time, on any clock
-        if self._cycle is not cycle:
-            self._cycle, self._routes = cycle, []
+        if self._cycle is not cycle:  # a fresh buffer: the pools of the last cycle keep views of theirs
+            self._cycle, self._routes, self._known = cycle, self._buffer(max(POOL_NODES, pool.n + 1)), 0
             self.cycles += 1
-        new = list(range(len(self._routes), pool.n + 1))
-        if new:
-            x = node_inputs(cycle.drafter, cycle.draft, pool, new)  # [N, 2H]
+        end = pool.n + 1
+        if end > self._known:
+            x = node_inputs(cycle.drafter, cycle.draft, pool, range(self._known, end))  # [N, 2H]
             if self.predictor.mean.device != x.device:
                 self.predictor.to(x.device)
-            self._routes.extend(self.predictor.routes(x).cpu().numpy())
-            self.nodes += len(new)
+            if end > len(self._routes):
+                grown = self._buffer(2 * end)
+                grown[: self._known] = self._routes[: self._known]
+                self._routes = grown
+            self._routes[self._known : end] = self.predictor.routes(x).cpu().numpy()
+            self.nodes += end - self._known
+            self._known = end
         self.seconds += cycle.clock.wall() - start
-        return np.stack(self._routes)  # [n+1, L, k]
+        return self._routes[:end]  # [n+1, L, k]; rows are only appended within a cycle
 
     def reset_counts(self) -> None:
         self.seconds, self.nodes, self.cycles = 0.0, 0, 0

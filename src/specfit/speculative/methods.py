@@ -9,7 +9,6 @@ the report ask of it. The prefetching methods are in `specfit.speculative.prefet
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -26,7 +25,10 @@ from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
 from specfit.speculative.kinds import Kind, kind, register_kind
 from specfit.speculative.routes import LiveRoutes, find_source, route_source_for
+from specfit.speculative.skipping import Skipping
 from specfit.speculative.tuning import chosen_tree
+
+EXPERT_TERM_TOL = 1e-12  # a cost coefficient per expert below this share of b_0 is no expert term (`asks_routes`)
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,7 @@ class SpecFit(Method):
         self.num_experts = num_experts
         self.live = find_source(routes, LiveRoutes)  # a noisy source over live routes still builds the exact atlas
         self.calibration = OnlineCalibration(config.max_depth) if self.option("calibration") == "online" else None
+        self._calibrated: tuple[CandidatePool | None, list[float]] = (None, [])  # the pool and its p̃ so far
 
     def option(self, name: str):
         """An option beyond the paper (`MethodConfig`): the config entry's, else the kind's default (`DEFAULTS`)."""
@@ -187,10 +190,14 @@ class SpecFit(Method):
             self.calibration.observe(pool.parent, pool.path_prob, pool.level, decision.nodes, accepted)
 
     def path_probs(self, pool: CandidatePool) -> np.ndarray | None:
-        """[n+1] the calibrated path probabilities the selector reads; None: the drafter's own."""
+        """[n+1] the calibrated path probabilities the selector reads; None: the drafter's own. Within a cycle each
+        node is calibrated once, when the pool first holds it (the counts change only between cycles)."""
         if self.calibration is None:
             return None
-        return self.calibration.path_probs(pool.parent, pool.path_prob, pool.level)
+        known = self._calibrated[1] if self._calibrated[0] is pool else None
+        probs = self.calibration.path_probs(pool.parent, pool.path_prob, pool.level, known)
+        self._calibrated = (pool, probs)
+        return np.array(probs)
 
     @classmethod
     def from_inputs(cls, config, inputs, seed, num_experts):
@@ -214,9 +221,24 @@ class SpecFit(Method):
                 return self.decided(view, chosen, depth)
         return None
 
+    @cached_property
+    def asks_routes(self) -> bool:
+        """Whether the selector asks its route source: always, but for a learned source under a cost without an
+        expert term (β = 0, a resident device's per-pair gather), where routes could only break exact ties of ratio
+        and reward, and predicting them would be host work for nothing. (Atlas sources are always asked: their runs
+        are the paper's measurement, and the atlas build records every pool.)"""
+        return not self.config.route_source.learned or self.expert_term
+
+    @property
+    def expert_term(self) -> bool:
+        """Whether T̂ counts experts: β above a 10^-12 share of b_0 per expert (an NNLS fit leaves ~1e-16 where the
+        device's cost has no expert term; a million experts would not add a millionth of b_0)."""
+        return self.beta > EXPERT_TERM_TOL * float(self.b[0])
+
     def view(self, cycle: Cycle, pool: CandidatePool) -> Pool:
-        """The selector's view of the pool, with the route source's routes."""
-        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, path_prob=self.path_probs(pool))
+        """The selector's view of the pool, with the route source's routes (none when it `asks_routes` nothing)."""
+        routes = self.route_source.routes(cycle, pool) if self.asks_routes else None
+        return pool.view(routes, self.num_experts, path_prob=self.path_probs(pool))
 
     def choose(self, view: Pool, depth: int) -> Selection:
         """Ŝ over ``view``, the pool drafted to ``depth`` levels."""
@@ -247,7 +269,7 @@ class SpecFit(Method):
         return Decision(chosen.nodes, depth)
 
 
-class SpecFitCA(SpecFit):
+class SpecFitCA(Skipping, SpecFit):
     """SpecFit that knows the expert cache and what drafting costs (beyond the paper; the paper's is `specfit`).
 
     **Cost.** T̂(S) = b_|S| + β_miss·M(S) + β_hit·H(S) + D(d): M counts the experts of the per-layer union that the
@@ -268,21 +290,10 @@ class SpecFitCA(SpecFit):
     for every S', (R̂(S') + ΔR) / (T̂(S') + c') <= ρ_d whenever ΔR <= ρ_d·c': then no subtree of V<=d+1 beats
     Ŝ_d, and drafting stops. (With c' <= 0 the rule is the paper's.)
 
-    **Skipping.** Before level 1, a cycle drafts only if speculation has paid lately: over the last `HISTORY`
-    drafted cycles, the committed tokens per predicted ms, Σ(1 + accepted) / Σ(T̂(Ŝ) + D(levels)), must exceed
-    the root-only throughput the same cycles predicted, n / Σ T̂(∅). Otherwise the cycle verifies the root alone
-    (the drafter catches up later in one pass). After `PROBE_EVERY` skipped cycles one drafts anyway (a probe), so
-    the estimate follows the text; a probe after which drafting still does not pay doubles the wait for the next
-    (up to `MAX_PROBE_EVERY`), one after which it pays resets it. The first `MIN_HISTORY` cycles always draft.
-    Everything it reads is known before verification (predicted times, accepted counts of earlier cycles): the
-    output is AR's whatever it decides, and the trajectory does not depend on the clock.
+    **Skipping** (``skip``, on by default here): `specfit.speculative.skipping`.
     """
 
     DEFAULTS = {**SpecFit.DEFAULTS, "skip": True}
-    HISTORY = 16
-    MIN_HISTORY = 4
-    PROBE_EVERY = 8
-    MAX_PROBE_EVERY = 64
 
     def __init__(self, config: MethodConfig, b, beta_miss: float, beta_hit: float, drafting: DraftCost, routes,
                  num_experts: int):
@@ -295,12 +306,7 @@ class SpecFitCA(SpecFit):
 
     def reset(self):
         super().reset()
-        self.history: deque[tuple[float, float, int, int]] = deque(maxlen=self.HISTORY)  # (T̂(∅), T̂(Ŝ), d, acc.)
-        self.skipped = 0
-        self.probe_every = self.PROBE_EVERY  # skipped cycles before the next probe
-        self._probing = False
         self._resident: tuple[Cycle | None, np.ndarray | None] = (None, None)
-        self._last: tuple[float, float, int] | None = None  # (T̂(∅), T̂(Ŝ), levels) of the cycle being decided
 
     @classmethod
     def from_inputs(cls, config, inputs, seed, num_experts):
@@ -314,41 +320,17 @@ class SpecFitCA(SpecFit):
         """From a calibration's coefficients (`specfit.selection.coefficients.cache_aware_cost`)."""
         return cls(config, *cache_aware_cost(c), routes, num_experts)
 
-    def wants_draft(self, cycle):
-        if not self.option("skip") or len(self.history) < self.MIN_HISTORY:
-            return True
-        if self.skipped >= self.probe_every:
-            self.skipped, self._probing = 0, True
-            return True
-        if self.drafting_pays():
-            return True
-        self.skipped += 1
-        with cycle.clock.excluded():  # for the record only (theory prices the root alone with it), off the timers
-            self._read_resident(cycle)
-        return False
-
-    def drafting_pays(self) -> bool:
-        """Whether the recent drafted cycles committed more tokens per predicted ms than root-only cycles would."""
-        t_root = sum(h[0] for h in self.history)
-        t_spec = sum(h[1] + self.drafting(h[2]) for h in self.history)
-        committed = sum(1 + h[3] for h in self.history)
-        return committed / t_spec > len(self.history) / t_root
-
-    def committed(self, cycle, decision, accepted):
-        if self._last is not None and decision.drafted_levels > 0:
-            t_root, t_sel, levels = self._last
-            self.history.append((t_root, t_sel, levels, accepted))
-        self._last = None
-        if self._probing:  # a probe that leaves drafting unpaid waits twice as long for the next one
-            self._probing = False
-            pays = self.drafting_pays()
-            self.probe_every = self.PROBE_EVERY if pays else min(2 * self.probe_every, self.MAX_PROBE_EVERY)
-
     def view(self, cycle, pool):
         if self._resident[0] is not cycle:  # once per cycle: the cache does not change while the pool grows
             self._read_resident(cycle)
+        if not self.asks_routes:  # no expert term: the residency is read for the record only
+            return super().view(cycle, pool)
         return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1],
                          path_prob=self.path_probs(pool))
+
+    @property
+    def expert_term(self):
+        return max(self.beta_miss, self.beta_hit) > EXPERT_TERM_TOL * float(self.b[0])
 
     def _read_resident(self, cycle: Cycle) -> None:
         engine = cycle.target.engine if cycle.target is not None else None
@@ -387,6 +369,6 @@ class SpecFitCA(SpecFit):
 
     def decided(self, view, chosen, depth):
         root_only = view.cache_aware_time((), self.b[0], self.beta_miss, self.beta_hit)  # T̂_CA of the root alone
-        self._last = (root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
+        self.record(root_only, chosen.time - self.drafting(depth), depth)  # T̂ of verification alone
         return Decision(chosen.nodes, depth)
 

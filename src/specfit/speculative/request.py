@@ -180,8 +180,9 @@ class Session:
         cycle, pool, decision = self.draft(method, times)
         verdict = self.verify(pool, decision.nodes, times)
         committed = self.commit(pool, verdict, times)
-        method.verified(pool, decision, verdict.accepted)
-        method.committed(cycle, decision, len(verdict.accepted))
+        with self.clock.section(times, "select"):  # the method's host work on the outcome (calibration, history)
+            method.verified(pool, decision, verdict.accepted)
+            method.committed(cycle, decision, len(verdict.accepted))
         return {
             "request_id": cycle.request_id, "cycle": cycle.index, "prefix_len": cycle.prefix_len,
             **pool_columns(pool), "selected": list(decision.nodes), "drafted_levels": decision.drafted_levels,
