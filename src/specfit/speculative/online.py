@@ -15,6 +15,10 @@ class SpecFitOnline(SpecFitCA):
     - with ``k_max`` above 7 (and the calibration's intercepts for it, ``calibration.sizes``), subtrees of up to 16
       nodes, searched exactly.
 
+    Its host work, like every SpecFit kind's: a learned route source is asked nothing where the cost has no expert
+    term (`SpecFit.asks_routes`: the resident per-pair gather), each node is calibrated and its routes predicted once
+    per cycle, and what it learns from a verification counts as select time.
+
     Deployable: it reads learned routes (``routes: learned``) or an atlas, and learns only from what the decode has
     already verified.
     """
