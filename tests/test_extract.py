@@ -69,13 +69,22 @@ def test_prompts_are_first_turns_in_the_chat_template(questions, tokenizer, work
 
 
 def test_too_long_prompts_are_reported_and_skipped_not_cut(questions, tokenizer, workload_ids):
-    spec = {"question_ids": workload_ids("summarization"), "limit_tokens": 400, "max_requests": None}
+    spec = {"question_ids": workload_ids("summarization"), "limit_tokens": 1000, "max_requests": None}
     rows, skipped = build_prompts(questions, tokenizer, spec)
-    assert skipped and len(rows["request_id"]) + len(skipped) == 40
-    assert all(s["n_prompt"] >= 400 for s in skipped)
-    assert all(n < 400 for n in rows["n_prompt"])
+    assert skipped and rows["request_id"] and len(rows["request_id"]) + len(skipped) == 40
+    assert all(s["n_prompt"] >= 1000 for s in skipped)
+    assert all(n < 1000 for n in rows["n_prompt"])
     kept = dict(zip(rows["question_id"], rows["request_id"]))
     assert all(kept[qid] == (qid - 242) // 2 for qid in kept)  # request ids keep their workload positions
+
+
+def test_a_workload_whose_every_prompt_is_too_long_is_refused_by_its_key(questions, tokenizer, workload_ids):
+    """Nothing left to decode: refused at extraction, naming the limit and the shortest prompt, not later in theory."""
+    spec = {"question_ids": workload_ids("summarization"), "limit_tokens": 200, "max_requests": None,
+            "workload": "summarization"}
+    with pytest.raises(SpecFitError, match=r"every one of the 40 questions has a prompt of at least limit_tokens = "
+                                           r"200 tokens .*raise workloads.summarization.limit_tokens above \d+"):
+        build_prompts(questions, tokenizer, spec)
 
 
 def test_subset_takes_the_first_requests(questions, tokenizer, workload_ids):

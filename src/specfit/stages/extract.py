@@ -71,6 +71,15 @@ def build_prompts(questions: list[dict], tokenizer, spec: dict) -> tuple[dict, l
         values = (request_id, qid, by_id[qid]["category"], text, prompt_ids, len(prompt_ids))
         for name, value in zip(PROMPTS_SCHEMA.names, values):
             rows[name].append(value)
+    if ids and not rows["request_id"]:  # nothing to decode: every later stage would fail on it, less clearly
+        key = f"workloads.{spec['workload']}.limit_tokens" if "workload" in spec else (
+            "the limit_tokens of the job's config entry (workloads.<name>, calibration or predictor)")
+        shortest = min(s["n_prompt"] for s in skipped)
+        raise SpecFitError(
+            f"every one of the {len(ids)} questions has a prompt of at least limit_tokens = {spec['limit_tokens']} "
+            f"tokens (the shortest: {shortest}), so none is left to decode: raise {key} above {shortest}, or choose "
+            "other question_ids"
+        )
     return rows, skipped
 
 
