@@ -13,6 +13,7 @@ rule predictor:
         paths.log("predictor", "{model}"),
     conda:
         CONDA_ENV
+    threads: config["train_threads"]  # the torch threads it trains with: no other job shares those cores
     resources:
         gpu=device_gpus,
         gpu_model=device_gpu_model,

@@ -34,6 +34,7 @@ rule toy_target:
         model=TRAINED_TOYS,
     conda:
         CONDA_ENV
+    threads: config["train_threads"]  # the torch threads it trains with: no other job shares those cores
     params:
         spec=spec_json(specs.toy(config, "target")),
         code=code_hash("specfit.stages.toy_target"),
@@ -54,6 +55,7 @@ rule toy_drafter:
         model=TRAINED_TOYS,
     conda:
         CONDA_ENV
+    threads: config["train_threads"]  # the torch threads it trains with: no other job shares those cores
     params:
         spec=spec_json(specs.toy(config, "drafter")),
         code=code_hash("specfit.stages.toy_drafter"),

@@ -46,6 +46,18 @@ def test_smoke_dry_run_trains_its_own_toy(root):
     assert set(STAGES) <= {rule for rule, _ in jobs(proc.stdout)}
 
 
+def test_training_jobs_hold_the_cores_they_train_with(root):
+    """The toy's target and drafter and the route predictor train with `train_threads` torch threads whatever the
+    job is given, so their jobs ask Snakemake for those cores: no other job runs on them (the predictor took 20 times
+    as long beside a decode job under `--cores 2`)."""
+    proc = run(root, "snakemake", "-n", "reports/all", "--forceall", "--cores", "4", "--configfile", "tests/smoke.yaml",
+               "--config", "train_threads=3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    training = [block for rule, block in jobs(proc.stdout) if rule in ("toy_target", "toy_drafter", "predictor")]
+    assert len(training) == 3 and all(re.search(r"^\s*threads: 3$", block, re.M) for block in training), training
+    assert not re.search(r"^\s*threads: 3$", dict(jobs(proc.stdout))["decode"], re.M)
+
+
 def test_cluster_profile_plans_gpu_jobs(root):
     proc = run(root, "snakemake", "-n", "--workflow-profile", "workflow/profiles/slurm", "reports/all", "--forceall")
     assert proc.returncode == 0, proc.stderr[-2000:]
