@@ -58,6 +58,14 @@ class RoutePredictor(nn.Module):
         """x [N, 2H] -> predicted experts [N, L, k] (int64)."""
         return self(x).topk(self.top_k, dim=-1).indices
 
+    @torch.no_grad()
+    def folded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head with the standardization folded in, for `LearnedRoutes`: logits = x · Wᵀ' + b', W' = W / std
+        [2H, L·E] (transposed), b' = bias - W'·mean [L·E]. One fused product per prediction where `forward` takes
+        four operations; the same logits up to rounding."""
+        weight = self.head.weight / self.std  # [L·E, 2H]
+        return weight.T.contiguous(), self.head.bias - weight @ self.mean
+
     def save(self, path) -> None:
         path = Path(path)
         (path / CONFIG).write_text(json.dumps(self.config, indent=2, sort_keys=True) + "\n")
@@ -103,7 +111,8 @@ def node_inputs(drafter, state, pool: CandidatePool, nodes: list[int]) -> torch.
 
 
 class LearnedRoutes:
-    """Routes predicted from the cycle's drafter state (`RoutePredictor`), inside the request timer.
+    """Routes predicted from the cycle's drafter state (`RoutePredictor`, its head folded: `RoutePredictor.folded`),
+    inside the request timer.
 
     Each node is predicted once per cycle, when the pool first holds it (the pool grows level by level). It reads
     the cycle's drafter and drafter state only: no atlas, no target query. ``seconds`` and ``nodes`` count its work.
@@ -113,6 +122,7 @@ class LearnedRoutes:
 
     def __init__(self, path):
         self.predictor = RoutePredictor.load(path)
+        self._head = self.predictor.folded()  # (Wᵀ' [2H, L·E], b' [L·E]) on the predictor's device
         self.reset_counts()
         self._cycle: Cycle | None = None
         self._routes = self._buffer(POOL_NODES)  # [>= n+1, L, k] the nodes predicted this cycle, rows 0.._known-1
@@ -129,13 +139,17 @@ class LearnedRoutes:
         end = pool.n + 1
         if end > self._known:
             x = node_inputs(cycle.drafter, cycle.draft, pool, range(self._known, end))  # [N, 2H]
-            if self.predictor.mean.device != x.device:
+            if self._head[0].device != x.device:
                 self.predictor.to(x.device)
+                self._head = self.predictor.folded()
             if end > len(self._routes):
                 grown = self._buffer(2 * end)
                 grown[: self._known] = self._routes[: self._known]
                 self._routes = grown
-            self._routes[self._known : end] = self.predictor.routes(x).cpu().numpy()
+            weight_t, bias = self._head
+            logits = torch.addmm(bias, x.to(weight_t.dtype), weight_t)  # [N, L·E]
+            top = logits.view(-1, self.predictor.num_layers, self.predictor.num_experts).topk(self.predictor.top_k)
+            self._routes[self._known : end] = top.indices.cpu().numpy()  # [N, L, k]
             self.nodes += end - self._known
             self._known = end
         self.seconds += cycle.clock.wall() - start
