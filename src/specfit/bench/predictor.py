@@ -2,7 +2,8 @@
 
 Builds `specfit.speculative.learned.RoutePredictor` at the given size (default: Qwen3-30B-A3B, hidden 2048, 48 MoE
 layers, 128 experts, top-8; random weights: the cost does not depend on them) and times the prediction of one
-full pool (the root and 18 draft nodes) on the device, as `LearnedRoutes` runs it inside SpecFit's selection.
+full pool (the root and 18 draft nodes) on the device, as `LearnedRoutes` runs it inside SpecFit's selection
+(`FoldedHead`).
 """
 
 import numpy as np

@@ -42,8 +42,7 @@ def cell_rows(config: dict, runs: list) -> list[str]:
     tuned = [m for m in found if method_kind(config, m).name == EAGLE3_TUNED.name]
     if not tuned:
         return []
-    roles = Roles.of(config)  # the best of AR, EAGLE-3, the tuned tree and the paper's SpecFit is the bar
-    base = [m for m in found if m in (roles.ar, roles.eagle3, roles.eagle3_tuned, roles.specfit)]
+    base = [m for m in found if m in Roles.of(config).baselines]  # the best of them is the bar
     best = max(base, key=lambda m: found[m][0]["tps_dec"])
     lines = [f"{'method':<24}{'kind':<16}{'TPS_dec [95%]':<26}{'/ tuned tree':<32}{f'/ best baseline ({best})':<40}"
              f"{'commit/cyc':>11}{'verified/cyc':>13}{'levels/cyc':>11}{'select ms/cyc':>14}"]

@@ -38,6 +38,11 @@ class Roles:
                    first_method(spec, SPECFIT.name, "atlas"), methods_with(spec, (SPECFIT.name,), "noisy"),
                    first_method(spec, SPECFIT_CA.name), first_method(spec, EAGLE3_TUNED.name))
 
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        """The methods whose best a new selection must meet: AR, EAGLE-3, the tuned tree and the paper's SpecFit."""
+        return tuple(m for m in (self.ar, self.eagle3, self.eagle3_tuned, self.specfit) if m is not None)
+
     def by_kind(self) -> dict[str, str | None]:
         return {AR.name: self.ar, EAGLE3.name: self.eagle3, SPECFIT.name: self.specfit}
 

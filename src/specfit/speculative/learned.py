@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -58,14 +59,6 @@ class RoutePredictor(nn.Module):
         """x [N, 2H] -> predicted experts [N, L, k] (int64)."""
         return self(x).topk(self.top_k, dim=-1).indices
 
-    @torch.no_grad()
-    def folded(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head with the standardization folded in, for `LearnedRoutes`: logits = x · Wᵀ' + b', W' = W / std
-        [2H, L·E] (transposed), b' = bias - W'·mean [L·E]. One fused product per prediction where `forward` takes
-        four operations; the same logits up to rounding."""
-        weight = self.head.weight / self.std  # [L·E, 2H]
-        return weight.T.contiguous(), self.head.bias - weight @ self.mean
-
     def save(self, path) -> None:
         path = Path(path)
         (path / CONFIG).write_text(json.dumps(self.config, indent=2, sort_keys=True) + "\n")
@@ -82,17 +75,44 @@ class RoutePredictor(nn.Module):
         return predictor.to(device).eval()
 
 
+@dataclass(frozen=True)
+class FoldedHead:
+    """A `RoutePredictor` as decode runs it (`LearnedRoutes`, timed by `pool_times`): the input standardization folded
+    into the head, so that a prediction is one fused product where `RoutePredictor.forward` takes four operations;
+    the same logits up to rounding."""
+
+    weight_t: torch.Tensor  # [2H, L·E] (W / std)ᵀ
+    bias: torch.Tensor  # [L·E] bias - (W / std)·mean
+    num_layers: int
+    num_experts: int
+    top_k: int
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, predictor: RoutePredictor) -> FoldedHead:
+        weight = predictor.head.weight / predictor.std  # [L·E, 2H]
+        return cls(weight.T.contiguous(), predictor.head.bias - weight @ predictor.mean, predictor.num_layers,
+                   predictor.num_experts, predictor.top_k)
+
+    @torch.no_grad()
+    def routes(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, 2H] -> predicted experts [N, L, k] (int64)."""
+        logits = torch.addmm(self.bias, x.to(self.weight_t.dtype), self.weight_t)  # [N, L·E]
+        return logits.view(-1, self.num_layers, self.num_experts).topk(self.top_k).indices
+
+
 def pool_times(predictor: RoutePredictor, device, dtype: torch.dtype = torch.float32, repeats: int = 200,
                warmup: int = 10) -> list[float]:
     """Seconds of each of ``repeats`` predictions of one full pool (`POOL_NODES` random inputs on ``device``,
-    routes back on the host), after ``warmup`` untimed ones."""
+    routes back on the host) as decode runs them (`FoldedHead`), after ``warmup`` untimed ones."""
     x = torch.randn(POOL_NODES, 2 * predictor.hidden_size, device=device, dtype=dtype)  # [19, 2H]
+    head = FoldedHead.of(predictor)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     times = []
     for i in range(warmup + repeats):
         sync()
         start = time.perf_counter()
-        predictor.routes(x).cpu()
+        head.routes(x).cpu()
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - start)
@@ -111,8 +131,8 @@ def node_inputs(drafter, state, pool: CandidatePool, nodes: list[int]) -> torch.
 
 
 class LearnedRoutes:
-    """Routes predicted from the cycle's drafter state (`RoutePredictor`, its head folded: `RoutePredictor.folded`),
-    inside the request timer.
+    """Routes predicted from the cycle's drafter state (`RoutePredictor`, run as a `FoldedHead`), inside the request
+    timer.
 
     Each node is predicted once per cycle, when the pool first holds it (the pool grows level by level). It reads
     the cycle's drafter and drafter state only: no atlas, no target query. ``seconds`` and ``nodes`` count its work.
@@ -122,10 +142,10 @@ class LearnedRoutes:
 
     def __init__(self, path):
         self.predictor = RoutePredictor.load(path)
-        self._head = self.predictor.folded()  # (Wᵀ' [2H, L·E], b' [L·E]) on the predictor's device
+        self._head = FoldedHead.of(self.predictor)  # on the predictor's device
         self.reset_counts()
         self._cycle: Cycle | None = None
-        self._routes = self._buffer(POOL_NODES)  # [>= n+1, L, k] the nodes predicted this cycle, rows 0.._known-1
+        self._routes = self._buffer(0)  # [>= n+1, L, k] the nodes predicted this cycle, rows 0.._known-1
         self._known = 0
 
     def _buffer(self, rows: int) -> np.ndarray:
@@ -139,17 +159,13 @@ class LearnedRoutes:
         end = pool.n + 1
         if end > self._known:
             x = node_inputs(cycle.drafter, cycle.draft, pool, range(self._known, end))  # [N, 2H]
-            if self._head[0].device != x.device:
-                self.predictor.to(x.device)
-                self._head = self.predictor.folded()
+            if self._head.bias.device != x.device:
+                self._head = FoldedHead.of(self.predictor.to(x.device))
             if end > len(self._routes):
                 grown = self._buffer(2 * end)
                 grown[: self._known] = self._routes[: self._known]
                 self._routes = grown
-            weight_t, bias = self._head
-            logits = torch.addmm(bias, x.to(weight_t.dtype), weight_t)  # [N, L·E]
-            top = logits.view(-1, self.predictor.num_layers, self.predictor.num_experts).topk(self.predictor.top_k)
-            self._routes[self._known : end] = top.indices.cpu().numpy()  # [N, L, k]
+            self._routes[self._known : end] = self._head.routes(x).cpu().numpy()  # [N, L, k]
             self.nodes += end - self._known
             self._known = end
         self.seconds += cycle.clock.wall() - start

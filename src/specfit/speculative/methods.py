@@ -236,9 +236,16 @@ class SpecFit(Method):
         return self.beta > EXPERT_TERM_TOL * float(self.b[0])
 
     def view(self, cycle: Cycle, pool: CandidatePool) -> Pool:
-        """The selector's view of the pool, with the route source's routes (none when it `asks_routes` nothing)."""
-        routes = self.route_source.routes(cycle, pool) if self.asks_routes else None
-        return pool.view(routes, self.num_experts, path_prob=self.path_probs(pool))
+        """The selector's view of the pool: the route source's routes and what the cost reads beside them
+        (`cost_state`), or neither where the selector `asks_routes` nothing."""
+        if not self.asks_routes:
+            return pool.view(None, self.num_experts, path_prob=self.path_probs(pool))
+        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, path_prob=self.path_probs(pool),
+                         **self.cost_state(cycle))
+
+    def cost_state(self, cycle: Cycle) -> dict:
+        """What the cost reads of the cycle beside the routes (`CandidatePool.view`'s ``resident``, ``in_flight``)."""
+        return {}
 
     def choose(self, view: Pool, depth: int) -> Selection:
         """Ŝ over ``view``, the pool drafted to ``depth`` levels."""
@@ -322,11 +329,11 @@ class SpecFitCA(Skipping, SpecFit):
 
     def view(self, cycle, pool):
         if self._resident[0] is not cycle:  # once per cycle: the cache does not change while the pool grows
-            self._read_resident(cycle)
-        if not self.asks_routes:  # no expert term: the residency is read for the record only
-            return super().view(cycle, pool)
-        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1],
-                         path_prob=self.path_probs(pool))
+            self._read_resident(cycle)  # (read for the record also where the cost has no expert term)
+        return super().view(cycle, pool)
+
+    def cost_state(self, cycle):
+        return {"resident": self._resident[1]}
 
     @property
     def expert_term(self):

@@ -80,10 +80,14 @@ class SpecFitPrefetch(Prefetching, SpecFitCA):
     left (`specfit.selection.pool.Pool.in_flight`; the search stays exact).
     """
 
+    asks_routes = True  # the prefetch copies the routes' experts, whatever the cost reads
+
     def view(self, cycle, pool):
         self._read_resident(cycle)  # every level: the prefetch of the level before changed it
-        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, resident=self._resident[1],
-                         in_flight=self._in_flight, path_prob=self.path_probs(pool))
+        return super().view(cycle, pool)
+
+    def cost_state(self, cycle):
+        return {**super().cost_state(cycle), "in_flight": self._in_flight}
 
     def _read_resident(self, cycle):
         super()._read_resident(cycle)

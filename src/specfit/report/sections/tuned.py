@@ -30,9 +30,8 @@ def rows(scope: Scope, workload: str, slots: int) -> list[dict]:
     inputs = scope.inputs
     ran = [r for r in scope.runs_of(workload) if r.slots == slots and r in inputs.metrics]
     kinds = {r: method_kind(scope.spec, r.method).name for r in ran}
-    roles = scope.roles
-    tuned = next((r for r in ran if r.method == roles.eagle3_tuned), None)
-    base = [r for r in ran if r.method in (roles.ar, roles.eagle3, roles.eagle3_tuned, roles.specfit)]
+    tuned = next((r for r in ran if r.method == scope.roles.eagle3_tuned), None)
+    base = [r for r in ran if r.method in scope.roles.baselines]
     if tuned is None or not base:
         return []
     best = max(base, key=lambda r: inputs.metrics[r]["tps_dec"] or 0.0)
