@@ -85,6 +85,33 @@ def test_a_crashed_stream_resumes(files, tmp_path, monkeypatch):
     assert pq.read_table(run["requests"]).column("request_id").to_pylist() == [0, 1]
 
 
+def test_a_crashed_stream_is_not_resumed_by_another(files, tmp_path, monkeypatch, caplog):
+    """After a crash, a rerun with another spec (the config changed) or a remade input starts over: the crashed
+    stream's finished requests are moved aside, not mixed into the new stream's."""
+    from specfit.speculative import loading
+
+    run = outs(tmp_path, "eagle3")
+    real = loading.decode_request
+
+    def crash_on_second_request(*args, request_id, **kwargs):
+        if request_id == 1:
+            raise RuntimeError("crash")
+        return real(*args, request_id=request_id, **kwargs)
+
+    monkeypatch.setattr(loading, "decode_request", crash_on_second_request)
+    with pytest.raises(RuntimeError):
+        decode.run(spec("eagle3"), files, run)
+    parts = tmp_path / "eagle3.requests.parquet.parts"
+    assert len(list(parts.glob("*.requests.parquet"))) == 1  # request 0 finished
+    monkeypatch.setattr(loading, "decode_request", real)
+    decode.run(spec("eagle3", max_depth=2), files, run)  # the config changed: another stream
+    metrics = json.loads(run["metrics"].read_text())
+    assert metrics["resumed"] == [] and metrics["n_requests"] == 2
+    assert "holds requests of another stream" in caplog.text
+    assert len(list((tmp_path / "eagle3.requests.parquet.parts.replaced").glob("*.requests.parquet"))) == 1
+    assert {c["drafted_levels"] for c in pq.read_table(run["cycles"]).to_pylist()} <= {0, 1, 2}
+
+
 @pytest.mark.parametrize("method", [{"name": "specfit", "routes": "noisy"}, {"name": "specfit-ca"}])
 def test_the_warm_up_leaves_no_trace_in_a_measured_specfit_run(files, tmp_path, method):
     """The warm-up decodes the first request under a shorter limit, so its last cycles draft fewer levels than the

@@ -57,3 +57,18 @@ def test_a_pool_extended_level_by_level_gets_the_same_probabilities_bit_for_bit(
     extended = cal.path_probs(PARENT, PROB, LEVEL, known=level_1)
     assert extended == whole and extended is level_1  # extended in place
     assert whole[3] == whole[1] * (1 + 4 * 0.5) / (2 + 4)
+
+
+def test_a_calibration_started_from_counts_returns_to_them_on_reset():
+    learned = OnlineCalibration(max_depth=5)
+    for accepted in ([1, 3], [], [1]):
+        learned.observe(PARENT, PROB, LEVEL, (1, 2, 3, 4), accepted)
+    started = OnlineCalibration(max_depth=5, start=learned.counts())
+    assert started.path_probs(PARENT, PROB, LEVEL) == learned.path_probs(PARENT, PROB, LEVEL)
+    started.observe(PARENT, PROB, LEVEL, (1, 2), [])
+    assert started.path_probs(PARENT, PROB, LEVEL) != learned.path_probs(PARENT, PROB, LEVEL)
+    started.reset()  # back to the start, not to nothing
+    assert started.path_probs(PARENT, PROB, LEVEL) == learned.path_probs(PARENT, PROB, LEVEL)
+    assert learned.trials.sum() == 3 * 2 + 2  # its counts were copied, not shared (node 3 counts under node 1 taken)
+    with pytest.raises(ValueError, match=r"accepted of shape \(6, 12\) does not fit max_depth 3"):
+        OnlineCalibration(max_depth=3, start=learned.counts())

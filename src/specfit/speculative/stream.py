@@ -30,8 +30,13 @@ resumes from there; metrics.json says so, as the expert cache a resumed stream s
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
+import os
 import shutil
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
@@ -85,11 +90,24 @@ class StreamSpec:
 
 
 class Parts:
-    """Finished requests on disk, one Parquet file per request and table, so that a rerun resumes."""
+    """Finished requests on disk, one Parquet file per request and table, so that a rerun resumes.
 
-    def __init__(self, path: Path):
+    They resume only the stream that wrote them: ``stream.json`` holds that stream's `fingerprint`. Parts of another
+    (the config changed after a crash, or an input was remade) are moved aside to ``{path}.replaced``, with a
+    warning, and the stream starts over."""
+
+    def __init__(self, path: Path, fingerprint: str = ""):
         self.path = path
+        mark = path / "stream.json"
+        if path.is_dir() and (not mark.is_file() or read_json(mark).get("fingerprint") != fingerprint):
+            aside = path.with_name(path.name + ".replaced")
+            shutil.rmtree(aside, ignore_errors=True)
+            path.rename(aside)
+            log.warning("%s holds requests of another stream (its spec or inputs differ): moved to %s; starting "
+                        "over", path, aside)
         path.mkdir(parents=True, exist_ok=True)
+        if not mark.is_file():
+            write_json({"fingerprint": fingerprint}, mark)
 
     def done(self) -> set[int]:
         return {int(p.name.split(".")[0]) for p in self.path.glob("*.requests.parquet")}
@@ -107,13 +125,33 @@ class Parts:
         return self.path / f"{request_id:08d}.{name}.parquet"
 
 
-def run_stream(spec: StreamSpec, inputs: dict, outputs: dict) -> None:
+def fingerprint(spec: StreamSpec, inputs: dict) -> str:
+    """What a stream's finished requests depend on: its spec, and each input's path, size and modification time (an
+    input remade since, such as a retrained checkpoint, is another stream)."""
+    stats = {name: [str(path), *((st.st_size, st.st_mtime_ns) if (st := _stat(path)) else ())]
+             for name, path in sorted(inputs.items())}
+    text = json.dumps({"spec": dataclasses.asdict(spec), "inputs": stats}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stat(path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def run_stream(spec: StreamSpec, inputs: dict, outputs: dict,
+               prepare: Callable[[Loaded], None] | None = None) -> None:
     """Decode every prompt with ``spec.method``, after an untimed warm-up request; write the records. Loading and
-    warm-up: `specfit.speculative.loading`; the stream: `stream`; the metrics: `specfit.results.summary`."""
+    warm-up: `specfit.speculative.loading`; the stream: `stream`; the metrics: `specfit.results.summary`.
+    ``prepare``: called with what was loaded before the stream starts (a benchmark's change to the method)."""
     torch.manual_seed(spec.seed)
     loaded = load(spec, inputs, outputs)
+    if prepare is not None:
+        prepare(loaded)
     prompts = read_prompts(inputs["prompts"], spec.max_requests)
-    parts = Parts(Path(str(outputs["requests"]) + ".parts"))
+    parts = Parts(Path(str(outputs["requests"]) + ".parts"), fingerprint(spec, inputs))
     resumes = stream(loaded, spec, prompts, parts)
 
     ids = [p["request_id"] for p in prompts]
