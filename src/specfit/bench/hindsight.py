@@ -30,13 +30,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from specfit import bench
-from specfit.bench.tuned import ratio_text
+from specfit.bench.tuned import TIME_HEADER, matrix_cells, ratio_text, time_columns
 from specfit.errors import SpecFitError
 from specfit.io import read_json
 from specfit.planning import specs
-from specfit.planning.config import SCHEMA, add_configfile_option, load_config
-from specfit.planning.matrix import DecodeRun, decode_inputs, decode_runs, method_config, method_kind
+from specfit.planning.matrix import DecodeRun, decode_inputs, method_config, method_kind
 from specfit.results.intervals import process_spread, ratio_interval
 from specfit.selection.calibration import EDGES, OnlineCalibration
 from specfit.speculative.config import MethodConfig
@@ -112,9 +110,7 @@ def row(name: str, metrics: dict, requests: list[dict], tuned: tuple[dict, list[
     ratio = "-" if tuned is None else ratio_text(
         ratio_interval(requests, tuned[1], spread=process_spread(metrics, tuned[0])))
     tps = f"{metrics['tps_dec']:.2f} [{metrics['tps_dec_low']:.2f}, {metrics['tps_dec_high']:.2f}]"
-    return (f"{name:<44}{tps:<26}{ratio:<32}{metrics['committed_per_cycle']:>11.2f}"
-            f"{metrics.get('draft_nodes_per_cycle', 0.0):>13.2f}{metrics.get('drafted_levels_per_cycle', 0.0):>11.2f}"
-            f"{metrics.get('select_ms_per_cycle', 0.0):>14.2f}")
+    return f"{name:<44}{tps:<26}{ratio:<32}" + time_columns(metrics)
 
 
 def finished(run: DecodeRun) -> tuple[dict, list[dict]] | None:
@@ -124,13 +120,8 @@ def finished(run: DecodeRun) -> tuple[dict, list[dict]] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = bench.parser(__name__, __doc__.split("\n\n")[0])
-    add_configfile_option(parser)
-    args = parser.parse_args(argv)
-    config = load_config("config.yaml", SCHEMA, *(args.configfile or []))
-    cells = defaultdict(dict)
-    for run in decode_runs(config):
-        cells[run.model, run.device, run.workload, run.slots][method_kind(config, run.method).name, run.method] = run
+    config, matrix = matrix_cells(__name__, __doc__, argv)
+    cells = {cell: {(method_kind(config, r.method).name, r.method): r for r in runs} for cell, runs in matrix.items()}
     counted: dict[tuple, dict[str, np.ndarray]] = {}
     verdicts = defaultdict(int)
     with tempfile.TemporaryDirectory(prefix="hindsight-") as tmp:
@@ -149,8 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                           f"verifying its whole depth {method.max_depth}, width {method.top_k_expand} pool)")
                     print("\n".join(acceptance_lines(counted[key])))
                 print(f"\n{model} on {device}, {workload}, {slots} slots ({tuned[0].get('timing_label', '')})")
-                print(f"{'method':<44}{'TPS_dec [95%]':<26}{'/ tuned tree':<32}{'commit/cyc':>11}{'verified/cyc':>13}"
-                      f"{'levels/cyc':>11}{'select ms/cyc':>14}")
+                print(f"{'method':<44}{'TPS_dec [95%]':<26}{'/ tuned tree':<32}" + TIME_HEADER)
                 print(row("eagle3-tuned", *tuned, None))
                 print(row(f"{run.method} (as run)", *finished(run), tuned))
                 metrics, requests, _ = hindsight_run(config, run, counted[key], Path(tempfile.mkdtemp(dir=tmp)))

@@ -45,7 +45,7 @@ def cell_rows(config: dict, runs: list) -> list[str]:
     base = [m for m in found if m in Roles.of(config).baselines]  # the best of them is the bar
     best = max(base, key=lambda m: found[m][0]["tps_dec"])
     lines = [f"{'method':<24}{'kind':<16}{'TPS_dec [95%]':<26}{'/ tuned tree':<32}{f'/ best baseline ({best})':<40}"
-             f"{'commit/cyc':>11}{'verified/cyc':>13}{'levels/cyc':>11}{'select ms/cyc':>14}"]
+             + TIME_HEADER]
     for method in sorted(found, key=list(config["methods"]).index):
         metrics, requests = found[method]
         cells = []
@@ -57,20 +57,35 @@ def cell_rows(config: dict, runs: list) -> list[str]:
             cells.append(ratio_text(ratio_interval(requests, found[other][1], spread=spread)))
         tps = f"{metrics['tps_dec']:.2f} [{metrics['tps_dec_low']:.2f}, {metrics['tps_dec_high']:.2f}]"
         lines.append(f"{method:<24}{method_kind(config, method).name:<16}{tps:<26}{cells[0]:<32}{cells[1]:<40}"
-                     f"{metrics['committed_per_cycle']:>11.2f}{metrics.get('draft_nodes_per_cycle', 0.0):>13.2f}"
-                     f"{metrics.get('drafted_levels_per_cycle', 0.0):>11.2f}"
-                     f"{metrics.get('select_ms_per_cycle', 0.0):>14.2f}")
+                     + time_columns(metrics))
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = bench.parser(__name__, __doc__.split("\n\n")[0])
+TIME_HEADER = f"{'commit/cyc':>11}{'verified/cyc':>13}{'levels/cyc':>11}{'select ms/cyc':>14}"
+
+
+def time_columns(metrics: dict) -> str:
+    """Where a run's time went (`TIME_HEADER`): committed tokens, verified draft nodes, drafted levels and host
+    selection ms per cycle."""
+    return (f"{metrics['committed_per_cycle']:>11.2f}{metrics.get('draft_nodes_per_cycle', 0.0):>13.2f}"
+            f"{metrics.get('drafted_levels_per_cycle', 0.0):>11.2f}{metrics.get('select_ms_per_cycle', 0.0):>14.2f}")
+
+
+def matrix_cells(module: str, doc: str, argv: list[str] | None) -> tuple[dict, dict[tuple, list]]:
+    """A benchmark's config (``--configfile``, over config.yaml) and its decode runs by cell: (model, device,
+    workload, slots) -> runs."""
+    parser = bench.parser(module, doc.split("\n\n")[0])
     add_configfile_option(parser)
     args = parser.parse_args(argv)
     config = load_config("config.yaml", SCHEMA, *(args.configfile or []))
     cells = defaultdict(list)
     for run in decode_runs(config):
         cells[run.model, run.device, run.workload, run.slots].append(run)
+    return config, cells
+
+
+def main(argv: list[str] | None = None) -> None:
+    config, cells = matrix_cells(__name__, __doc__, argv)
     shown = 0
     for (model, device, workload, slots), runs in sorted(cells.items()):
         lines = cell_rows(config, runs)
