@@ -40,17 +40,29 @@ def conditional(path_prob, u: int, v: int) -> tuple[float, int]:
 class OnlineCalibration:
     """Per-(level, q-bin) acceptance counts of verified nodes, and the calibrated path probabilities they give."""
 
-    def __init__(self, max_depth: int, prior: float = 4.0):
+    COUNTS = ("accepted", "trials", "best_accepted", "best_trials", "best_q")  # what it has learned
+
+    def __init__(self, max_depth: int, prior: float = 4.0, start: dict[str, np.ndarray] | None = None):
+        """``start``: counts to begin with and to return to on `reset` (`counts` of another calibration of the
+        same ``max_depth``); none: no trial."""
         self.max_depth, self.prior = max_depth, float(prior)
+        shapes = {"accepted": (max_depth + 1, len(EDGES)), "trials": (max_depth + 1, len(EDGES))}  # [level, bin]
+        self.start = {k: np.zeros(shapes.get(k, max_depth + 1)) for k in self.COUNTS}
+        for k, v in (start or {}).items():
+            if k not in self.start or np.shape(v) != self.start[k].shape:
+                raise ValueError(f"calibration start: {k} of shape {np.shape(v)} does not fit max_depth {max_depth}")
+            self.start[k] = np.array(v, dtype=np.float64)
         self.reset()
 
     def reset(self) -> None:
-        shape = (self.max_depth + 1, len(EDGES))  # [level, bin]; level 0 unused
-        self.accepted = np.zeros(shape)
-        self.trials = np.zeros(shape)
-        self.best_accepted = np.zeros(self.max_depth + 1)  # [level] the best verified child of a committed parent
-        self.best_trials = np.zeros(self.max_depth + 1)
-        self.best_q = np.zeros(self.max_depth + 1)  # [level] sum of those children's own q
+        """Back to the start's counts (none by default). Level 0 of the [level, bin] counts is unused; ``best_*``
+        count per level the best verified child of a committed parent (``best_q``: the sum of their own q)."""
+        for k, v in self.start.items():
+            setattr(self, k, v.copy())
+
+    def counts(self) -> dict[str, np.ndarray]:
+        """What it has learned so far: a ``start`` for another calibration."""
+        return {k: getattr(self, k).copy() for k in self.COUNTS}
 
     def path_probs(self, parent, path_prob, level, known: list[float] | None = None) -> list[float]:
         """[n+1] the calibrated p̃_v of a pool (parents before children), p̃ of the root 1.
