@@ -249,3 +249,23 @@ def test_pools_past_one_mask_word_match_the_brute_force(k_max):
     expected, visited = brute_force(pool, k_max, lambda s, r, f: r / (b[len(s)] + beta * f))
     for backend in BACKENDS:
         check(select_specfit(pool, b, beta, k_max, backend=backend), pool, expected, visited, b, beta)
+
+
+@pytest.mark.parametrize("depth,width,k_max", [(5, 2, 7), (5, 2, 16), (3, 3, 16), (2, 4, 16), (5, 1, 16), (4, 3, 7)])
+def test_the_config_bound_counts_what_the_exact_search_visits(depth, width, k_max):
+    """`specfit.planning.methods.legal_subtrees` (the config's bound on a method's pool) is |A_K| of the full pool
+    it describes: the number of subtrees the exact search visits there."""
+    from specfit.planning.methods import legal_subtrees
+    from specfit.selection.pool import CandidatePool
+
+    pool, expanded = CandidatePool([0]), [0]
+    for _ in range(depth):
+        children = []
+        for parent in expanded:
+            for j in range(width):
+                pool.add(parent, 1 + pool.n, 0.9 ** (j + 1))
+                children.append(pool.n)
+        # level 1's nodes are all expanded; after it, the first expanded node's children
+        expanded = children[:width]
+    visited = select_specfit(pool.view(), np.arange(1.0, k_max + 2), 0.0, k_max).visited
+    assert visited == legal_subtrees(depth, width, k_max)

@@ -212,6 +212,19 @@ def test_k_max_beyond_the_fitted_intercepts_is_named(config, schema):
     validate_config(config, schema)
 
 
+def test_a_pool_too_wide_to_search_exactly_is_refused_by_name(config, schema):
+    """A width-3 pool at K 16 gives the exact search 12.5 million subtrees per selection (120 ms a cycle, measured):
+    refused at load, before any job, naming the method and what to lower; width 2 at K 16 (3,269) is fine."""
+    config["methods"]["specfit-online"]["top_k_expand"] = 3
+    with pytest.raises(SpecFitError, match=r"'methods\.specfit-online': max_depth 5, top_k_expand 3 and k_max 16 give "
+                                           r"a full pool 12,549,607 legal subtrees.*lower k_max or top_k_expand"):
+        validate_config(copy.deepcopy(config), schema)
+    config["methods"]["specfit-online"]["k_max"] = 7  # 4,685
+    validate_config(copy.deepcopy(config), schema)
+    config["methods"]["eagle3"]["top_k_expand"] = 4  # EAGLE-3 does not search
+    validate_config(config, schema)
+
+
 def test_predictor_questions_must_not_be_evaluated(config, schema):
     """The learned route predictor trains on questions no workload evaluates: an overlap is named before any job."""
     config["predictor"] = {"question_ids": [{"start": 241, "stop": 245}]}  # 242 and 244 are summarization's

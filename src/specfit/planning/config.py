@@ -18,15 +18,8 @@ import yaml
 
 from specfit.errors import SpecFitError
 from specfit.planning import paths
-from specfit.planning.matrix import (
-    evaluated_question_ids,
-    method_config,
-    method_kind,
-    predictor_question_ids,
-    trained_toys,
-    tune_question_ids,
-    workload_ids,
-)
+from specfit.planning.matrix import evaluated_question_ids, method_kind, predictor_question_ids, trained_toys
+from specfit.planning.methods import check_methods
 
 
 def _with_defaults(validator_class):
@@ -215,20 +208,7 @@ def _check_references(config: dict, root: Path | None = None) -> None:
                     f"config key 'models.{model}.main_slots' has no entry for device {device!r} "
                     "(the slots of its with-cache calibration)"
                 )
-    for block in config["runs"]:
-        for method, device in itertools.product(block["methods"], block["devices"]):
-            if method not in config["methods"] or device not in config["devices"]:
-                continue
-            if _reads_routes(config, method):
-                k_max = method_config(config, method).k_max
-                fit = config["devices"][device]["coefficients"] == "fit"
-                sizes = config["calibration"]["sizes"] if fit else 8  # the paper's presets: b_0..b_7
-                if k_max + 1 > sizes:
-                    problems.append(
-                        f"config key 'methods.{method}.k_max' is {k_max}, but device {device!r} has intercepts "
-                        f"b_0..b_{sizes - 1} only ({'calibration.sizes' if fit else 'the paper preset'}): "
-                        f"{'set calibration.sizes to at least k_max + 1' if fit else 'use k_max <= 7'}"
-                    )
+    problems += check_methods(config)
     for name, device in config["devices"].items():
         if device["emulate"] is None:
             continue
@@ -239,7 +219,6 @@ def _check_references(config: dict, root: Path | None = None) -> None:
             problems.append(f"config key 'devices.{name}.emulate' comes with 'devices.{name}.link': an emulated device "
                             "models its own link (copy_ms); drop the link")
     problems += _check_resident(config, root)
-    problems += _check_tuned(config)
     problems += _check_toy_window(config, {m: config["toy"]["target"]["seq_len"] for m in trained_toys(config)},
                                   "toy.target.seq_len")
     overlap = sorted(set(predictor_question_ids(config)) & set(evaluated_question_ids(config)))
@@ -271,55 +250,6 @@ def _check_toy_window(config: dict, windows: dict[str, int], source: str) -> lis
                             "at (docs/toy.md); lower the workload's limit_tokens or train a toy with a longer "
                             "toy.target.seq_len")
     return problems
-
-
-PAPER_TREE = {"max_depth": 5, "top_k_expand": 2}  # the paper's EAGLE-3 tree (Section 4.1), which a tune grid must span
-
-
-def _check_tuned(config: dict) -> list[str]:
-    """A tuned method (`specfit.speculative.kinds.Kind.tuned`) sets no tree of its own, its grid reaches the paper's
-    tree (a tuned tree is the best of trees that include the one published), and each workload it runs on has tuning
-    questions that it does not evaluate."""
-    from specfit.speculative.tuning import TREE_KEYS  # torch-free
-
-    problems, tuned = [], set()
-    for name, entry in config["methods"].items():
-        try:
-            if not method_kind(config, name).tuned:
-                continue
-        except SpecFitError:  # named among the problems already
-            continue
-        tuned.add(name)
-        for key in TREE_KEYS:
-            if key in entry:
-                problems.append(f"config key 'methods.{name}.{key}': the tune rule chooses a method of kind "
-                                f"{entry['kind']!r}'s tree (the grid under 'tune'); drop it")
-    used = {m for b in config["runs"] for m in b["methods"]}
-    for key, least in PAPER_TREE.items():
-        if tuned & used and max(config["tune"][key]) < least:
-            problems.append(f"config key 'tune.{key}' reaches {max(config['tune'][key])}, short of the paper's tree "
-                            f"({key} {least}): a tuned tree is the best of a grid that holds the published one; "
-                            f"add {least}")
-    for workload in sorted({w for b in config["runs"] if tuned & set(b["methods"]) for w in b["workloads"]}):
-        if workload not in config["workloads"]:
-            continue
-        wl, ids = config["workloads"][workload], tune_question_ids(config, workload)
-        evaluated = set(workload_ids(config, workload)[: wl["max_requests"] or None])
-        if not ids:
-            problems.append(f"config key 'workloads.{workload}.tune_question_ids': a tuned method runs on workload "
-                            f"{workload!r}, which has no questions it does not evaluate to tune on; give "
-                            "tune_question_ids, or a max_requests below its ids")
-        elif overlap := sorted(evaluated & set(ids)):
-            problems.append(f"config key 'workloads.{workload}.tune_question_ids' holds questions the workload "
-                            f"evaluates ({', '.join(map(str, overlap[:8]))}): tune on others")
-    return problems
-
-
-def _reads_routes(config: dict, method: str) -> bool:
-    try:
-        return method_kind(config, method).reads_routes
-    except SpecFitError:  # named among the problems already
-        return False
 
 
 def _check_toys(config: dict) -> list[str]:

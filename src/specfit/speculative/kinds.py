@@ -42,6 +42,7 @@ class Kind:
     roles: tuple[str, ...] = ()  # what the report compares it as (REFERENCE, BASELINE, RIVAL, COMPARED)
     label: str = ""  # the report's name for it where the config has no method of it (its name when empty)
     tuned: bool = False  # its tree (k_max, max_depth, top_k_expand) is the tune rule's best on unevaluated prompts
+    searches: bool = False  # selects by SpecFit's exact search over A_K (the config bounds its pool's family)
 
     def __post_init__(self):
         if self.theory_cost not in (None, *THEORY_COSTS):
@@ -66,15 +67,15 @@ EAGLE3 = Kind("eagle3", f"{_METHODS}:Eagle3", roles=(BASELINE, RIVAL, COMPARED),
 # EAGLE-3 at the fixed tree a user tunes by hand: the best of the `tune` grid on the workload's unevaluated questions
 EAGLE3_TUNED = Kind("eagle3-tuned", f"{_METHODS}:Eagle3Tuned", tuned=True, label="EAGLE-3, tuned tree")
 SPECFIT = Kind("specfit", f"{_METHODS}:SpecFit", reads_routes=True, theory_cost=PAPER, roles=(COMPARED,),
-               label="SpecFit")
+               label="SpecFit", searches=True)
 SPECFIT_CA = Kind("specfit-ca", f"{_METHODS}:SpecFitCA", reads_routes=True, theory_cost=CACHE_AWARE,
-                  roles=(COMPARED,))
+                  roles=(COMPARED,), searches=True)
 # specfit-ca with online-calibrated commit probabilities, look-ahead stopping and no skipping (beyond the paper); no
 # theory run: Table 5's replay reads the drafter's probabilities, not the calibrated ones it selected with
 SPECFIT_ONLINE = Kind("specfit-online", "specfit.speculative.online:SpecFitOnline", reads_routes=True,
-                      label="SpecFit online")
+                      label="SpecFit online", searches=True)
 SPECFIT_PREFETCH = Kind("specfit-prefetch", f"{_PREFETCHING}:SpecFitPrefetch", reads_routes=True,
-                        theory_cost=CACHE_AWARE)
+                        theory_cost=CACHE_AWARE, searches=True)
 EAGLE3_PREFETCH = Kind("eagle3-prefetch", f"{_PREFETCHING}:Eagle3Prefetch", reads_routes=True, roles=(RIVAL,))
 
 PAPER_KINDS = (AR.name, EAGLE3.name, SPECFIT.name)  # the paper's three methods, which key its results
