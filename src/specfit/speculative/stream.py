@@ -24,8 +24,9 @@ Spec (the rule's config slice)::
     max_requests:  null (all prompts) or the first n     seed: fixes everything stochastic
     warmup_tokens: output tokens of the warm-up request
 
-Each finished request is kept at once in ``{requests}.parts/`` (written atomically), and a rerun after a crash
-resumes from there; metrics.json says so, as the expert cache a resumed stream starts with is empty.
+Each finished request is kept at once in ``{requests}.parts/`` (written atomically), and a rerun of the same
+stream after a crash resumes from there (`Parts`); metrics.json says so, as the expert cache a resumed stream starts
+with is empty.
 """
 
 from __future__ import annotations
