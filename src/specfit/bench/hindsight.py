@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from specfit.bench.tuned import TIME_HEADER, matrix_cells, ratio_text, time_columns
+from specfit.bench.tuned import TIME_HEADER, finished, matrix_cells, ratio_text, time_columns
 from specfit.errors import SpecFitError
 from specfit.io import read_json
 from specfit.planning import specs
@@ -106,17 +106,14 @@ def hindsight_run(config: dict, run: DecodeRun, counts: dict[str, np.ndarray], f
     return decode(spec, decode_inputs(config, run), folder, start_calibration(counts))
 
 
-def row(name: str, metrics: dict, requests: list[dict], tuned: tuple[dict, list[dict]] | None) -> str:
-    ratio = "-" if tuned is None else ratio_text(
-        ratio_interval(requests, tuned[1], spread=process_spread(metrics, tuned[0])))
+def versus(metrics: dict, requests: list[dict], tuned: tuple[dict, list[dict]]) -> dict:
+    """A run against the tuned tree: the paired ratio with its interval and verdict."""
+    return ratio_interval(requests, tuned[1], spread=process_spread(metrics, tuned[0]))
+
+
+def row(name: str, metrics: dict, ratio: dict | None) -> str:
     tps = f"{metrics['tps_dec']:.2f} [{metrics['tps_dec_low']:.2f}, {metrics['tps_dec_high']:.2f}]"
-    return f"{name:<44}{tps:<26}{ratio:<32}" + time_columns(metrics)
-
-
-def finished(run: DecodeRun) -> tuple[dict, list[dict]] | None:
-    if not Path(run.file("metrics.json")).is_file():
-        return None
-    return read_json(run.file("metrics.json")), pq.read_table(run.file("requests.parquet")).to_pylist()
+    return f"{name:<44}{tps:<26}{'-' if ratio is None else ratio_text(ratio):<32}" + time_columns(metrics)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -127,10 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="hindsight-") as tmp:
         for (model, device, workload, slots), runs in sorted(cells.items()):
             tuned = next((finished(r) for (k, _), r in runs.items() if k == EAGLE3_TUNED.name), None)
-            online = [r for (k, _), r in sorted(runs.items()) if k == SPECFIT_ONLINE.name and finished(r)]
+            online = [(r, done) for (k, _), r in sorted(runs.items()) if k == SPECFIT_ONLINE.name
+                      and (done := finished(r))]
             if tuned is None or not online:
                 continue
-            for run in online:
+            for run, as_run in online:
                 method = method_config(config, run.method)
                 key = (model, workload, method.max_depth, method.top_k_expand)
                 if key not in counted:
@@ -141,11 +139,11 @@ def main(argv: list[str] | None = None) -> None:
                     print("\n".join(acceptance_lines(counted[key])))
                 print(f"\n{model} on {device}, {workload}, {slots} slots ({tuned[0].get('timing_label', '')})")
                 print(f"{'method':<44}{'TPS_dec [95%]':<26}{'/ tuned tree':<32}" + TIME_HEADER)
-                print(row("eagle3-tuned", *tuned, None))
-                print(row(f"{run.method} (as run)", *finished(run), tuned))
+                print(row("eagle3-tuned", tuned[0], None))
+                print(row(f"{run.method} (as run)", as_run[0], versus(*as_run, tuned)))
                 metrics, requests, _ = hindsight_run(config, run, counted[key], Path(tempfile.mkdtemp(dir=tmp)))
-                print(row(f"{run.method}, calibrated in hindsight", metrics, requests, tuned))
-                ratio = ratio_interval(requests, tuned[1], spread=process_spread(metrics, tuned[0]))
+                ratio = versus(metrics, requests, tuned)
+                print(row(f"{run.method}, calibrated in hindsight", metrics, ratio))
                 verdicts[ratio["verdict"]] += 1
     if not verdicts:
         raise SpecFitError("no finished cell holds runs of kinds eagle3-tuned and specfit-online: add them to the "

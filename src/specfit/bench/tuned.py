@@ -31,14 +31,16 @@ def ratio_text(r: dict) -> str:
     return f"{r['value']:.3f}× [{r['low']:.3f}, {r['high']:.3f}] {r['verdict']}"
 
 
+def finished(run) -> tuple[dict, list[dict]] | None:
+    """A decode run's metrics and requests, None where it has not finished."""
+    if not Path(run.file("metrics.json")).is_file():
+        return None
+    return read_json(run.file("metrics.json")), pq.read_table(run.file("requests.parquet")).to_pylist()
+
+
 def cell_rows(config: dict, runs: list) -> list[str]:
     """The lines of one cell: a row per method, in config order."""
-    found = {}
-    for run in runs:
-        if not Path(run.file("metrics.json")).is_file():
-            continue
-        found[run.method] = (read_json(run.file("metrics.json")),
-                             pq.read_table(run.file("requests.parquet")).to_pylist())
+    found = {run.method: done for run in runs if (done := finished(run))}
     tuned = [m for m in found if method_kind(config, m).name == EAGLE3_TUNED.name]
     if not tuned:
         return []
