@@ -28,6 +28,7 @@ wildcard_constraints:
     workload="|".join(config["workloads"]),
     method="|".join(config["methods"]),
     slots=r"\d+",
+    fold=r"(\.fold\d+)?",
     cache="|".join(paths.CACHE_MODES),
 
 

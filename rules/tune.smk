@@ -1,5 +1,6 @@
 # Tuning: the fixed EAGLE-3 tree a user tunes by hand (a method of kind eagle3-tuned), chosen by a sweep over the
-# config's `tune` grid on questions the workload does not evaluate.
+# config's `tune` grid on questions the workload does not evaluate; under cross-fitting (a workload's `tune_folds`),
+# one tree per fold, chosen on the other folds' questions ({fold}: ".fold<f>", empty without folds).
 
 
 rule extract_tune:
@@ -7,9 +8,9 @@ rule extract_tune:
         questions=questions_file,
         tokenizer=tokenizer_dir,
     output:
-        prompts=paths.tune_prompts("{model}", "{workload}"),
+        prompts=paths.tune_prompts("{model}", "{workload}", "{fold}"),
     log:
-        paths.log("extract_tune", "{model}", "{workload}"),
+        paths.log("extract_tune", "{model}", "{workload}{fold}"),
     conda:
         CONDA_ENV
     params:
@@ -23,14 +24,14 @@ rule extract_tune:
 
 rule tune:
     input:
-        prompts=paths.tune_prompts("{model}", "{workload}"),
+        prompts=paths.tune_prompts("{model}", "{workload}", "{fold}"),
         target=target_dir,
         drafter=drafter_dir,
     output:
-        tune=paths.tune("{model}", "{device}", "{workload}", "{method}", "{slots}"),
+        tune=paths.tune("{model}", "{device}", "{workload}", "{method}", "{slots}", "{fold}"),
     log:
         paths.log(
-            "tune", "{model}", "{device}", "{workload}", "{method}", "slots{slots}"
+            "tune", "{model}", "{device}", "{workload}", "{method}", "slots{slots}{fold}"
         ),
     conda:
         CONDA_ENV

@@ -4,6 +4,7 @@ import copy
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,12 +16,14 @@ from specfit.planning.matrix import (
     DecodeRun,
     decode_inputs,
     decode_runs,
+    fold_ids,
     reference_run,
     report_inputs,
     theory_cost,
     theory_file,
     theory_runs,
     tune_question_ids,
+    workload_ids,
 )
 from specfit.planning.paths import atlas_variant
 from specfit.speculative.config import MethodConfig
@@ -109,43 +112,71 @@ def test_snakemake_stops_before_any_job(root, config, tmp_path):
 
 
 def test_decode_matrix(config, schema):
+    """The default matrix: the runs a claim reads, on the paper's sample (40 summarization articles and 80 GSM8K
+    questions on the A100, the 40 odd-numbered GSM8K questions on the RTX 4090)."""
     validate_config(config, schema)
     runs = decode_runs(config)
-    assert len(runs) == len(set(runs)) == 53
+    assert len(runs) == len(set(runs)) == 37
+    assert {(r.device, r.workload) for r in runs} == {("cpu-a100", "summarization"), ("cpu-a100", "gsm8k"),
+                                                      ("cpu-4090", "gsm8k-odd")}
+    assert [len(workload_ids(config, w)) for w in ("summarization", "gsm8k", "gsm8k-odd")] == [40, 80, 40]
+    # the paper's methods, the tuned tree, specfit-online and the thesis's dense cost in every cell, with the cache
+    # and without it
+    cells = {(r.device, r.workload, r.slots) for r in runs if r.method == "specfit"}
+    assert cells == {("cpu-a100", w, s) for w in ("summarization", "gsm8k") for s in (0, 12)} | {
+        ("cpu-4090", "gsm8k-odd", s) for s in (0, 8)}
+    for method in ("ar", "eagle3", "specfit-dense", "eagle3-tuned", "specfit-online"):
+        assert cells == {(r.device, r.workload, r.slots) for r in runs if r.method == method}, method
+    run = DecodeRun("toy", "cpu-a100", "gsm8k", "specfit-noisy", 12)
+    assert run in runs and reference_run(config, run) == DecodeRun("toy", "cpu-a100", "gsm8k", "ar", 0)
+    assert reference_run(config, DecodeRun("toy", "cpu-a100", "gsm8k", "ar", 0)) is None
+    assert atlas_variant("specfit-noisy", 12) == "specfit-noisy-cache"
+    assert atlas_variant("specfit", 0) == "specfit-nocache"
+    assert {(r.device, r.workload, r.slots) for r in theory_runs(config)} == {
+        ("cpu-a100", "summarization", 12), ("cpu-a100", "gsm8k", 12), ("cpu-4090", "gsm8k-odd", 8)}
+    # the dense cost reads the calibration, no routes: no atlas, no predictor
+    dense = decode_inputs(config, DecodeRun("toy", "cpu-a100", "gsm8k", "specfit-dense", 12))
+    assert dense["coefficients"] == "data/calibration/toy/cpu-a100/cache.json"
+    assert "atlas" not in dense and "predictor" not in dense
+
+
+@pytest.fixture()
+def beyond(root, config):
+    """config.yaml with config.beyond.yaml merged over it, as --configfile merges it."""
+    from snakemake.utils import update_config
+
+    update_config(config, yaml.safe_load((root / "config.beyond.yaml").read_text()))
+    return config
+
+
+def test_the_beyond_overlay_adds_the_cells_no_claim_reads(config, beyond, schema):
+    default = set(decode_runs(yaml.safe_load((Path("config.yaml")).read_text())))
+    validate_config(beyond, schema)
+    runs = decode_runs(beyond)
+    assert default <= set(runs) and len(runs) == len(set(runs)) == 59
     # the prefetching methods beside specfit-prefetch's self without prefetch, on the A100 at the main slots
     prefetching = ("specfit-ca-learned", "specfit-prefetch", "specfit-prefetch-atlas", "eagle3-prefetch")
     assert {(r.device, r.workload, r.method, r.slots) for r in runs if r.method in prefetching} == {
         ("cpu-a100", w, m, 12) for w in ("summarization", "gsm8k") for m in prefetching}
     assert DecodeRun("toy", "cpu-a100", "summarization", "specfit", 3) in runs
-    # AR and EAGLE-3 beside SpecFit in every cell with and without the cache; specfit-ca beside them on the A100
-    cells = {(r.device, r.workload, r.slots) for r in runs if r.method == "specfit" and r.slots in (0, 8, 12)}
-    for method in ("ar", "eagle3"):
-        assert cells <= {(r.device, r.workload, r.slots) for r in runs if r.method == method}, method
-    assert {c for c in cells if c[0] == "cpu-a100"} <= {(r.device, r.workload, r.slots) for r in runs
-                                                        if r.method == "specfit-ca"}
-    run = DecodeRun("toy", "cpu-a100", "gsm8k", "specfit-noisy", 12)
-    assert reference_run(config, run) == DecodeRun("toy", "cpu-a100", "gsm8k", "ar", 0)
-    assert reference_run(config, DecodeRun("toy", "cpu-a100", "gsm8k", "ar", 0)) is None
+    assert {(r.workload, r.slots) for r in runs if r.method == "specfit-ca"} == {
+        (w, s) for w in ("summarization", "gsm8k") for s in (0, 12)}
     # the link-only cell has no AR without the cache: its reference is its AR with the cache
     link_ar = DecodeRun("toy", "cpu-a100link", "gsm8k", "ar", 12)
-    assert reference_run(config, DecodeRun("toy", "cpu-a100link", "gsm8k", "eagle3", 12)) == link_ar
-    assert atlas_variant("specfit-noisy", 12) == "specfit-noisy-cache"
-    assert atlas_variant("specfit", 0) == "specfit-nocache"
-    assert {(r.device, r.workload, r.slots) for r in theory_runs(config)} == {
-        ("cpu-a100", "summarization", 12), ("cpu-a100", "gsm8k", 12), ("cpu-4090", "gsm8k", 8),
-        ("cpu-a100link", "gsm8k", 12)}
+    assert reference_run(beyond, DecodeRun("toy", "cpu-a100link", "gsm8k", "eagle3", 12)) == link_ar
 
 
-def test_theory_runs_hold_specfit_specfit_ca_and_specfit_prefetch(config, schema):
+def test_theory_runs_hold_specfit_specfit_ca_and_specfit_prefetch(beyond, schema):
     """Table 5 on SpecFit's pools (the paper's cost, the workload's file), on specfit-ca's and on the exact-route
     specfit-prefetch's (the cache-aware cost, a file of their own), each with the cache at the main slot count and
     exact routes (specfit-prefetch with learned routes has no Table 5)."""
+    config = beyond
     validate_config(config, schema)
     cells = {("cpu-a100", "summarization", 12), ("cpu-a100", "gsm8k", 12)}
     runs = theory_runs(config)
     assert sorted((r.device, r.workload, r.slots, r.method) for r in runs) == sorted(
         [(*cell, method) for cell in cells for method in ("specfit", "specfit-ca", "specfit-prefetch-atlas")]
-        + [("cpu-4090", "gsm8k", 8, "specfit"), ("cpu-a100link", "gsm8k", 12, "specfit")])
+        + [("cpu-4090", "gsm8k-odd", 8, "specfit"), ("cpu-a100link", "gsm8k", 12, "specfit")])
     files = {(r.method, theory_cost(config, r), theory_file(config, r)) for r in runs if r.device == "cpu-a100"
              and r.workload == "gsm8k"}
     assert files == {("specfit", "paper", "data/theory/toy/cpu-a100/gsm8k.json"),
@@ -205,7 +236,7 @@ def test_k_max_beyond_the_fitted_intercepts_is_named(config, schema):
     config["calibration"] = {"sizes": 8}
     with pytest.raises(SpecFitError, match=r"'methods\.specfit-online\.k_max' is 16.*b_0\.\.b_7.*calibration\.sizes"):
         validate_config(copy.deepcopy(config), schema)
-    for method in ("specfit", "specfit-noisy", "specfit-ca", "specfit-learned", "specfit-ca-learned",
+    for method in ("specfit", "specfit-noisy", "specfit-dense", "specfit-ca", "specfit-learned", "specfit-ca-learned",
                    "specfit-prefetch", "specfit-prefetch-atlas", "eagle3-prefetch", "specfit-online"):
         config["methods"][method]["k_max"] = 6
     config["calibration"]["sizes"] = 7
@@ -227,10 +258,10 @@ def test_a_pool_too_wide_to_search_exactly_is_refused_by_name(config, schema):
 
 def test_predictor_questions_must_not_be_evaluated(config, schema):
     """The learned route predictor trains on questions no workload evaluates: an overlap is named before any job."""
-    config["predictor"] = {"question_ids": [{"start": 241, "stop": 245}]}  # 242 and 244 are summarization's
-    with pytest.raises(SpecFitError, match=r"'predictor\.question_ids' holds questions .*\(242, 244\)"):
+    config["predictor"] = {"question_ids": [{"start": 241, "stop": 245}]}  # summarization's: tuned on, evaluated
+    with pytest.raises(SpecFitError, match=r"'predictor\.question_ids' holds questions .*\(241, 242, 243, 244, 245\)"):
         validate_config(config, schema)
-    config["predictor"] = {"question_ids": [{"start": 241, "stop": 245, "step": 2}], "method": "eagle4"}
+    config["predictor"] = {"question_ids": [{"start": 265, "stop": 269, "step": 2}], "method": "eagle4"}
     with pytest.raises(SpecFitError, match=r"'predictor\.method' names 'eagle4'"):
         validate_config(config, schema)
 
@@ -390,20 +421,41 @@ def test_a_resident_device_needs_slots_for_every_expert(resident, schema):
 
 def test_a_tuned_method_tunes_on_questions_its_workload_does_not_evaluate(resident, schema):
     validate_config(resident, schema)
-    assert tune_question_ids(resident, "gsm8k") == [413, 414, 415, 416]  # after the 12 it evaluates (401..412)
-    assert tune_question_ids(resident, "summarization") == [266, 268, 270, 272]
+    # summarization: 12 of the odd-numbered articles, held out (the 40 even-numbered ones are evaluated)
+    assert tune_question_ids(resident, "summarization") == list(range(241, 264, 2))
+    run = DecodeRun("toy", "cpu-m5max-pair", "summarization", "eagle3-tuned", 32)
+    assert decode_inputs(resident, run)["tune"] == [
+        "data/tune/toy/cpu-m5max-pair/summarization/eagle3-tuned/slots32.json"]
+    # GSM8K evaluates all 80: cross-fitted over 2 folds (question i of the run to fold i mod 2), each fold's tree
+    # tuned on the first 12 of the other fold's
+    assert fold_ids(resident, "gsm8k", 0) == list(range(401, 481, 2))
+    assert tune_question_ids(resident, "gsm8k", 0) == list(range(402, 425, 2))
+    assert tune_question_ids(resident, "gsm8k", 1) == list(range(401, 424, 2))
+    with pytest.raises(SpecFitError, match="cross-fitted over 2 folds: name the fold"):
+        tune_question_ids(resident, "gsm8k")
     run = DecodeRun("toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
-    assert decode_inputs(resident, run)["tune"] == "data/tune/toy/cpu-m5max-pair/gsm8k/eagle3-tuned/slots32.json"
-    assert "data/tune/toy/cpu-m5max-pair/gsm8k/eagle3-tuned/slots32.json" in report_inputs(resident)["tune"]
+    folds = [f"data/tune/toy/cpu-m5max-pair/gsm8k/eagle3-tuned/slots32.fold{f}.json" for f in (0, 1)]
+    assert decode_inputs(resident, run)["tune"] == folds
+    assert set(folds) <= set(report_inputs(resident)["tune"])
 
 
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c["methods"]["eagle3-tuned"].update(k_max=4),
      r"'methods\.eagle3-tuned\.k_max': the tune rule chooses"),
-    (lambda c: c["workloads"]["gsm8k"].update(max_requests=None),
+    (lambda c: c["workloads"]["gsm8k"].update(tune_folds=None),
      r"'workloads\.gsm8k\.tune_question_ids': a tuned method runs on workload 'gsm8k', which has no questions"),
-    (lambda c: c["workloads"]["gsm8k"].update(tune_question_ids={"start": 410, "stop": 415}),
+    (lambda c: c["workloads"]["gsm8k"].update(tune_folds=None, max_requests=12,
+                                              tune_question_ids={"start": 410, "stop": 415}),
      r"'workloads\.gsm8k\.tune_question_ids' holds questions the workload evaluates \(410, 411, 412\)"),
+    (lambda c: c["workloads"]["gsm8k"].update(tune_question_ids={"start": 481, "stop": 490}),
+     r"'workloads\.gsm8k\.tune_folds': cross-fitting tunes on the workload's own evaluated questions; drop it or "
+     r"'workloads\.gsm8k\.tune_question_ids', not both"),
+    (lambda c: c["workloads"]["gsm8k"].update(max_requests=3, tune_folds=4),
+     r"'workloads\.gsm8k\.tune_folds' is 4, but the workload evaluates 3 questions: a fold would be empty"),
+    (lambda c: c["devices"]["cpu-m5max-pair"].update(coefficients="paper-a100") or
+     c["runs"][0]["methods"].append("specfit-dense"),
+     r"'methods\.specfit-dense': kind 'specfit-dense' refits b_k on the calibration's probe points, but device "
+     r"'cpu-m5max-pair' has no probes \(devices\.cpu-m5max-pair\.coefficients: paper-a100\)"),
     (lambda c: c.setdefault("tune", {}).update(max_depth=[1, 2, 3]),
      r"'tune\.max_depth' reaches 3, short of the paper's tree \(max_depth 5\)"),
     (lambda c: c.setdefault("tune", {}).update(top_k_expand=[1]),

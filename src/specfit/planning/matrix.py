@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from specfit.errors import SpecFitError
 from specfit.planning import paths
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.kinds import PAPER, REFERENCE, Kind, kind
@@ -72,16 +73,48 @@ def workload_ids(config: dict, workload: str) -> list[int]:
     return list(_id_range(config["workloads"][workload]["question_ids"]))
 
 
-def tune_question_ids(config: dict, workload: str) -> list[int]:
-    """The questions a tuned method's tree is chosen on (the tune rule), in order: the workload's
-    ``tune_question_ids``, else its ids after the first ``max_requests`` (which it does not evaluate); the first
-    ``tune.requests`` of them."""
+def evaluated_ids(config: dict, workload: str) -> list[int]:
+    """The question ids a workload's runs decode: its ids, the first ``max_requests`` of them when it sets one."""
+    return workload_ids(config, workload)[: config["workloads"][workload]["max_requests"] or None]
+
+
+def tune_folds(config: dict, workload: str) -> int:
+    """How many folds a tuned method's runs on ``workload`` are cross-fitted over (``tune_folds``); 0: none, the tree
+    is chosen once on questions the workload does not evaluate."""
+    return config["workloads"][workload].get("tune_folds") or 0
+
+
+def fold_ids(config: dict, workload: str, fold: int) -> list[int]:
+    """The evaluated questions of ``fold`` under cross-fitting: every ``tune_folds``-th from the fold's position,
+    so each fold spans the workload."""
+    return evaluated_ids(config, workload)[fold:: tune_folds(config, workload)]
+
+
+def tune_question_ids(config: dict, workload: str, fold: int | None = None) -> list[int]:
+    """The questions a tuned method's tree is chosen on (the tune rule), in order; the first ``tune.requests`` of:
+
+    - under cross-fitting (``tune_folds``), for ``fold``: the evaluated questions of the other folds, so the questions
+      fold ``fold`` decodes are never tuned on;
+    - else the workload's ``tune_question_ids``, or its ids after the first ``max_requests`` (which it does not
+      evaluate).
+    """
     wl = config["workloads"][workload]
-    if wl.get("tune_question_ids") is not None:
+    if tune_folds(config, workload):
+        if fold is None:
+            raise SpecFitError(f"workload {workload!r} is cross-fitted over {tune_folds(config, workload)} folds: "
+                               "name the fold whose tuning questions you want")
+        held = set(fold_ids(config, workload, fold))
+        ids = [i for i in evaluated_ids(config, workload) if i not in held]
+    elif wl.get("tune_question_ids") is not None:
         ids = list(_id_range(wl["tune_question_ids"]))
     else:
         ids = workload_ids(config, workload)[wl["max_requests"]:] if wl["max_requests"] else []
     return ids[: config["tune"]["requests"]]
+
+
+def tune_parts(config: dict, workload: str) -> list[int | None]:
+    """The tune jobs of one tuned run, by fold: ``[None]`` without cross-fitting, else ``[0, 1, ...]``."""
+    return list(range(tune_folds(config, workload))) or [None]
 
 
 def predictor_question_ids(config: dict) -> list[int]:
@@ -118,20 +151,22 @@ def decode_inputs(config: dict, run: DecodeRun) -> dict[str, str]:
         variant = paths.atlas_variant(run.method, run.slots)
         inputs["atlas"] = paths.atlas(run.model, run.device, run.workload, variant)
     if method_kind(config, run.method).tuned:
-        inputs["tune"] = paths.tune(run.model, run.device, run.workload, run.method, run.slots)
+        inputs["tune"] = [paths.tune(run.model, run.device, run.workload, run.method, run.slots, fold)
+                          for fold in tune_parts(config, run.workload)]
     return inputs
 
 
 def method_inputs(config: dict, model: str, device: str, method: str, slots: int) -> dict[str, str]:
-    """What a method decodes with, whatever the prompts (`specfit generate` reads these too): the checkpoints, and
-    for a method that selects by routes its coefficients and, with learned routes, its route predictor."""
+    """What a method decodes with, whatever the prompts (`specfit generate` reads these too): the checkpoints, for a
+    method that selects by a fitted cycle time its coefficients and, with learned routes, its route predictor."""
     entry = config["models"][model]
     inputs = {"target": entry["target"]}
     k = method_kind(config, method)
     if k.drafts:
         inputs["drafter"] = entry["drafter"]
-    if k.reads_routes:
+    if k.calibrated:
         inputs["coefficients"] = paths.calibration(model, device, paths.cache_mode(slots))
+    if k.reads_routes:
         if method_config(config, method).route_source.learned:
             inputs["predictor"] = paths.predictor(model)
     return inputs
@@ -196,7 +231,7 @@ def report_inputs(config: dict) -> dict[str, list[str]]:
         "models": [*(paths.toy_model(m, part) for m in toys for part in paths.TOY_RECORDS),
                    *(paths.SHIPPED_MANIFEST for m in toys if config["models"][m].get("shipped"))],
         "predictor": sorted({p for r in runs if (p := decode_inputs(config, r).get("predictor"))}),
-        "tune": sorted({p for r in runs if (p := decode_inputs(config, r).get("tune"))}),
+        "tune": sorted({p for r in runs for p in decode_inputs(config, r).get("tune", [])}),
     }
 
 

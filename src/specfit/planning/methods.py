@@ -8,7 +8,14 @@ from __future__ import annotations
 import itertools
 
 from specfit.errors import SpecFitError
-from specfit.planning.matrix import method_config, method_kind, tune_question_ids, workload_ids
+from specfit.planning.matrix import (
+    evaluated_ids,
+    fold_ids,
+    method_config,
+    method_kind,
+    tune_folds,
+    tune_question_ids,
+)
 
 PAPER_TREE = {"max_depth": 5, "top_k_expand": 2}  # the paper's EAGLE-3 tree (Section 4.1), which a tune grid must span
 # The most legal subtrees SpecFit's exact search may have to visit in one selection: about 10 ms at the ~10 ns a
@@ -52,9 +59,14 @@ def check_methods(config: dict) -> list[str]:
         for method, device in itertools.product(block["methods"], block["devices"]):
             if method not in config["methods"] or device not in config["devices"] or not _kind(config, method):
                 continue
-            if _kind(config, method).reads_routes:
+            fit = config["devices"][device]["coefficients"] == "fit"
+            if _kind(config, method).dense_cost and not fit:
+                problems.append(
+                    f"config key 'methods.{method}': kind {_kind(config, method).name!r} refits b_k on the "
+                    f"calibration's probe points, but device {device!r} has no probes (devices.{device}.coefficients: "
+                    f"{config['devices'][device]['coefficients']}); set it to fit, or run the method elsewhere")
+            if _kind(config, method).calibrated:
                 k_max = method_config(config, method).k_max
-                fit = config["devices"][device]["coefficients"] == "fit"
                 sizes = config["calibration"]["sizes"] if fit else 8  # the paper's presets: b_0..b_7
                 if k_max + 1 > sizes:
                     problems.append(
@@ -106,15 +118,34 @@ def _check_tuned(config: dict) -> list[str]:
                             f"({key} {least}): a tuned tree is the best of a grid that holds the published one; "
                             f"add {least}")
     for workload in sorted({w for b in config["runs"] if tuned & set(b["methods"]) for w in b["workloads"]}):
-        if workload not in config["workloads"]:
-            continue
-        wl, ids = config["workloads"][workload], tune_question_ids(config, workload)
-        evaluated = set(workload_ids(config, workload)[: wl["max_requests"] or None])
+        if workload in config["workloads"]:
+            problems += _check_tuning_questions(config, workload)
+    return problems
+
+
+def _check_tuning_questions(config: dict, workload: str) -> list[str]:
+    """The questions each tree of a tuned run on ``workload`` is chosen on: some, and none it decodes (under
+    cross-fitting, every fold holds questions to decode and the folds' tuning questions are the other folds')."""
+    wl, key = config["workloads"][workload], f"workloads.{workload}"
+    evaluated, folds = evaluated_ids(config, workload), tune_folds(config, workload)
+    if folds:
+        if wl.get("tune_question_ids") is not None:
+            return [f"config key '{key}.tune_folds': cross-fitting tunes on the workload's own evaluated questions; "
+                    f"drop it or '{key}.tune_question_ids', not both"]
+        if folds > len(evaluated):
+            return [f"config key '{key}.tune_folds' is {folds}, but the workload evaluates {len(evaluated)} "
+                    f"questions: a fold would be empty; use at most {len(evaluated)} folds"]
+        parts = [(f, fold_ids(config, workload, f)) for f in range(folds)]
+    else:
+        parts = [(None, evaluated)]
+    problems = []
+    for fold, decodes in parts:
+        ids = tune_question_ids(config, workload, fold)
         if not ids:
-            problems.append(f"config key 'workloads.{workload}.tune_question_ids': a tuned method runs on workload "
-                            f"{workload!r}, which has no questions it does not evaluate to tune on; give "
-                            "tune_question_ids, or a max_requests below its ids")
-        elif overlap := sorted(evaluated & set(ids)):
-            problems.append(f"config key 'workloads.{workload}.tune_question_ids' holds questions the workload "
-                            f"evaluates ({', '.join(map(str, overlap[:8]))}): tune on others")
+            problems.append(f"config key '{key}.tune_question_ids': a tuned method runs on workload {workload!r}, "
+                            "which has no questions it does not evaluate to tune on; give tune_question_ids, "
+                            "tune_folds (cross-fitting), or a max_requests below its ids")
+        elif overlap := sorted(set(decodes) & set(ids)):
+            problems.append(f"config key '{key}.tune_question_ids' holds questions the workload evaluates "
+                            f"({', '.join(map(str, overlap[:8]))}): tune on others")
     return problems

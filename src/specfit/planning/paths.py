@@ -7,12 +7,12 @@ find files through them. Torch-free, so that ``snakemake -n`` stays fast.
 ::
 
     data/prompts/{model}/{workload}.parquet                           extract
-    data/prompts/{model}/tune/{workload}.parquet                      extract_tune (a tuned method's questions)
+    data/prompts/{model}/tune/{workload}[.fold{f}].parquet             extract_tune (a tuned method's questions)
     data/models/{model}/{tokenizer,target,drafter}/                   toy models (data/models/toy/SHIPPED.json: shipped)
     data/calibration/{model}/{device}/{cache}.json, .points.parquet   calibrate
     data/atlas/{model}/{device}/{workload}/{method}-{cache}/          atlas
     data/predictor/{model}/                                           predictor (learned routes)
-    data/tune/{model}/{device}/{workload}/{method}/slots{slots}.json  tune (a tuned method's tree)
+    data/tune/{model}/{device}/{workload}/{method}/slots{slots}[.fold{f}].json  tune (a tuned method's tree)
     data/decode/{model}/{device}/{workload}/{method}/slots{slots}/    decode
     data/theory/{model}/{device}/{workload}[.{method}].json           theory (a method: beyond the paper)
     reports/all/                                                      report
@@ -44,15 +44,22 @@ def prompts(model: str, workload: str) -> str:
     return f"data/prompts/{model}/{workload}.parquet"
 
 
-def tune_prompts(model: str, workload: str) -> str:
-    """The questions a tuned method's tree is chosen on: the workload's that it does not evaluate."""
-    return f"data/prompts/{model}/tune/{workload}.parquet"
+def fold_part(fold) -> str:
+    """A cross-fitted fold's part of a tune file name (`tune`, `tune_prompts`): ``.fold{fold}``, nothing without
+    folds (None); a rule's wildcard pattern passes its ``{fold}`` through."""
+    return "" if fold is None else fold if str(fold).startswith("{") else f".fold{fold}"
 
 
-def tune(model: str, device: str, workload: str, method: str, slots) -> str:
+def tune_prompts(model: str, workload: str, fold=None) -> str:
+    """The questions a tuned method's tree is chosen on: the workload's that it does not evaluate (under
+    cross-fitting, those of the other folds than ``fold``)."""
+    return f"data/prompts/{model}/tune/{workload}{fold_part(fold)}.parquet"
+
+
+def tune(model: str, device: str, workload: str, method: str, slots, fold=None) -> str:
     """A tune job's choice (JSON): the grid's trees with their decode TPS and the best one
-    (`specfit.speculative.tuning`), tuned at the run's own cache size."""
-    return f"data/tune/{model}/{device}/{workload}/{method}/slots{slots}.json"
+    (`specfit.speculative.tuning`), tuned at the run's own cache size; under cross-fitting one per fold."""
+    return f"data/tune/{model}/{device}/{workload}/{method}/slots{slots}{fold_part(fold)}.json"
 
 
 def toy_dir(model: str) -> str:

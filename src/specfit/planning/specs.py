@@ -17,7 +17,9 @@ from specfit.planning import paths
 from specfit.planning.matrix import (
     DecodeRun,
     decode_runs,
+    evaluated_ids,
     evaluated_question_ids,
+    fold_ids,
     method_config,
     predictor_question_ids,
     theory_cost,
@@ -55,11 +57,17 @@ def extract(config: dict, model: str, workload: str) -> dict:
     return spec
 
 
-def extract_tune(config: dict, model: str, workload: str) -> dict:
+def extract_tune(config: dict, model: str, workload: str, fold: str = "") -> dict:
     """Rule extract_tune: `extract`'s spec for the questions a tuned method's tree is chosen on
-    (`specfit.planning.matrix.tune_question_ids`), all of them."""
-    return {**extract(config, model, workload), "question_ids": tune_question_ids(config, workload),
+    (`specfit.planning.matrix.tune_question_ids`), all of them; ``fold``: the rule's wildcard (".fold1", or empty
+    without cross-fitting)."""
+    return {**extract(config, model, workload), "question_ids": tune_question_ids(config, workload, _fold(fold)),
             "max_requests": None}
+
+
+def _fold(wildcard: str) -> int | None:
+    """A ``{fold}`` wildcard's fold: ".fold1" -> 1, "" -> None (`specfit.planning.paths.fold_part`)."""
+    return int(wildcard.removeprefix(".fold")) if wildcard else None
 
 
 def toy(config: dict, part: str) -> dict:
@@ -128,12 +136,16 @@ def decode(config: dict, model: str, device: str, workload: str, method: str, sl
     return _stream(config, model, device, _limits(config, workload), method, int(slots), dev["link"], _emulated(dev))
 
 
-def tune(config: dict, model: str, device: str, workload: str, method: str, slots) -> dict:
+def tune(config: dict, model: str, device: str, workload: str, method: str, slots, fold: str = "") -> dict:
     """Rule tune: the decode spec of the tuned method's run at ``slots`` (a user tunes the tree on their device, with
-    their cache) and the grid of trees (`specfit.speculative.tuning.grid`)."""
+    their cache), the grid of trees (`specfit.speculative.tuning.grid`) and the questions the chosen tree will decode
+    (under cross-fitting, fold ``fold``'s; else all the workload evaluates)."""
     from specfit.speculative.tuning import grid  # torch-free
 
-    return {"stream": decode(config, model, device, workload, method, int(slots)), "trees": grid(config["tune"])}
+    f = _fold(fold)
+    decodes = evaluated_ids(config, workload) if f is None else fold_ids(config, workload, f)
+    return {"stream": decode(config, model, device, workload, method, int(slots)), "trees": grid(config["tune"]),
+            "decodes": decodes}
 
 
 def generate(config: dict, model: str, device: str, method: str, slots: int, limit_tokens: int,

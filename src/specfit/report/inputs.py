@@ -124,7 +124,7 @@ class Inputs:
     predictor: dict[str, dict] = field(default_factory=dict)  # model -> its learned route predictor's metrics.json
     toy: dict[tuple[str, str], dict] = field(default_factory=dict)  # (model, part) -> its training record
     shipped: dict[str, dict] = field(default_factory=dict)  # model -> the shipped toy's manifest (SHIPPED.json)
-    tune: dict[DecodeRun, dict] = field(default_factory=dict)  # a tuned method's run -> its tune job's JSON
+    tune: dict[DecodeRun, list[dict]] = field(default_factory=dict)  # a tuned run -> its tune jobs' JSON, by fold
     _intervals: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -265,10 +265,11 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
             if manifest is not None:
                 shipped[model] = manifest
     tune = {}
-    for r in runs:  # a tuned method's run reads its tune job's choice (a decode input)
-        if (path := decode_inputs(spec, r).get("tune")) is not None:
-            if (data := _load_json(files.path("tune", path), TUNE_REQUIRED)) is not None:
-                tune[r] = data
+    for r in runs:  # a tuned method's run reads its tune jobs' choices (a decode input; one per cross-fitted fold)
+        if found := decode_inputs(spec, r).get("tune"):
+            folds = [_load_json(files.path("tune", path), TUNE_REQUIRED) for path in found]
+            if all(data is not None for data in folds):
+                tune[r] = folds
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
     return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, toy,

@@ -11,7 +11,7 @@ from specfit.report.page import Estimate, Section, cache_cell
 from specfit.report.paper_figures import PAPER_DEVICES, PAPER_WORKLOADS, Beside
 from specfit.report.quantities import LINK_EMULATED
 from specfit.report.verdict import Outcome
-from specfit.speculative.kinds import AR, EAGLE3, EAGLE3_TUNED, SPECFIT, SPECFIT_CA
+from specfit.speculative.kinds import AR, EAGLE3, EAGLE3_TUNED, SPECFIT, SPECFIT_CA, SPECFIT_DENSE
 
 
 def slot_order(slots) -> list[int]:
@@ -31,12 +31,14 @@ class Roles:
     noisy: list[str]
     specfit_ca: str | None = None
     eagle3_tuned: str | None = None  # EAGLE-3 at the tune rule's best fixed tree (beyond the paper)
+    specfit_dense: str | None = None  # SpecFit's selection under a cost blind to experts (the thesis's ablation)
 
     @classmethod
     def of(cls, spec: dict) -> "Roles":
         return cls(first_method(spec, AR.name), first_method(spec, EAGLE3.name),
                    first_method(spec, SPECFIT.name, "atlas"), methods_with(spec, (SPECFIT.name,), "noisy"),
-                   first_method(spec, SPECFIT_CA.name), first_method(spec, EAGLE3_TUNED.name))
+                   first_method(spec, SPECFIT_CA.name), first_method(spec, EAGLE3_TUNED.name),
+                   first_method(spec, SPECFIT_DENSE.name))
 
     @property
     def baselines(self) -> tuple[str, ...]:

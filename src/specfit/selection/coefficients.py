@@ -72,6 +72,13 @@ def fit_nnls(k: np.ndarray, union: np.ndarray, y_ms: np.ndarray, sizes: int = 8)
                max_abs_residual_ms=max_abs, n_points=int(k.size))
 
 
+def fit_dense(k: np.ndarray, y_ms: np.ndarray, sizes: int = 8) -> Fit:
+    """The cycle time of a dense model, T̂(S) = b_|S| with β = 0: Eq. 4's NNLS on the same probes without the union
+    column, so each b_k is the mean probe time at size k. What the union column adds is the paper's thesis (kind
+    specfit-dense selects with this)."""
+    return fit_nnls(k, np.zeros(len(k)), y_ms, sizes)
+
+
 @dataclass(frozen=True)
 class FitCA:
     """The cache-aware coefficients in milliseconds and how well they explain the probe times.

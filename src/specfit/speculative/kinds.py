@@ -43,6 +43,12 @@ class Kind:
     label: str = ""  # the report's name for it where the config has no method of it (its name when empty)
     tuned: bool = False  # its tree (k_max, max_depth, top_k_expand) is the tune rule's best on unevaluated prompts
     searches: bool = False  # selects by SpecFit's exact search over A_K (the config bounds its pool's family)
+    dense_cost: bool = False  # prices subtrees by size alone, b_k refitted on the calibration's probes (no routes)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether its runs read the calibration's coefficients: a kind that reads routes, or one of a dense cost."""
+        return self.reads_routes or self.dense_cost
 
     def __post_init__(self):
         if self.theory_cost not in (None, *THEORY_COSTS):
@@ -68,6 +74,9 @@ EAGLE3 = Kind("eagle3", f"{_METHODS}:Eagle3", roles=(BASELINE, RIVAL, COMPARED),
 EAGLE3_TUNED = Kind("eagle3-tuned", f"{_METHODS}:Eagle3Tuned", tuned=True, label="EAGLE-3, tuned tree")
 SPECFIT = Kind("specfit", f"{_METHODS}:SpecFit", reads_routes=True, theory_cost=PAPER, roles=(COMPARED,),
                label="SpecFit", searches=True)
+# the paper's thesis as an ablation: SpecFit's selection and adaptive depth under a cost blind to experts
+SPECFIT_DENSE = Kind("specfit-dense", f"{_METHODS}:SpecFitDense", dense_cost=True, label="SpecFit, dense cost",
+                     searches=True)
 SPECFIT_CA = Kind("specfit-ca", f"{_METHODS}:SpecFitCA", reads_routes=True, theory_cost=CACHE_AWARE,
                   roles=(COMPARED,), searches=True)
 # specfit-ca with online-calibrated commit probabilities, look-ahead stopping and no skipping (beyond the paper); no
@@ -80,7 +89,8 @@ EAGLE3_PREFETCH = Kind("eagle3-prefetch", f"{_PREFETCHING}:Eagle3Prefetch", read
 
 PAPER_KINDS = (AR.name, EAGLE3.name, SPECFIT.name)  # the paper's three methods, which key its results
 
-BUILTIN = (AR, EAGLE3, EAGLE3_TUNED, SPECFIT, SPECFIT_CA, SPECFIT_ONLINE, SPECFIT_PREFETCH, EAGLE3_PREFETCH)
+BUILTIN = (AR, EAGLE3, EAGLE3_TUNED, SPECFIT, SPECFIT_DENSE, SPECFIT_CA, SPECFIT_ONLINE, SPECFIT_PREFETCH,
+           EAGLE3_PREFETCH)
 KINDS: dict[str, Kind] = {k.name: k for k in BUILTIN}  # and the kinds registered from outside
 
 

@@ -26,7 +26,7 @@ from specfit.speculative.cycle import Cycle
 from specfit.speculative.kinds import Kind, kind, register_kind
 from specfit.speculative.routes import LiveRoutes, find_source, route_source_for
 from specfit.speculative.skipping import Skipping
-from specfit.speculative.tuning import chosen_tree
+from specfit.speculative.tuning import trees_by_question
 
 EXPERT_TERM_TOL = 1e-12  # a cost coefficient per expert below this share of b_0 is no expert term (`asks_routes`)
 
@@ -87,6 +87,9 @@ class Method:
     def reset(self) -> None:
         """Forget what earlier requests taught (the stream calls it after its warm-up request)."""
 
+    def begin(self, question_id: int) -> None:
+        """Before each request, off its timers: the question it decodes (a cross-fitted tuned tree is its fold's)."""
+
     def residency(self, cycle: Cycle) -> np.ndarray | None:
         """[L, N] bool: the experts each layer's cache held as ``cycle`` selected, as the method read them for its
         cost; None for a method that reads no cache, or a cycle in which it read none. Reading it queries nothing."""
@@ -142,14 +145,26 @@ class Eagle3(Method):
 
 class Eagle3Tuned(Eagle3):
     """EAGLE-3 at the fixed tree the tune rule found best on the workload's tuning questions (its ``tune`` input,
-    `specfit.speculative.tuning`): what a user tunes by hand today."""
+    `specfit.speculative.tuning`): what a user tunes by hand today. Cross-fitted, its ``tune`` inputs are one per
+    fold, and each question is decoded with the tree of its fold, tuned on the other folds' questions."""
+
+    def __init__(self, config: MethodConfig, trees: dict[int | None, dict]):
+        self.trees = trees  # question id -> tree (`trees_by_question`)
+        super().__init__(dataclasses.replace(config, **trees.get(None) or next(iter(trees.values()))))
 
     @classmethod
     def from_inputs(cls, config, inputs, seed, num_experts):
         if "tune" not in inputs:
             raise SpecFitError(f"method kind {config.name} decodes with a tuned tree: give the `tune` input (the tune "
                                "rule's choice)")
-        return cls(dataclasses.replace(config, **chosen_tree(inputs["tune"])))
+        tune = inputs["tune"]  # one path, or one per fold (a list input)
+        return cls(config, trees_by_question([tune] if isinstance(tune, str) else list(tune)))
+
+    def begin(self, question_id):
+        tree = self.trees.get(question_id, self.trees.get(None))
+        if tree is None:
+            raise SpecFitError(f"question {question_id}: no fold's tuned tree decodes it; rerun its tune jobs")
+        self.config = dataclasses.replace(self.config, **tree)
 
 
 class SpecFit(Method):
@@ -207,13 +222,18 @@ class SpecFit(Method):
         routes = route_source_for(config, inputs, seed, num_experts)
         return cls(config, coefficients["b"], coefficients["beta"], routes, num_experts)
 
+    @property
+    def full_pool(self) -> bool:
+        """Whether its route source answers only for the whole pool (the atlas build): then the rule is replayed."""
+        return self.route_source is not None and self.route_source.full_pool
+
     def select(self, cycle, pool, final):
         if pool.n == 0:  # at the length limit (or no drafting): nothing to choose, no routes to read
             return Decision((), 0)
-        if self.route_source.full_pool and not final:
+        if self.full_pool and not final:
             return None
         full = self.view(cycle, pool)
-        first = 1 if self.route_source.full_pool else pool.depth
+        first = 1 if self.full_pool else pool.depth
         for depth in range(first, pool.depth + 1):
             view = full if depth == pool.depth else full.upto_level(depth)  # V<=d; the whole pool at its depth
             chosen = self.choose(view, depth)
@@ -274,6 +294,29 @@ class SpecFit(Method):
 
     def decided(self, view: Pool, chosen: Selection, depth: int) -> Decision:
         return Decision(chosen.nodes, depth)
+
+
+class SpecFitDense(SpecFit):
+    """The paper's thesis as an ablation: SpecFit's selection (Eq. 5, the exact search) and adaptive depth under the
+    cost a dense model would have, T̂(S) = b'_|S| with β = 0, b' refitted by NNLS on the same calibration probes
+    without the expert-union column (the calibration's ``dense`` fit, `specfit.selection.coefficients.fit_dense`).
+    It reads no routes: every subtree of a size costs the same, whichever experts it activates."""
+
+    asks_routes = False
+
+    def __init__(self, config: MethodConfig, b, num_experts: int):
+        super().__init__(config, b, 0.0, None, num_experts)
+
+    @classmethod
+    def from_inputs(cls, config, inputs, seed, num_experts):
+        if "coefficients" not in inputs:
+            raise SpecFitError(f"method {config.name} needs the `coefficients` input (the calibration's dense fit)")
+        dense = read_json(inputs["coefficients"]).get("dense")
+        if dense is None:
+            raise SpecFitError(f"{inputs['coefficients']}: no dense fit, as a calibration without probe points (the "
+                               f"paper's preset coefficients) has none; method {config.name} refits b_k on the "
+                               "probes: calibrate with devices.<device>.coefficients: fit")
+        return cls(config, dense["b"], num_experts)
 
 
 class SpecFitCA(Skipping, SpecFit):

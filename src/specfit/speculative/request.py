@@ -213,6 +213,7 @@ def decode_cycles(
 ) -> Generator[list[int], None, RequestResult]:
     """`decode_request` as it goes: yields the tokens each step commits (prefill's first token, then each
     cycle's), and returns the request's `RequestResult`. What the caller does between steps is off the timers."""
+    method.begin(question_id)
     session = Session(model, drafter if method.drafts else None, prompt_ids, limits, request_id=request_id,
                       engine=engine)
     clock = session.clock

@@ -129,7 +129,8 @@ class Parts:
 def fingerprint(spec: StreamSpec, inputs: dict) -> str:
     """What a stream's finished requests depend on: its spec, and each input's path, size and modification time (an
     input remade since, such as a retrained checkpoint, is another stream)."""
-    stats = {name: [str(path), *((st.st_size, st.st_mtime_ns) if (st := _stat(path)) else ())]
+    stats = {name: [[str(p), *((st.st_size, st.st_mtime_ns) if (st := _stat(p)) else ())]
+                    for p in ([path] if isinstance(path, str | os.PathLike) else path)]
              for name, path in sorted(inputs.items())}
     text = json.dumps({"spec": dataclasses.asdict(spec), "inputs": stats}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -30,10 +30,31 @@ def best(trees: list[dict]) -> dict:
 
 def chosen_tree(path: str | Path) -> dict:
     """The tree a tune job chose (its JSON's ``chosen``), checked: every `TREE_KEYS` a positive integer."""
-    tree = read_json(path).get("chosen") or {}
+    return _checked(read_json(path), path)
+
+
+def _checked(data: dict, path) -> dict:
+    tree = data.get("chosen") or {}
     if sorted(tree) != sorted(TREE_KEYS) or not all(isinstance(v, int) and v > 0 for v in tree.values()):
         raise SpecFitError(f"{path}: no tuned tree (chosen: {tree}); rerun its tune job")
     return tree
+
+
+def trees_by_question(paths: list[str | Path]) -> dict[int | None, dict]:
+    """Question id -> the tree that decodes it, from a tuned run's tune jobs (one per cross-fitted fold, each naming
+    the questions it ``decodes``); key None: the tree of a question no fold names (a single tune job's, for any
+    question). Two folds that claim one question are refused."""
+    if len(paths) == 1:
+        return {None: chosen_tree(paths[0])}
+    trees: dict[int | None, dict] = {}
+    for path in paths:
+        data = read_json(path)
+        tree = _checked(data, path)
+        for q in data.get("decodes") or []:
+            if q in trees:
+                raise SpecFitError(f"{path}: question {q} is decoded by two folds' trees; rerun the tune jobs")
+            trees[q] = tree
+    return trees
 
 
 def tree_label(tree: dict) -> str:

@@ -55,7 +55,16 @@ from specfit.io import write_json, write_parquet
 from specfit.models import check_checkpoints, eos_ids, load_drafter, load_target
 from specfit.planning.stage import stage_main
 from specfit.results.records import POINTS_SCHEMA, read_prompts
-from specfit.selection.coefficients import fit_drafting, fit_nnls, fit_nnls_ca, predict_ca_ms, predict_ms, preset, score
+from specfit.selection.coefficients import (
+    fit_dense,
+    fit_drafting,
+    fit_nnls,
+    fit_nnls_ca,
+    predict_ca_ms,
+    predict_ms,
+    preset,
+    score,
+)
 from specfit.selection.pool import CandidatePool
 from specfit.selection.search import compile_kernels
 from specfit.selection.selectors import select_min_union, select_top_prob
@@ -328,7 +337,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
         coefficients = preset(spec["coefficients"], cache)
         write_parquet(POINTS_SCHEMA.empty_table(), outputs["points"])
         write_json({**coefficients, "source": spec["coefficients"], "cache": cache, "slots": spec["slots"],
-                    "cache_aware": None, "drafting": None,
+                    "cache_aware": None, "drafting": None, "dense": None,
                     "r2": None, "rmse_ms": None, "max_abs_residual_ms": None, "n_points": 0,
                     "link_emulated": False, "timing_label": "the paper's Appendix B"}, outputs["coefficients"])
         return
@@ -358,8 +367,9 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     cache_aware, rows["pred_ca_ms"] = fit_cache_aware(rows, protocol["sizes"])
     drafting = priced_selection(fit_draft_cost(rows), spec["emulate"])
     write_parquet(pa.Table.from_pydict(rows, schema=POINTS_SCHEMA), outputs["points"])
+    dense = fit_dense(rows["k"], rows["y_ms"], protocol["sizes"])
     write_json({**fit.as_dict(), "source": "fit", "cache": cache, "slots": spec["slots"], "states": len(states),
-                "cache_aware": cache_aware, "drafting": drafting,
+                "cache_aware": cache_aware, "drafting": drafting, "dense": dense.as_dict(),
                 "link_emulated": engine.link_emulated, "timing_label": engine.timing_label,
                 "h2d_transfers": engine.h2d_transfers, "device": engine.stats().get("device")},
                outputs["coefficients"])

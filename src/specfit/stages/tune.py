@@ -6,10 +6,14 @@ code (`specfit.speculative.loading`, one warm-up per tree, an empty cache at its
 stream's (`specfit.results.metrics.stream_metrics`: decode tokens over decode time, on the device's clock). The highest
 is chosen, the first of equals in grid order.
 
+Under cross-fitting (a workload's ``tune_folds``) one tune job runs per fold: its prompts are the other folds'
+questions, and the tree it chooses decodes its fold's (``decodes``).
+
 spec: {"stream": the tuned method's decode spec (`specfit.speculative.stream.StreamSpec`), "trees": [{max_depth,
-       top_k_expand, k_max}, ...]}
+       top_k_expand, k_max}, ...], "decodes": [question ids the chosen tree decodes]}
 inputs: prompts (the tuning questions, Parquet), target, drafter
-outputs: tune (JSON: every tree with its decode TPS, committed tokens and ms per cycle; ``chosen``; the clock)
+outputs: tune (JSON: every tree with its decode TPS, committed tokens and ms per cycle; ``chosen``; the questions it
+         was tuned on and those it decodes; the clock)
 """
 
 from __future__ import annotations
@@ -65,7 +69,11 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
                  rows[-1]["committed_per_cycle"])
     chosen = best(rows)
     log.info("chosen: %s", chosen)
-    write_json({"chosen": chosen, "trees": rows, "question_ids": [p["question_id"] for p in prompts],
+    tuned_on = [p["question_id"] for p in prompts]
+    if overlap := sorted(set(tuned_on) & set(spec["decodes"])):
+        raise SpecFitError(f"{inputs['prompts']}: the tuning questions hold questions the tree will decode "
+                           f"({', '.join(map(str, overlap[:8]))}); re-extract them (rule extract_tune)")
+    write_json({"chosen": chosen, "trees": rows, "question_ids": tuned_on, "decodes": spec["decodes"],
                 "timing_label": loaded.engine.timing_label, "slots": stream.slots}, outputs["tune"])
 
 

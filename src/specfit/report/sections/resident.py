@@ -129,15 +129,25 @@ def tree(inputs, role: str, run: DecodeRun) -> str:
     if role == AR.name:
         return MISSING
     if role == EAGLE3_TUNED.name:
-        t = inputs.tune.get(run)
-        if t is None:
-            return MISSING
-        edge = [k for k in ("max_depth", "top_k_expand") if t["chosen"][k] == max(x[k] for x in t["trees"])]
-        return (f"{tree_label(t['chosen'])} (tuned on {len(t['question_ids'])} questions"
-                + (f"; the grid's largest {' and '.join(EDGE[k] for k in edge)}" if edge else "") + ")")
+        folds = inputs.tune.get(run)
+        return MISSING if folds is None else tuned_trees(folds)
     c = method_config(inputs.spec, run.method)
     bounds = {"max_depth": c.max_depth, "top_k_expand": c.top_k_expand, "k_max": c.k_max}
     return tree_label(bounds) if role == EAGLE3.name else f"chosen per cycle, at most {tree_label(bounds)}"
+
+
+def tuned_trees(folds: list[dict]) -> str:
+    """The tree(s) a tuned run decoded with, from its tune jobs' JSON: one, or one per cross-fitted fold, each with
+    the questions it was tuned on and whether it sits at the grid's edge."""
+    labels = []
+    for t in folds:
+        edge = [k for k in ("max_depth", "top_k_expand") if t["chosen"][k] == max(x[k] for x in t["trees"])]
+        labels.append(f"{tree_label(t['chosen'])} (tuned on {len(t['question_ids'])} questions"
+                      + (f"; the grid's largest {' and '.join(EDGE[k] for k in edge)}" if edge else "") + ")")
+    if len(labels) == 1:
+        return labels[0]
+    return "; ".join(f"fold {f} ({len(t.get('decodes', []))} questions): {label}"
+                     for f, (t, label) in enumerate(zip(folds, labels)))
 
 
 def mean_width(m: dict) -> float | None:
