@@ -175,7 +175,7 @@ def test_missing_workflow_outputs_name_their_snakemake_target(tmp_path):
         Decoder.from_config("llama", "cpu-a100", "ar", configfile=tmp_path / "config.yaml")
     with pytest.raises(SpecFitError, match="unknown method 'medusa': the config's deployable methods are ar, eagle3, "
                                            "specfit-learned, specfit-ca-learned, specfit-prefetch, eagle3-prefetch, "
-                                           "specfit-online$"):
+                                           "specfit-dense, specfit-online$"):
         Decoder.from_config("toy", "cpu-a100", "medusa", configfile=tmp_path / "config.yaml")
     with pytest.raises(SpecFitError, match="no config at"):
         Decoder.from_config("toy", "cpu-a100", "ar", configfile=tmp_path / "nowhere.yaml")

@@ -3,9 +3,11 @@ method of kind eagle3-tuned decodes with that tree, losslessly."""
 
 import json
 
+import pyarrow.parquet as pq
 import pytest
 
 from specfit.errors import SpecFitError
+from specfit.results.records import read_prompts
 from specfit.speculative.methods import build_method
 from specfit.speculative.tuning import TREE_KEYS, best, grid
 from specfit.stages import decode, tune
@@ -32,7 +34,7 @@ def test_the_grid_and_the_choice():
 def test_the_tune_stage_chooses_the_fastest_tree_and_the_tuned_method_decodes_with_it(files, tmp_path):
     out = tmp_path / "tune.json"
     inputs = {k: files[k] for k in ("prompts", "target", "drafter")}
-    tune.run({"stream": stream("eagle3-tuned"), "trees": TREES}, inputs, {"tune": out})
+    tune.run({"stream": stream("eagle3-tuned"), "trees": TREES, "decodes": []}, inputs, {"tune": out})
     result = json.loads(out.read_text())
     assert [{k: t[k] for k in TREE_KEYS} for t in result["trees"]] == TREES
     assert all(t["tps_dec"] > 0 and t["n_output_tokens"] == 24 for t in result["trees"])
@@ -62,3 +64,39 @@ def test_a_tuned_method_without_its_choice_is_refused(tmp_path):
     bad.write_text(json.dumps({"chosen": {"max_depth": 0}}))
     with pytest.raises(SpecFitError, match="no tuned tree"):
         build_method({"name": "eagle3-tuned"}, {"tune": str(bad)})
+
+
+def test_a_cross_fitted_tuned_method_decodes_each_question_with_its_folds_tree(files, tmp_path):
+    """Under cross-fitting each tune job names the questions its tree decodes (its fold); the tuned method decodes
+    each question with its fold's tree, and stays lossless."""
+    first, second = (p["question_id"] for p in read_prompts(files["prompts"], None))
+    folds = []
+    for f, (tree, decodes) in enumerate(((TREES[0], [first]), (TREES[3], [second]))):  # a 1-node chain, a 6-node tree
+        folds.append(tmp_path / f"slots4.fold{f}.json")
+        folds[-1].write_text(json.dumps({"chosen": tree, "trees": [tree], "question_ids": [], "decodes": decodes}))
+    ar = {k: tmp_path / f"ar.{k}" for k in ("requests", "cycles", "metrics")}
+    decode.run(stream("ar"), files, ar)
+    tuned = {k: tmp_path / f"tuned.{k}" for k in ("requests", "cycles", "metrics")}
+    decode.run(stream("eagle3-tuned"), dict(files, tune=[str(p) for p in folds], reference=ar["requests"]), tuned)
+    assert json.loads(tuned["metrics"].read_text())["lossless"]["n_identical"] == 2
+    cycles = pq.read_table(tuned["cycles"]).to_pylist()
+    requests = {r["request_id"]: r["question_id"] for r in pq.read_table(tuned["requests"]).to_pylist()}
+    widest = {}
+    for c in cycles:
+        q = requests[c["request_id"]]
+        widest[q] = max(widest.get(q, 0), len(c["selected"]))  # draft nodes verified
+    assert widest[first] <= TREES[0]["k_max"] and widest[second] > TREES[0]["k_max"]
+
+
+def test_tuning_questions_that_the_tree_would_decode_are_refused(files, tmp_path):
+    ids = [p["question_id"] for p in read_prompts(files["prompts"], None)]
+    inputs = {k: files[k] for k in ("prompts", "target", "drafter")}
+    with pytest.raises(SpecFitError, match=rf"the tuning questions hold questions the tree will decode \({ids[0]}\)"):
+        tune.run({"stream": stream("eagle3-tuned"), "trees": TREES[:1], "decodes": ids[:1]}, inputs,
+                 {"tune": tmp_path / "tune.json"})
+    twice = []
+    for f in range(2):
+        twice.append(tmp_path / f"fold{f}.json")
+        twice[-1].write_text(json.dumps({"chosen": TREES[0], "decodes": ids[:1]}))
+    with pytest.raises(SpecFitError, match=f"question {ids[0]} is decoded by two folds' trees"):
+        build_method({"name": "eagle3-tuned"}, {"tune": [str(p) for p in twice]})

@@ -158,7 +158,7 @@ class Eagle3Tuned(Eagle3):
             raise SpecFitError(f"method kind {config.name} decodes with a tuned tree: give the `tune` input (the tune "
                                "rule's choice)")
         tune = inputs["tune"]  # one path, or one per fold (a list input)
-        return cls(config, trees_by_question([tune] if isinstance(tune, str) else list(tune)))
+        return cls(config, trees_by_question(list(tune) if isinstance(tune, list | tuple) else [tune]))
 
     def begin(self, question_id):
         tree = self.trees.get(question_id, self.trees.get(None))

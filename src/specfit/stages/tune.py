@@ -53,6 +53,10 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     if not prompts:
         raise SpecFitError(f"{inputs['prompts']}: no tuning prompts; give the workload questions it does not "
                            "evaluate (workloads.<name>.tune_question_ids, or a max_requests below its ids)")
+    tuned_on = [p["question_id"] for p in prompts]
+    if overlap := sorted(set(tuned_on) & set(spec["decodes"])):  # before any decode
+        raise SpecFitError(f"{inputs['prompts']}: the tuning questions hold questions the tree will decode "
+                           f"({', '.join(map(str, overlap[:8]))}); re-extract them (rule extract_tune)")
     torch.manual_seed(stream.seed)
     loaded = load(tree_spec(stream, trees[0]), inputs, {})
     limits = Limits(stream.limit_tokens, stream.max_new_tokens, eos_ids(loaded.model))
@@ -69,10 +73,6 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
                  rows[-1]["committed_per_cycle"])
     chosen = best(rows)
     log.info("chosen: %s", chosen)
-    tuned_on = [p["question_id"] for p in prompts]
-    if overlap := sorted(set(tuned_on) & set(spec["decodes"])):
-        raise SpecFitError(f"{inputs['prompts']}: the tuning questions hold questions the tree will decode "
-                           f"({', '.join(map(str, overlap[:8]))}); re-extract them (rule extract_tune)")
     write_json({"chosen": chosen, "trees": rows, "question_ids": tuned_on, "decodes": spec["decodes"],
                 "timing_label": loaded.engine.timing_label, "slots": stream.slots}, outputs["tune"])
 

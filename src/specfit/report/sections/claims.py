@@ -76,7 +76,8 @@ def figure(scope: Scope, sec: Section, rows: list[Claim]) -> None:
     fig = claims_chart(groups, tagged(f"The paper's claims on {where}", scope.link_emulated),
                        f"the paper's ratio ({scope.gpu})")
     left = "" if len(shown) == len(rows) else ("; the claims without a ratio of the paper's (Table 5's gap against its "
-                                               "bound, the premise against the tuned tree) are in the table")
+                                               "bound, the premise against the tuned tree, the thesis against a dense "
+                                               "cost) are in the table")
     sec.figures.append(scope.figures.save(fig, slug(scope.model, scope.device, "claims"), tagged(
         f"The paper's claims on {where}: each ratio of this run with its 95% interval, the paper's ratio marked, "
         f"the line at 1, the verdict by colour{left}", scope.link_emulated)))
