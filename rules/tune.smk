@@ -28,10 +28,17 @@ rule tune:
         target=target_dir,
         drafter=drafter_dir,
     output:
-        tune=paths.tune("{model}", "{device}", "{workload}", "{method}", "{slots}", "{fold}"),
+        tune=paths.tune(
+            "{model}", "{device}", "{workload}", "{method}", "{slots}", "{fold}"
+        ),
     log:
         paths.log(
-            "tune", "{model}", "{device}", "{workload}", "{method}", "slots{slots}{fold}"
+            "tune",
+            "{model}",
+            "{device}",
+            "{workload}",
+            "{method}",
+            "slots{slots}{fold}",
         ),
     conda:
         CONDA_ENV

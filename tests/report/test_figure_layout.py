@@ -111,7 +111,7 @@ def test_the_claims_figure_holds_each_ratio_claim_in_the_tables_order(twenty, fi
     assert "the paper's ratio (a100)" in texts
     caption = (out / "report.md").read_text()
     assert ("the claims without a ratio of the paper's (Table 5's gap against its bound, the premise against the tuned "
-            "tree) are in the table") in caption
+            "tree, the thesis against a dense cost) are in the table") in caption
 
 
 def test_the_checks_find_what_a_reader_would_stumble_on():

@@ -67,7 +67,7 @@ def test_a_new_workload_moves_its_ids_out_of_training(config, questions, questio
     pool = {q["question_id"] for q in training_questions(questions, before["exclude_question_ids"])}
     assert writing <= pool and not pool & PAPER_IDS
 
-    config["workloads"]["writing"] = {"question_ids": {"start": 81, "stop": 90}, "limit_tokens": 512}
+    config["workloads"]["writing"] = {"question_ids": {"start": 81, "stop": 90}, "limit_tokens": 512, "tune_folds": 2}
     config["runs"][0]["workloads"].append("writing")
     assert {q["category"] for q in questions if q["question_id"] in writing} == {"writing"}
     with pytest.raises(SpecFitError, match=r"'toy\.drafter\.categories' names 'writing', a workload"):

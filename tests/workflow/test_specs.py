@@ -42,7 +42,7 @@ def test_extract(config, smoke):
                "data/spec_bench/question.jsonl",
         "sha256": "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"}
     assert specs.extract(config, "toy", "gsm8k") == {
-        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 12}
+        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": None}
     assert specs.extract(smoke, "smoke", "summarization") == {
         "model": "smoke", "question_ids": list(range(242, 321, 2)), "limit_tokens": 2048, "max_requests": 2}
     assert specs.extract(config, "toy", "calibration") == {
@@ -59,7 +59,7 @@ def test_extract_names_a_workload_of_another_dataset(config):
     config["workloads"]["gsm8k"]["source"] = {"path": "data/gsm8k/test.jsonl", "split": "test",
                                               "fields": {"id": None, "prompt": "question"}}
     assert specs.extract(config, "toy", "gsm8k") == {
-        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": 12,
+        "model": "toy", "question_ids": list(range(401, 481)), "limit_tokens": 512, "max_requests": None,
         "workload": "gsm8k",
         "source": {"path": "data/gsm8k/test.jsonl", "hub": None, "name": None, "split": "test",
                    "fields": {"id": None, "prompt": "question", "category": "category"}}}
@@ -114,7 +114,7 @@ def test_max_new_tokens_unset_is_the_length_limit(config):
     config = copy.deepcopy(config)
     config["workloads"]["gsm8k"]["max_new_tokens"] = None
     assert specs.decode(config, "toy", "cpu-a100link", "gsm8k", "ar", 0)["max_new_tokens"] == 512
-    assert specs.theory(config, "toy", "cpu-a100link", "gsm8k")["max_new_tokens"] == 512
+    assert specs.theory(config, "toy", "cpu-a100", "gsm8k")["max_new_tokens"] == 512
 
 
 def test_atlas_is_built_at_the_main_slots_without_the_link(config):
@@ -143,9 +143,9 @@ def test_predictor(config, smoke):
 
 
 def test_theory(config, smoke):
-    assert specs.theory_run(config, "toy", "cpu-a100link", "gsm8k") == DecodeRun(
-        "toy", "cpu-a100link", "gsm8k", "specfit", 12)
-    assert specs.theory(config, "toy", "cpu-a100link", "gsm8k") == {
+    assert specs.theory_run(config, "toy", "cpu-a100", "gsm8k") == DecodeRun(
+        "toy", "cpu-a100", "gsm8k", "specfit", 12)
+    assert specs.theory(config, "toy", "cpu-a100", "gsm8k") == {
         "beta_multiplier": 2.0, "k_max": 7, "max_depth": 5, "limit_tokens": 512, "max_new_tokens": 128,
         "cost": "paper"}
     assert specs.theory_run(smoke, "smoke", "cpu-a100link", "gsm8k", "specfit-ca") == DecodeRun(
@@ -182,7 +182,7 @@ def test_report_inputs(config, smoke):
         "data/theory/smoke/cpu-a100link/summarization.json", "data/theory/smoke/cpu-resident/gsm8k.json"]
     assert inputs["models"] == ["data/models/smoke/target", "data/models/smoke/drafter"]
     assert inputs["predictor"] == [paths.predictor("smoke")]
-    assert inputs["tune"] == ["data/tune/smoke/cpu-resident/gsm8k/eagle3-tuned/slots8.json"]
+    assert inputs["tune"] == [f"data/tune/smoke/cpu-resident/gsm8k/eagle3-tuned/slots8.fold{f}.json" for f in (0, 1)]
     assert report_inputs(config)["models"] == ["data/models/toy/target", "data/models/toy/drafter",
                                                "data/models/toy/SHIPPED.json"]
 
@@ -199,7 +199,7 @@ def _pattern(path: str) -> re.Pattern:
     """A specfit.planning.paths pattern as a regex with a group per wildcard (`cache` constrained as in the rules)."""
     regex = re.escape(path)
     for name in re.findall(r"\{(\w+)\}", path):
-        value = "|".join(paths.CACHE_MODES) if name == "cache" else "[^/]+?"
+        value = "|".join(paths.CACHE_MODES) if name == "cache" else r"(?:\.fold\d+)?" if name == "fold" else "[^/]+?"
         regex = regex.replace(re.escape(f"{{{name}}}"), f"(?P<{name}>{value})", 1)
     return re.compile(regex + "$")
 
@@ -212,7 +212,7 @@ JOBS = {
     "specfit.stages.atlas": (specs.atlas, [paths.atlas(*W, "{method}-{cache}")]),
     "specfit.stages.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
     "specfit.stages.predictor": (specs.predictor, [paths.predictor("{model}")]),
-    "specfit.stages.tune": (specs.tune, [paths.tune(*W, "{method}", "{slots}")]),
+    "specfit.stages.tune": (specs.tune, [paths.tune(*W, "{method}", "{slots}", "{fold}")]),
     "specfit.stages.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
 }
 
@@ -226,7 +226,7 @@ def _expected(config: dict, module: str, argv: list[str]) -> dict:
         return specs.report(config)
     build, patterns = JOBS[module]
     out = argv[argv.index("--out") + 1].partition("=")[2]
-    if (m := _pattern(paths.tune_prompts("{model}", "{workload}")).match(out)) is not None:
+    if (m := _pattern(paths.tune_prompts("{model}", "{workload}", "{fold}")).match(out)) is not None:
         return specs.extract_tune(config, **m.groupdict())  # rule extract_tune: the extract stage, another spec
     match = next(m for p in patterns if (m := _pattern(p).match(out)))
     return build(config, **match.groupdict())
@@ -241,10 +241,10 @@ def test_every_job_gets_its_builders_spec(root, overlays):
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = [shlex.split(line.partition(": ")[2]) for line in proc.stdout.splitlines()
                 if line.startswith("Shell command: python -m specfit.")]
-    # config.yaml: 64 jobs (no toy training: the shipped toy is read), 8 prefetching decodes, 2 atlases and 2 theory
-    # jobs; smoke: 49 (its toy's 3 training jobs among them), 4 + 1 + 1, and its resident device's 8 (extract_tune,
-    # tune, calibrate, atlas, theory and 3 decodes)
-    assert len(commands) == (96 if not overlays else 63)
+    # config.yaml: 74 jobs (no toy training: the shipped toy is read; 37 decodes, 8 tune jobs: two folds per
+    # cross-fitted cell, one per RTX 4090 cell); smoke: 67 (its toy's 3 training jobs among them, its resident
+    # device's two folds)
+    assert len(commands) == (74 if not overlays else 67)
     for argv in commands:
         assert argv[:3] == ["python", "-m", "specfit.launch"]  # the launcher, then the stage's name
         module, argv = f"specfit.stages.{argv[3]}", argv[4:argv.index(">")]
@@ -296,11 +296,14 @@ def test_the_tune_rules_specs(root):
     """extract_tune: the workload's questions after the ones it evaluates, all of them; tune: the tuned method's decode
     spec at the device's main slots and the grid's trees."""
     resident = load_config(root / "config.yaml", root / SCHEMA, root / "config.resident.yaml")
-    extract = specs.extract_tune(resident, "toy", "gsm8k")
-    assert extract["question_ids"] == [413, 414, 415, 416] and extract["max_requests"] is None
+    extract = specs.extract_tune(resident, "toy", "gsm8k", ".fold1")  # cross-fitted: fold 0's first 12
+    assert extract["question_ids"] == list(range(401, 424, 2)) and extract["max_requests"] is None
     assert {k: v for k, v in extract.items() if k != "question_ids"} == {
         k: v for k, v in specs.extract(resident, "toy", "gsm8k").items() if k not in ("question_ids", "max_requests")
     } | {"max_requests": None}
-    tune = specs.tune(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
+    tune = specs.tune(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32, ".fold1")
+    assert tune["decodes"] == list(range(402, 481, 2))  # fold 1's questions, none of them tuned on
+    odd = specs.tune(resident, "toy", "cpu-4090", "gsm8k-odd", "eagle3-tuned", 8)
+    assert odd["decodes"] == list(range(401, 480, 2))
     assert tune["stream"] == specs.decode(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
     assert len(tune["trees"]) == 24 and tune["trees"][-1] == {"max_depth": 6, "top_k_expand": 4, "k_max": 24}

@@ -7,12 +7,12 @@ find files through them. Torch-free, so that ``snakemake -n`` stays fast.
 ::
 
     data/prompts/{model}/{workload}.parquet                           extract
-    data/prompts/{model}/tune/{workload}[.fold{f}].parquet             extract_tune (a tuned method's questions)
+    data/prompts/{model}/tune/{workload}{fold}.parquet                extract_tune (a tuned method's questions)
     data/models/{model}/{tokenizer,target,drafter}/                   toy models (data/models/toy/SHIPPED.json: shipped)
     data/calibration/{model}/{device}/{cache}.json, .points.parquet   calibrate
     data/atlas/{model}/{device}/{workload}/{method}-{cache}/          atlas
     data/predictor/{model}/                                           predictor (learned routes)
-    data/tune/{model}/{device}/{workload}/{method}/slots{slots}[.fold{f}].json  tune (a tuned method's tree)
+    data/tune/{model}/{device}/{workload}/{method}/slots{slots}{fold}.json  tune (a tuned method's tree)
     data/decode/{model}/{device}/{workload}/{method}/slots{slots}/    decode
     data/theory/{model}/{device}/{workload}[.{method}].json           theory (a method: beyond the paper)
     reports/all/                                                      report

@@ -71,12 +71,12 @@ _PREFETCHING = "specfit.speculative.prefetching"
 AR = Kind("ar", f"{_METHODS}:AR", drafts=False, roles=(REFERENCE, BASELINE, RIVAL, COMPARED), label="AR")
 EAGLE3 = Kind("eagle3", f"{_METHODS}:Eagle3", roles=(BASELINE, RIVAL, COMPARED), label="EAGLE-3")
 # EAGLE-3 at the fixed tree a user tunes by hand: the best of the `tune` grid on the workload's unevaluated questions
-EAGLE3_TUNED = Kind("eagle3-tuned", f"{_METHODS}:Eagle3Tuned", tuned=True, label="EAGLE-3, tuned tree")
+EAGLE3_TUNED = Kind("eagle3-tuned", "specfit.speculative.tuned:Eagle3Tuned", tuned=True, label="EAGLE-3, tuned tree")
 SPECFIT = Kind("specfit", f"{_METHODS}:SpecFit", reads_routes=True, theory_cost=PAPER, roles=(COMPARED,),
                label="SpecFit", searches=True)
 # the paper's thesis as an ablation: SpecFit's selection and adaptive depth under a cost blind to experts
-SPECFIT_DENSE = Kind("specfit-dense", f"{_METHODS}:SpecFitDense", dense_cost=True, label="SpecFit, dense cost",
-                     searches=True)
+SPECFIT_DENSE = Kind("specfit-dense", "specfit.speculative.dense:SpecFitDense", dense_cost=True,
+                     label="SpecFit, dense cost", searches=True)
 SPECFIT_CA = Kind("specfit-ca", f"{_METHODS}:SpecFitCA", reads_routes=True, theory_cost=CACHE_AWARE,
                   roles=(COMPARED,), searches=True)
 # specfit-ca with online-calibrated commit probabilities, look-ahead stopping and no skipping (beyond the paper); no

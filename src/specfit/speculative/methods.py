@@ -26,7 +26,6 @@ from specfit.speculative.cycle import Cycle
 from specfit.speculative.kinds import Kind, kind, register_kind
 from specfit.speculative.routes import LiveRoutes, find_source, route_source_for
 from specfit.speculative.skipping import Skipping
-from specfit.speculative.tuning import trees_by_question
 
 EXPERT_TERM_TOL = 1e-12  # a cost coefficient per expert below this share of b_0 is no expert term (`asks_routes`)
 
@@ -141,30 +140,6 @@ class Eagle3(Method):
         if not final:
             return None
         return Decision(select_top_prob(pool.view(), self.config.k_max).nodes, pool.depth)
-
-
-class Eagle3Tuned(Eagle3):
-    """EAGLE-3 at the fixed tree the tune rule found best on the workload's tuning questions (its ``tune`` input,
-    `specfit.speculative.tuning`): what a user tunes by hand today. Cross-fitted, its ``tune`` inputs are one per
-    fold, and each question is decoded with the tree of its fold, tuned on the other folds' questions."""
-
-    def __init__(self, config: MethodConfig, trees: dict[int | None, dict]):
-        self.trees = trees  # question id -> tree (`trees_by_question`)
-        super().__init__(dataclasses.replace(config, **trees.get(None) or next(iter(trees.values()))))
-
-    @classmethod
-    def from_inputs(cls, config, inputs, seed, num_experts):
-        if "tune" not in inputs:
-            raise SpecFitError(f"method kind {config.name} decodes with a tuned tree: give the `tune` input (the tune "
-                               "rule's choice)")
-        tune = inputs["tune"]  # one path, or one per fold (a list input)
-        return cls(config, trees_by_question(list(tune) if isinstance(tune, list | tuple) else [tune]))
-
-    def begin(self, question_id):
-        tree = self.trees.get(question_id, self.trees.get(None))
-        if tree is None:
-            raise SpecFitError(f"question {question_id}: no fold's tuned tree decodes it; rerun its tune jobs")
-        self.config = dataclasses.replace(self.config, **tree)
 
 
 class SpecFit(Method):
@@ -294,29 +269,6 @@ class SpecFit(Method):
 
     def decided(self, view: Pool, chosen: Selection, depth: int) -> Decision:
         return Decision(chosen.nodes, depth)
-
-
-class SpecFitDense(SpecFit):
-    """The paper's thesis as an ablation: SpecFit's selection (Eq. 5, the exact search) and adaptive depth under the
-    cost a dense model would have, T̂(S) = b'_|S| with β = 0, b' refitted by NNLS on the same calibration probes
-    without the expert-union column (the calibration's ``dense`` fit, `specfit.selection.coefficients.fit_dense`).
-    It reads no routes: every subtree of a size costs the same, whichever experts it activates."""
-
-    asks_routes = False
-
-    def __init__(self, config: MethodConfig, b, num_experts: int):
-        super().__init__(config, b, 0.0, None, num_experts)
-
-    @classmethod
-    def from_inputs(cls, config, inputs, seed, num_experts):
-        if "coefficients" not in inputs:
-            raise SpecFitError(f"method {config.name} needs the `coefficients` input (the calibration's dense fit)")
-        dense = read_json(inputs["coefficients"]).get("dense")
-        if dense is None:
-            raise SpecFitError(f"{inputs['coefficients']}: no dense fit, as a calibration without probe points (the "
-                               f"paper's preset coefficients) has none; method {config.name} refits b_k on the "
-                               "probes: calibrate with devices.<device>.coefficients: fit")
-        return cls(config, dense["b"], num_experts)
 
 
 class SpecFitCA(Skipping, SpecFit):
