@@ -22,7 +22,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from specfit import bench
 from specfit.engine.offload import make_engine
 from specfit.models.loading import load_target
-from specfit.speculative.exact import set_verify
+from specfit.models.verify_mode import set_verify
 from specfit.speculative.tree import crop
 from specfit.speculative.verify import Target
 
