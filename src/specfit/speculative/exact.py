@@ -14,12 +14,17 @@ that position runs it:
 
 The layers still advance together (layer ℓ of every row before layer ℓ+1 of any), so the offload engine sees one
 forward with one expert union per layer, the same copies and LRU order and the same modelled cost as a batched
-verify: each row's MoE block first calls the experts to be *recorded* (the layer's output is then discarded), the
-engine admits the union of all rows' routes once and computes every row's experts one row at a time
-(`specfit.engine.layer.OffloadedLayer.forward_rows`), and each row's MoE block runs again, *replaying* its row's
-expert output. A layer's output is its residual plus its MoE block's output, as the decoder layer of every family
-of `specfit.engine.families.FAMILIES` ends (a new entry there must end so too). What this costs (q row passes per
-layer instead of one, two calls of each MoE block) is printed by ``python -m specfit.bench exact``.
+verify: the engine admits the union of all rows' routes once and computes every row's experts one row at a time
+(`specfit.engine.layer.OffloadedLayer.forward_rows`).
+
+Two paths compute the same bits. `exact_tree_forward`, what the verify "exact" runs, walks each layer's arithmetic
+through `specfit.speculative.rows.LayerRows`: the family's operations on the row without the modules' call
+machinery, each MoE block's router once, all rows' routed experts in one `forward_rows`. `module_tree_forward`
+calls each decoder layer's module per row, as AR's step calls it; each row's MoE block then calls the experts twice
+(`specfit.engine.layer.RowCalls`: recorded, the layer's output discarded, then replayed once the engine has run the
+layer's rows), and a layer's output is its residual plus its MoE block's output, as the decoder layer of every
+family of `specfit.engine.families.FAMILIES` ends. It is the reference the tests hold the fast path to, and
+``python -m specfit.bench exact`` and ``decode`` time both.
 """
 
 from __future__ import annotations
