@@ -14,7 +14,7 @@ def tiny(layers: int) -> Qwen3MoeForCausalLM:
 
 def test_times_are_measured_for_each_forward():
     times = bench.time_verifies(tiny(2), prefix=6, repeats=2)
-    assert set(times) == {"ar_step", "exact", "batched"} and all(t > 0 for t in times.values())
+    assert set(times) == {"ar_step", "exact", "modules", "batched"} and all(t > 0 for t in times.values())
 
 
 def test_benchmark_prints_a_row_per_target(monkeypatch, tmp_path, capsys):
@@ -24,4 +24,4 @@ def test_benchmark_prints_a_row_per_target(monkeypatch, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no shipped toy" in out and "CPU wall time" in out
     row = next(line for line in out.splitlines() if line.startswith("Qwen3-30B-A3B shapes"))
-    assert row.rstrip().endswith("x") and len(row.split()) == 11  # the name (7 words), three times, the ratio
+    assert row.rstrip().endswith("x") and len(row.split()) == 13  # the name (7 words), four times, two ratios

@@ -9,7 +9,9 @@ import torch
 from conftest import VOCAB
 from specfit.engine.offload import make_engine
 from specfit.errors import SpecFitError
-from specfit.speculative.exact import check_exact, set_verify
+from specfit.models.precision import upcast_logits
+from specfit.models.verify_mode import check_exact, set_verify
+from specfit.speculative.exact import exact_tree_forward, module_tree_forward
 from specfit.speculative.tree import keep_rows
 from specfit.speculative.verify import Target
 
@@ -92,6 +94,80 @@ def test_every_committed_row_is_ars_step_bit_for_bit(make_target, family, dtype)
             for mine, ars in zip(cache.layers, ar_cache.layers):
                 assert torch.equal(mine.keys[..., :length, :], ars.keys[..., :length, :])
                 assert torch.equal(mine.values[..., :length, :], ars.values[..., :length, :])
+
+
+def random_tree(gen, shape):
+    """(tokens, parent, depth) of a random tree of a named ``shape``: one row, a chain, a root's siblings, or a random
+    tree of 9 rows; parents first."""
+    if shape == "single":
+        parent = [-1]
+    elif shape == "chain":
+        parent = [-1, 0, 1, 2, 3]
+    elif shape == "siblings":
+        parent = [-1, 0, 0, 0, 0]
+    else:
+        parent = [-1] + [int(torch.randint(0, r, (1,), generator=gen)) for r in range(1, 9)]
+    depth = []
+    for p in parent:
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+    tokens = torch.randint(0, VOCAB, (len(parent),), generator=gen).tolist()
+    return tokens, parent, depth
+
+
+def engine_counters(engine):
+    if engine is None:
+        return None
+    stats = {k: v for k, v in engine.stats().items() if not k.endswith("_s")}  # the counts, not the wall times
+    stats["prefetch"] = {k: v for k, v in stats["prefetch"].items() if not k.endswith("_ms")}
+    return stats, engine.last_forward, engine.h2d_transfers, [list(layer.cache.slot_of.items()) for layer in
+                                                              engine.layers]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_fast_path_is_the_module_path_bit_for_bit(make_target, family, dtype):
+    """`exact_tree_forward` (the verify "exact" runs) against `module_tree_forward` (the decoder layers' modules):
+    the same logits, hidden states and appended KV, and on an engine the same copies, unions and LRU state."""
+    gen = torch.Generator().manual_seed(5)
+    base = make_target(family).to(dtype)
+    prompt = torch.randint(0, VOCAB, (10,), generator=gen).tolist()
+    trees = [random_tree(gen, shape) for shape in ("single", "chain", "siblings", "random", "random")]
+    with torch.no_grad():
+        for slots in (None, 0, 3, 8):  # no engine, no cache, fewer slots than experts (misses), every expert
+            runs = {}
+            for forward in (exact_tree_forward, module_tree_forward):
+                model = copy.deepcopy(base)
+                target = target_on(model, slots)
+                target.forward(prompt)
+                outs = []
+                for tokens, parent, depth in trees:  # each verify's rows stay committed: the prefix grows
+                    out = forward(model, target.cache, tokens, parent, depth, target.engine, hidden_states=True)
+                    outs.append((out.logits, out.hidden_states))
+                kv = [(layer.keys, layer.values) for layer in target.cache.layers]
+                runs[forward.__name__] = (outs, kv, engine_counters(target.engine))
+            (fast, fast_kv, fast_counters), (ref, ref_kv, ref_counters) = runs.values()
+            for (logits, states), (ref_logits, ref_states) in zip(fast, ref):
+                assert torch.equal(logits, ref_logits), (family, dtype, slots)
+                assert all(torch.equal(a, b) for a, b in zip(states, ref_states, strict=True))
+            for (k, v), (ref_k, ref_v) in zip(fast_kv, ref_kv, strict=True):
+                assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
+            assert fast_counters == ref_counters, (family, dtype, slots)
+
+
+def test_the_fast_path_runs_an_fp32_final_norm_as_the_module_path(make_target):
+    """A bf16 target with float32 logits (a hook on its final norm, a replaced LM head forward) stays exact."""
+    base = make_target("qwen3_moe").to(torch.bfloat16)
+    upcast_logits(base)
+    gen = torch.Generator().manual_seed(2)
+    tokens, parent, depth = random_tree(gen, "random")
+    logits = []
+    with torch.no_grad():
+        for forward in (exact_tree_forward, module_tree_forward):
+            target = target_on(copy.deepcopy(base), 3)
+            target.forward(list(range(9)))
+            logits.append(forward(target.model, target.cache, tokens, parent, depth, target.engine).logits)
+    assert logits[0].dtype == torch.float32
+    assert torch.equal(*logits)
 
 
 def test_the_batched_verify_is_not_exact_in_bf16(make_target):

@@ -6,8 +6,8 @@ import sys
 from specfit import numerics
 from specfit.errors import SpecFitError
 
-BENCHMARKS = ("dag", "device", "engine", "exact", "hindsight", "link", "predictor", "proportions", "reproduce",
-              "select", "spread", "tuned", "verdicts")
+BENCHMARKS = ("dag", "decode", "device", "engine", "exact", "hindsight", "link", "predictor", "proportions",
+              "reproduce", "select", "spread", "tuned", "verdicts")
 
 
 def main(argv: list[str] | None = None) -> None:

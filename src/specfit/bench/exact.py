@@ -3,10 +3,11 @@
 A verify of root + 7 nodes (a depth-4 chain with three siblings, as SpecFit's selections at K = 7 look) over a
 committed prefix, timed on the target as the decode stages run it (on the offload engine, every expert resident,
 so the copies, which both verifies share, are left out): ``exact`` computes each row as AR's one-row step
-(`specfit.speculative.exact`), ``batched`` runs one tree-masked forward over the 8 rows. The median of
-``--repeats`` verifies each (the cache cropped back after each), and one AR step for scale. Two targets: the
-shipped toy (float32, as the default DAG runs it) and a Qwen3-30B-A3B-shaped model with random weights (its layer
-shapes, bfloat16, ``--layers`` of its 48 layers, its 151,936-token LM head). CPU wall time: on a GPU the
+(`specfit.speculative.exact`, its fast path), ``modules`` the same through the decoder layers' modules
+(`module_tree_forward`, the reference it equals bit for bit), ``batched`` runs one tree-masked forward over the 8
+rows. The median of ``--repeats`` verifies each (the cache cropped back after each), and one AR step for scale. Two
+targets: the shipped toy (float32, as the default DAG runs it) and a Qwen3-30B-A3B-shaped model with random weights
+(its layer shapes, bfloat16, ``--layers`` of its 48 layers, its 151,936-token LM head). CPU wall time: on a GPU the
 proportions differ (docs/gpu.md).
 """
 
@@ -22,7 +23,8 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from specfit import bench
 from specfit.engine.offload import make_engine
 from specfit.models.loading import load_target
-from specfit.speculative.exact import set_verify
+from specfit.models.verify_mode import set_verify
+from specfit.speculative.exact import module_tree_forward
 from specfit.speculative.tree import crop
 from specfit.speculative.verify import Target
 
@@ -44,7 +46,8 @@ def qwen3_shaped(layers: int) -> torch.nn.Module:
 
 
 def time_verifies(model: torch.nn.Module, prefix: int, repeats: int) -> dict[str, float]:
-    """Median ms of one AR step and of an exact and a batched 8-row verify over ``prefix`` committed tokens."""
+    """Median ms of one AR step and of an exact (fast path and module path) and a batched 8-row verify over
+    ``prefix`` committed tokens."""
     engine = make_engine(model, model.config.num_experts, 1, None, "cpu", None)  # every expert resident
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -54,13 +57,16 @@ def time_verifies(model: torch.nn.Module, prefix: int, repeats: int) -> dict[str
     times = {}
     with torch.no_grad():
         target.forward(prompt)
-        for name, mode, rows in (("ar_step", "exact", 1), ("exact", "exact", 8), ("batched", "batched", 8)):
+        for name, mode, rows in (("ar_step", "exact", 1), ("exact", "exact", 8), ("modules", "exact", 8),
+                                 ("batched", "batched", 8)):
             set_verify(model, mode)
             samples = []
             for _ in range(repeats + 1):  # the first is a warm-up
                 started = time.perf_counter()
                 if rows == 1:
                     target.forward(tokens[:1])
+                elif name == "modules":
+                    module_tree_forward(model, target.cache, tokens, PARENT, DEPTH, engine)
                 else:
                     target.forward(tokens, PARENT, DEPTH)
                 samples.append(time.perf_counter() - started)
@@ -86,11 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     targets.append((f"Qwen3-30B-A3B shapes (bfloat16, {args.layers} of 48 layers)", qwen3_shaped(args.layers)))
     print(f"CPU wall time, {args.threads} thread(s), median of {args.repeats}; verify of root + 7 nodes over "
           f"{args.prefix} committed tokens, every expert resident")
-    print(f"{'target':<44} {'AR step ms':>11} {'batched ms':>11} {'exact ms':>10} {'exact/batched':>14}")
+    print(f"{'target':<44} {'AR step ms':>11} {'batched ms':>11} {'exact ms':>10} {'modules ms':>11} "
+          f"{'exact/batched':>14} {'modules/exact':>14}")
     for name, model in targets:
         t = time_verifies(model, args.prefix, args.repeats)
-        print(f"{name:<44} {t['ar_step']:>11.2f} {t['batched']:>11.2f} {t['exact']:>10.2f} "
-              f"{t['exact'] / t['batched']:>13.2f}x")
+        print(f"{name:<44} {t['ar_step']:>11.2f} {t['batched']:>11.2f} {t['exact']:>10.2f} {t['modules']:>11.2f} "
+              f"{t['exact'] / t['batched']:>13.2f}x {t['modules'] / t['exact']:>13.2f}x")
 
 
 if __name__ == "__main__":

@@ -20,12 +20,17 @@ class MoEFamily:
     experts_class: str  # class name of the fused experts module
     weights: tuple[str, ...] = ("gate_up_proj", "down_proj")  # per-expert tensors, [num_experts, ...] each
     top_k_attr: str = "num_experts_per_tok"  # config attribute holding k
+    # Where the attention normalizes its queries and keys, as the exact verify's row pass (`specfit.speculative.
+    # rows`) repeats it: "head" (each head's [D] after the view), "projection" (the whole projection before the view,
+    # then config.clip_qkv), or None (no norm).
+    qk_norm: str | None = None
+    shared_expert: bool = False  # a sigmoid-gated shared expert added to the routed experts' output (Qwen2-MoE)
 
 
 FAMILIES: dict[str, MoEFamily] = {
-    "qwen3_moe": MoEFamily("Qwen3MoeExperts"),
-    "olmoe": MoEFamily("OlmoeExperts"),
-    "qwen2_moe": MoEFamily("Qwen2MoeExperts"),
+    "qwen3_moe": MoEFamily("Qwen3MoeExperts", qk_norm="head"),
+    "olmoe": MoEFamily("OlmoeExperts", qk_norm="projection"),
+    "qwen2_moe": MoEFamily("Qwen2MoeExperts", shared_expert=True),
     "mixtral": MoEFamily("MixtralExperts"),
 }
 

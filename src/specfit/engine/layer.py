@@ -15,7 +15,8 @@ within rounding. It is not bit-identical everywhere (the rows a matmul computes 
 some CPUs), so whatever compares runs across cache states (the route atlas) tolerates that. Experts
 implementations other than those of ``SPLIT_ARITHMETIC`` are refused.
 
-An exact verify (`specfit.speculative.exact`) hands a layer its rows through `RowCalls` and `forward_rows`: the same
+An exact verify (`specfit.speculative.exact`) hands a layer its rows through `forward_rows` (its module path through
+`RowCalls`, which records each row's experts call and replays its output): the same
 admission, copies, LRU order and modelled cost as one forward over all rows, with every token's experts computed
 alone, as a one-token forward computes them, and combined per token. At one token every expert computes one row
 whichever group it falls in, so a token's output does not depend on how hits and misses split the forward: it is
@@ -67,9 +68,9 @@ class SlotView:
 
 
 class RowCalls:
-    """An exact verify's experts calls at one layer (`specfit.speculative.exact`): every row's MoE block calls the
-    experts once to be recorded (zeros returned, the layer's output discarded), the layer then runs one forward over
-    all rows (`forward`), and every row's block calls again to replay its row's output."""
+    """The exact verify's module path's experts calls at one layer (`specfit.speculative.exact.module_tree_forward`):
+    every row's MoE block calls the experts once to be recorded (zeros returned, the layer's output discarded), the
+    layer then runs one forward over all rows (`forward`), and every row's block calls again to replay its output."""
 
     def __init__(self) -> None:
         self.layer: OffloadedLayer | None = None

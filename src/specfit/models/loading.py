@@ -19,7 +19,7 @@ from specfit.models.checkpoint import check_tokenizer, read_config, tensor_shape
 from specfit.models.eagle3 import Eagle3Drafter
 from specfit.models.precision import apply_logits_dtype
 from specfit.models.speculators import DRAFTER_KEY
-from specfit.speculative.exact import set_verify
+from specfit.models.verify_mode import set_verify
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # config keys under which the families of transformers name their routed expert count
@@ -112,7 +112,7 @@ def check_checkpoints(target, drafter=None, model: str = "<model>") -> None:
 def load_target(path, dtype="bfloat16", device="cpu", key=TARGET_KEY, logits_dtype="model", verify="exact"):
     """(model, tokenizer) of a local MoE causal LM, with sdpa attention; ``logits_dtype`` "float32" runs its final
     norm and LM head in fp32 (`specfit.models.precision.apply_logits_dtype`); ``verify`` says how its tree
-    forwards compute their rows (`specfit.speculative.exact.set_verify`, refused here where "exact" cannot be)."""
+    forwards compute their rows (`specfit.models.verify_mode.set_verify`, refused here where "exact" cannot be)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -14,12 +14,17 @@ that position runs it:
 
 The layers still advance together (layer ℓ of every row before layer ℓ+1 of any), so the offload engine sees one
 forward with one expert union per layer, the same copies and LRU order and the same modelled cost as a batched
-verify: each row's MoE block first calls the experts to be *recorded* (the layer's output is then discarded), the
-engine admits the union of all rows' routes once and computes every row's experts one row at a time
-(`specfit.engine.layer.OffloadedLayer.forward_rows`), and each row's MoE block runs again, *replaying* its row's
-expert output. A layer's output is its residual plus its MoE block's output, as the decoder layer of every family
-of `specfit.engine.families.FAMILIES` ends (a new entry there must end so too). What this costs (q row passes per
-layer instead of one, two calls of each MoE block) is printed by ``python -m specfit.bench exact``.
+verify: the engine admits the union of all rows' routes once and computes every row's experts one row at a time
+(`specfit.engine.layer.OffloadedLayer.forward_rows`).
+
+Two paths compute the same bits. `exact_tree_forward`, what the verify "exact" runs, walks each layer's arithmetic
+through `specfit.speculative.rows.LayerRows`: the family's operations on the row without the modules' call
+machinery, each MoE block's router once, all rows' routed experts in one `forward_rows`. `module_tree_forward`
+calls each decoder layer's module per row, as AR's step calls it; each row's MoE block then calls the experts twice
+(`specfit.engine.layer.RowCalls`: recorded, the layer's output discarded, then replayed once the engine has run the
+layer's rows), and a layer's output is its residual plus its MoE block's output, as the decoder layer of every
+family of `specfit.engine.families.FAMILIES` ends. It is the reference the tests hold the fast path to, and
+``python -m specfit.bench exact`` and ``decode`` time both.
 """
 
 from __future__ import annotations
@@ -31,13 +36,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specfit.engine.families import FAMILIES
+from specfit.engine.families import family_of
 from specfit.engine.layer import RowCalls
-from specfit.errors import SpecFitError
-
-VERIFY_MODES = ("exact", "batched")  # models.<name>.verify: every row as AR's step, or one batched tree forward
-# attention implementations whose one-query call with no mask is AR's step
-EXACT_ATTENTION = ("sdpa", "eager")
+from specfit.speculative.rows import LayerRows, call
 
 
 @dataclass
@@ -46,46 +47,6 @@ class ForwardOutput:
 
     logits: torch.Tensor  # [1, q, V]
     hidden_states: tuple[torch.Tensor, ...] | None  # entry i: [1, q, H] input of layer i; the last: final norm's
-
-
-def set_verify(model: nn.Module, mode: str, key: str = "models.<model>.verify") -> None:
-    """How ``model``'s tree forwards compute their rows (a model config's ``verify``); refused, naming ``key``, where
-    an exact verify cannot be made exact."""
-    if mode not in VERIFY_MODES:
-        raise SpecFitError(f"`{key}` is {mode!r}; it must be one of {', '.join(VERIFY_MODES)}")
-    if mode == "exact":
-        check_exact(model, key)
-    model._specfit_verify = mode
-
-
-def verify_mode(model: nn.Module) -> str:
-    """"exact" unless `set_verify` said "batched": a model loaded elsewhere verifies exactly too."""
-    return getattr(model, "_specfit_verify", "exact")
-
-
-def check_exact(model: nn.Module, key: str) -> None:
-    """Refuse an exact verify of a target it cannot make exact, naming ``key`` and the family."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    family = getattr(config, "model_type", None)
-    if family not in FAMILIES:  # each runs embed -> rotary -> layers (norm, attention, + residual, norm, MoE block,
-        # + residual) -> norm -> LM head: the layout the exact verify walks
-        raise SpecFitError(
-            f"`{key}: exact` needs a decoder whose layout the exact verify knows ({', '.join(FAMILIES)}); "
-            f"this target is {family!r}: set `{key}: batched` (lossless only as far as its kernels are "
-            "batch-invariant) or add it to specfit.engine.families.FAMILIES once its decoder ends as theirs do"
-        )
-    attention = getattr(config, "_attn_implementation", None) or "eager"
-    if attention not in EXACT_ATTENTION:
-        raise SpecFitError(
-            f"`{key}: exact` runs each row's attention as AR's one-query step, known for "
-            f"{', '.join(EXACT_ATTENTION)}; this {family} target uses {attention!r}: load it with sdpa or set "
-            f"`{key}: batched`"
-        )
-    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
-        raise SpecFitError(
-            f"`{key}: exact` reads every committed key, as AR does without a window; this {family} target has "
-            f"sliding_window {config.sliding_window}: set `{key}: batched`"
-        )
 
 
 class RowKV:
@@ -121,27 +82,87 @@ class RowKV:
 def exact_tree_forward(model: nn.Module, cache: DynamicCache, tokens: list[int], parent: list[int],
                        depth: list[int], engine=None, hidden_states: bool = False) -> ForwardOutput:
     """The tree forward of ``tokens`` (parents first) over ``cache`` with every row computed as AR's step; the
-    rows' keys and values are appended to ``cache`` as a batched tree forward appends them."""
+    rows' keys and values are appended to ``cache`` as a batched tree forward appends them. Each layer's arithmetic
+    runs through `specfit.speculative.rows.LayerRows`; `module_tree_forward` is the same forward through the
+    decoder layers' own modules, the reference it equals bit for bit."""
     decoder = model.get_decoder()
-    device = model.device
-    past = cache.get_seq_length()
-    q = len(tokens)
+    family = family_of(model)
     kv = RowKV(cache, parent, len(decoder.layers))
-    rows = [decoder.embed_tokens(torch.tensor([[t]], device=device)) for t in tokens]  # q x [1, 1, H]
-    positions = [torch.tensor([[past + d]], device=device) for d in depth]  # q x [1, 1]
-    rope = [decoder.rotary_emb(rows[r], position_ids=positions[r]) for r in range(q)]
+    rows = _embed(decoder, tokens, model.device)  # q x [1, 1, H]
+    rope = _rope(decoder, rows, cache.get_seq_length(), depth)
+    inputs = []  # per layer, its q input rows
+    with _one_forward(engine):
+        for layer in decoder.layers:
+            inputs.append(rows)
+            rows = _rows_through(LayerRows(layer, family), rows, rope, kv, engine)
+        return _finish(model, decoder, rows, inputs, kv, hidden_states)
+
+
+def module_tree_forward(model: nn.Module, cache: DynamicCache, tokens: list[int], parent: list[int],
+                        depth: list[int], engine=None, hidden_states: bool = False) -> ForwardOutput:
+    """`exact_tree_forward` through the decoder layers' modules (each row's layer called as AR's step calls it, its
+    MoE block twice to record and replay the experts): the reference the fast path is tested and timed against."""
+    decoder = model.get_decoder()
+    kv = RowKV(cache, parent, len(decoder.layers))
+    rows = _embed(decoder, tokens, model.device)  # q x [1, 1, H]
+    rope = _rope(decoder, rows, cache.get_seq_length(), depth)
+    positions = [torch.tensor([[cache.get_seq_length() + d]], device=model.device) for d in depth]  # q x [1, 1]
     inputs = []  # per layer, its q input rows
     with _one_forward(engine):
         for layer in decoder.layers:
             inputs.append(rows)
             rows = _layer_rows(layer, rows, positions, rope, kv, engine)
-        rows = [decoder.norm(x) for x in rows]
-        logits = torch.cat([model.lm_head(x) for x in rows], dim=1)  # [1, q, V]
+        return _finish(model, decoder, rows, inputs, kv, hidden_states)
+
+
+def _embed(decoder: nn.Module, tokens: list[int], device) -> list[torch.Tensor]:
+    return [call(decoder.embed_tokens, torch.tensor([[t]], device=device)) for t in tokens]  # q x [1, 1, H]
+
+
+def _rope(decoder: nn.Module, rows: list[torch.Tensor], past: int, depth: list[int]) -> list[tuple]:
+    """Each row's rotary embedding (cos, sin), [1, 1, D] each, as the model forward makes it at its position;
+    made once per depth (it reads its input only for the dtype and device)."""
+    made = {}
+    for r, d in enumerate(depth):
+        if d not in made:
+            made[d] = call(decoder.rotary_emb, rows[r], torch.tensor([[past + d]], device=rows[r].device))
+    return [made[d] for d in depth]
+
+
+def _finish(model, decoder, rows, inputs, kv: RowKV, hidden_states: bool) -> ForwardOutput:
+    """Final norm and LM head per row; the rows' keys and values committed."""
+    rows = [call(decoder.norm, x) for x in rows]
+    logits = torch.cat([call(model.lm_head, x) for x in rows], dim=1)  # [1, q, V]
     kv.commit_rows()
     states = None
     if hidden_states:
         states = tuple(torch.cat(x, dim=1) for x in inputs) + (torch.cat(rows, dim=1),)  # (L + 1) x [1, q, H]
     return ForwardOutput(logits, states)
+
+
+def _rows_through(layer: LayerRows, rows: list[torch.Tensor], rope, kv: RowKV, engine) -> list[torch.Tensor]:
+    """One decoder layer over every row, one row at a time; q x [1, 1, H] -> q x [1, 1, H]. On an engine the routed
+    experts of all rows are one forward of the layer (`OffloadedLayer.forward_rows`), each row computed alone."""
+    residuals, routes = [], []  # per row: the post-attention residual, and its route (see LayerRows.route)
+    outputs = []
+    for r, x in enumerate(rows):
+        kv.row = r
+        residual, h = layer.attention_block(x, rope[r], kv)
+        if not layer.sparse:
+            outputs.append(residual + layer.dense(h))
+            continue
+        residuals.append(residual)
+        routes.append(layer.route(h))
+    if not layer.sparse:
+        return outputs
+    experts = layer.layer.mlp.experts
+    offloaded = getattr(experts, "_specfit_layer", None) if engine is not None else None
+    if offloaded is not None:
+        hidden, weights, index = (torch.cat(x) for x in zip(*((h, w, i) for h, _, w, i in routes)))  # [q, H], [q, k]
+        routed = offloaded.forward_rows(hidden, index, weights).split(1)  # q x [1, H]
+    else:
+        routed = [call(experts, h, i, w) for h, _, w, i in routes]  # q x [1, H]
+    return [residuals[r] + layer.moe_output(h, shared, routed[r]) for r, (h, shared, _, _) in enumerate(routes)]
 
 
 def _layer_rows(layer: nn.Module, rows: list[torch.Tensor], positions, rope, kv: RowKV, engine) -> list[torch.Tensor]:

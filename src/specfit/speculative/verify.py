@@ -15,8 +15,9 @@ import torch
 from transformers import DynamicCache
 
 from specfit.models.eagle3 import aux_hidden_states
+from specfit.models.verify_mode import verify_mode
 from specfit.selection.pool import CandidatePool
-from specfit.speculative.exact import exact_tree_forward, verify_mode
+from specfit.speculative.exact import exact_tree_forward
 from specfit.speculative.tree import tree_mask, tree_positions
 
 

@@ -1,0 +1,74 @@
+"""``python -m specfit.bench decode``: a decode job's wall time per request with the exact verify's fast path
+against its module path, on this machine in one run.
+
+The toy (config.yaml's ``toy`` on ``cpu-a100`` at its with-cache slots) decodes the first ``--requests``
+questions of a Spec-Bench category (``math_reasoning``: the GSM8K questions of the gsm8k workload) with plain EAGLE-3
+through the decode stage's code path (`specfit.api.Decoder`: `specfit.speculative.loading`, the stage's warm-up, the
+engine's cache shared by the requests), twice from an empty cache: "before" verifies through the decoder layers'
+modules (`specfit.speculative.exact.module_tree_forward`), "after" through the fast path the verify "exact" runs
+(`exact_tree_forward`). It prints each path's mean wall seconds per request, their ratio, and whether both produced
+the same output tokens (they must: both are AR's arithmetic row by row).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from unittest import mock
+
+from specfit import bench
+from specfit.api import Decoder
+from specfit.speculative import verify
+from specfit.speculative.exact import exact_tree_forward, module_tree_forward
+
+PATHS = {"modules (before)": module_tree_forward, "fast (after)": exact_tree_forward}
+
+
+def questions(path: Path, category: str, count: int) -> list[str]:
+    """The first turns of the first ``count`` questions of ``category`` in Spec-Bench's question.jsonl."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["turns"][0] for r in rows if r["category"] == category][:count]
+
+
+def decode_paths(decoder: Decoder, prompts: list[str], new: int) -> dict[str, tuple[list[float], list[list[int]]]]:
+    """Per path: each request's wall seconds and output ids, from an empty cache."""
+    decoder.generate(prompts[0], 1)  # the decode stage's warm-up (compiles, allocates), off both paths' clocks
+    runs = {}
+    for name, forward in PATHS.items():
+        decoder.reset()
+        seconds, outputs = [], []
+        with mock.patch.object(verify, "exact_tree_forward", forward):  # what Target.run calls for "exact"
+            for prompt in prompts:
+                started = time.perf_counter()
+                outputs.append(decoder.generate(prompt, new).output_ids)
+                seconds.append(time.perf_counter() - started)
+        runs[name] = (seconds, outputs)
+    return runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = bench.parser(__name__, __doc__.split("\n\n")[0])
+    parser.add_argument("--configfile", default="config.yaml")
+    parser.add_argument("--method", default="eagle3")
+    parser.add_argument("--category", default="math_reasoning", help="Spec-Bench category (GSM8K's)")
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--new", type=int, default=128, help="output tokens per request (the gsm8k workload's)")
+    args = parser.parse_args(argv)
+    decoder = Decoder.from_config("toy", "cpu-a100", args.method, configfile=args.configfile)
+    root = Path(args.configfile).parent
+    prompts = questions(root / "data/raw/spec_bench/question.jsonl", args.category, args.requests)
+    runs = decode_paths(decoder, prompts, args.new)
+    print(f"toy, {args.method}, {len(prompts)} {args.category} requests of {args.new} new tokens, verify exact; "
+          "CPU wall seconds per request (mean)")
+    means = {}
+    for name, (seconds, _) in runs.items():
+        means[name] = sum(seconds) / len(seconds)
+        print(f"{name:<18} {means[name]:>8.3f} s   ({', '.join(f'{s:.3f}' for s in seconds)})")
+    before, after = means.values()
+    outputs = [out for _, out in runs.values()]
+    print(f"before/after {before / after:.2f}x; outputs identical: {'yes' if outputs[0] == outputs[1] else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
