@@ -104,11 +104,18 @@ def test_report_tables_match_the_metrics(workflow):
     md = (out / "report.md").read_text()
     assert "\n### Beyond the paper: prefetch while drafting\n" in md
     # the resident device: its section, with the tree the tune job chose for the tuned EAGLE-3
-    chosen = json.loads((workdir / "data/tune/smoke/cpu-resident/gsm8k/eagle3-tuned/slots8.json").read_text())["chosen"]
+    # gsm8k is cross-fitted over two folds (config.yaml's tune_folds): each of the smoke's 2 questions is decoded
+    # with the tree tuned on the other
+    folds = [json.loads((workdir / paths.tune("smoke", "cpu-resident", "gsm8k", "eagle3-tuned", 8, fold)).read_text())
+             for fold in (0, 1)]
+    assert [f["decodes"] for f in folds] == [f["question_ids"] for f in reversed(folds)] and \
+        sorted(q for f in folds for q in f["decodes"]) == [401, 402]
     header, rows = find(tables, "Every expert resident, smoke")
     tuned = next(r for r in rows if r[header.index("Method")] == "eagle3-tuned")
-    assert tuned[header.index("Tree")].startswith(f"depth {chosen['max_depth']}, width {chosen['top_k_expand']}, "
-                                                   f"k {chosen['k_max']} (tuned on 1 questions")
+    for fold, f in enumerate(folds):
+        chosen = f["chosen"]
+        assert (f"fold {fold} (1 questions): depth {chosen['max_depth']}, width {chosen['top_k_expand']}, "
+                f"k {chosen['k_max']} (tuned on 1 questions") in tuned[header.index("Tree")]
     assert "\n### Beyond the paper: every expert resident\n" in md
     for part, record in paths.TOY_RECORDS.items():  # the rule declares the trained toy's folders: their weights' sha256
         sha256 = json.loads((workdir / paths.toy_model("smoke", part) / record).read_text())["sha256"]
