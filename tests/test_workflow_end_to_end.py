@@ -141,8 +141,8 @@ def test_report_figures_read_well(workflow, monkeypatch, tmp_path):
     claims = [" ".join(t.split()) for t in figures["smoke-resident-claims"]]
     assert "SpecFit is faster than EAGLE-3 at the best fixed tree (tuned)" in claims
     a100 = [m for m in figures["smoke-cpu-a100-gsm8k-tps"] if m in config["methods"]]
-    assert a100 == ["ar", "eagle3", "specfit-dense", "specfit", "specfit-ca-learned", "specfit-prefetch", "specfit-prefetch-atlas",
-                    "eagle3-prefetch"]
+    assert a100 == ["ar", "eagle3", "specfit-dense", "specfit", "specfit-ca-learned", "specfit-prefetch",
+                    "specfit-prefetch-atlas", "eagle3-prefetch"]
 
 
 def test_theory_and_calibration_outputs(workflow):
