@@ -1,8 +1,9 @@
 """``python -m specfit.bench tuned``: every method of a finished run against EAGLE-3 at the tree a user tunes by hand.
 
 For each cell of the config's decode matrix (model, device, workload, slots) that holds a run of kind eagle3-tuned,
-it prints every method's decode TPS with its interval, its ratio to the tuned tree and to the best baseline of the
-cell (the fastest of AR, EAGLE-3, EAGLE-3 tuned and the paper's SpecFit), each with its paired-bootstrap interval
+it prints every method's decode TPS with its interval, its ratio to the tuned tree, to the best baseline of the
+cell (the fastest of AR, EAGLE-3, EAGLE-3 tuned and the paper's SpecFit) and to EAGLE-3 at the paper's tree (where
+the cell runs it), each with its paired-bootstrap interval
 and verdict (`specfit.results.intervals.ratio_interval`: a ratio whose interval holds 1 is a tie), and where the time
 went: committed tokens, verified draft nodes and drafted levels per cycle, and host selection time per cycle. It
 reads the decode outputs (requests.parquet, metrics.json) and measures nothing; it times nothing.
@@ -24,7 +25,7 @@ from specfit.planning.config import SCHEMA, add_configfile_option, load_config
 from specfit.planning.matrix import decode_runs, method_kind
 from specfit.report.scope import Roles
 from specfit.results.intervals import process_spread, ratio_interval
-from specfit.speculative.kinds import EAGLE3_TUNED
+from specfit.speculative.kinds import EAGLE3, EAGLE3_TUNED
 
 
 def ratio_text(r: dict) -> str:
@@ -46,20 +47,21 @@ def cell_rows(config: dict, runs: list) -> list[str]:
         return []
     base = [m for m in found if m in Roles.of(config).baselines]  # the best of them is the bar
     best = max(base, key=lambda m: found[m][0]["tps_dec"])
+    eagle3 = next((m for m in found if method_kind(config, m).name == EAGLE3.name), None)  # the paper's tree
     lines = [f"{'method':<24}{'kind':<16}{'TPS_dec [95%]':<26}{'/ tuned tree':<32}{f'/ best baseline ({best})':<40}"
-             + TIME_HEADER]
+             + f"{f'/ {eagle3} (paper tree)' if eagle3 else '':<32}" + TIME_HEADER]
     for method in sorted(found, key=list(config["methods"]).index):
         metrics, requests = found[method]
         cells = []
-        for other in (tuned[0], best):
-            if other == method:
-                cells.append("-")
+        for other in (tuned[0], best, eagle3):
+            if other == method or other is None:
+                cells.append("-" if other else "")
                 continue
             spread = process_spread(metrics, found[other][0])
             cells.append(ratio_text(ratio_interval(requests, found[other][1], spread=spread)))
         tps = f"{metrics['tps_dec']:.2f} [{metrics['tps_dec_low']:.2f}, {metrics['tps_dec_high']:.2f}]"
         lines.append(f"{method:<24}{method_kind(config, method).name:<16}{tps:<26}{cells[0]:<32}{cells[1]:<40}"
-                     + time_columns(metrics))
+                     + f"{cells[2]:<32}" + time_columns(metrics))
     return lines
 
 
