@@ -43,6 +43,7 @@ from specfit.speculative.kinds import AR, kind
 from specfit.speculative.loading import Loaded, load
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits
+from specfit.speculative.sampling import Sampling
 from specfit.speculative.stream import StreamSpec
 
 # the figures a generation reports, by their names in a decode run's metrics.json
@@ -127,15 +128,18 @@ class Decoder:
     @classmethod
     def from_config(cls, model: str, device: str, method: str, *, configfile: str | Path = "config.yaml",
                     overlays: Sequence[str | Path] = (), slots: int | None = None, routes: str | None = None,
-                    max_new_tokens: int = MAX_NEW_TOKENS) -> Decoder:
+                    max_new_tokens: int = MAX_NEW_TOKENS, sampling: dict | None = None) -> Decoder:
         """The decoder of ``model`` on ``device`` with ``method``, as the workflow's config (``configfile`` with
         ``overlays`` merged over it, as Snakemake's ``--configfile``) sets them; paths are relative to the config's
         folder, the workflow root. ``slots``: the model's with-cache calibration slots on the device when None;
-        ``routes``: a route source (``learned``) in place of the method entry's."""
+        ``routes``: a route source (``learned``) in place of the method entry's; ``sampling``: temperature, top_p,
+        top_k, seed and sampling (the mode), as a workload sets them (`specfit.speculative.sampling.Sampling`; none:
+        greedy)."""
         from specfit.planning import specs  # the workflow's config helpers: torch-free
         from specfit.planning.config import SCHEMA, check_shipped, load_config
         from specfit.planning.matrix import method_inputs
 
+        Sampling.of(sampling)  # refused before anything loads
         configfile = Path(configfile)
         root = configfile.parent
         if not configfile.is_file():
@@ -165,7 +169,7 @@ class Decoder:
         if not limit:
             raise SpecFitError(f"the target's config.json sets no max_position_embeddings: its token limit is unknown "
                                f"(set by `models.{model}.target` in config.yaml)")
-        spec = specs.generate(config, model, device, method, slots, limit, max_new_tokens)
+        spec = specs.generate(config, model, device, method, slots, limit, max_new_tokens, sampling)
         return cls(spec, inputs, {"model": model, "device": device, "method": method})
 
     @property
@@ -231,7 +235,7 @@ class Decoder:
                                  self.spec.seed)
         method = self.spec.method
         routes = method.routes if kind(method.name).reads_routes else None  # where SpecFit's routes came from
-        return {**self.name, "routes": routes, "slots": self.spec.slots,
+        return {**self.name, "routes": routes, "slots": self.spec.slots, "sampling": self.sampling.record(),
                 "timing_label": self.loaded.engine.timing_label, **{k: metrics[k] for k in FIGURES}}
 
     def reset(self) -> None:
@@ -254,7 +258,12 @@ class Decoder:
         new = self.spec.max_new_tokens if max_new_tokens is None else max_new_tokens
         if new < 1:
             raise SpecFitError(f"max_new_tokens is {new}: ask for at least 1 token")
-        return Limits(limit, new, eos_ids(self.loaded.model))
+        return Limits(limit, new, eos_ids(self.loaded.model), self.sampling)
+
+    @property
+    def sampling(self) -> Sampling:
+        """How this decoder samples (greedy unless its spec sets a temperature)."""
+        return Sampling.of(self.spec.sampling)
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -264,9 +273,12 @@ def compare(decoder: Decoder, prompt: str | Sequence[int], max_new_tokens: int |
             ) -> tuple[Generation, Generation]:
     """``prompt`` decoded by ``decoder`` and by AR on the same target, each from an empty expert cache."""
     decoder.reset()
+    request = decoder.requests
     ours = decoder.generate(prompt, max_new_tokens)
     decoder.reset()
-    return ours, decoder.ar().generate(prompt, max_new_tokens)
+    ar = decoder.ar()
+    ar.requests = request  # the same request index: the same sampling noise
+    return ours, ar.generate(prompt, max_new_tokens)
 
 
 def _check_outputs(config: dict, model: str, device: str, inputs: dict, root: Path) -> None:

@@ -20,6 +20,7 @@ from specfit.errors import SpecFitError
 from specfit.planning import paths
 from specfit.planning.matrix import evaluated_question_ids, method_kind, predictor_question_ids, trained_toys
 from specfit.planning.methods import check_methods
+from specfit.speculative.sampling import Sampling
 
 
 def _with_defaults(validator_class):
@@ -184,6 +185,20 @@ def _check_resident(config: dict, root: Path | None) -> list[str]:
     return problems
 
 
+def _check_sampling(config: dict) -> list[str]:
+    """Each workload's sampling keys (`specfit.speculative.sampling.Sampling`): what the schema cannot say (a
+    non-finite temperature, rejection sampling at T = 0), named with the key."""
+    problems = []
+    for name, wl in config["workloads"].items():
+        try:
+            Sampling.of(wl)
+        except SpecFitError as err:
+            key = next((k for k in ("temperature", "top_p", "top_k", "seed", "sampling") if str(err).startswith(k)),
+                       "sampling")
+            problems.append(f"config key 'workloads.{name}.{key}': {err}")
+    return problems
+
+
 def _check_references(config: dict, root: Path | None = None) -> None:
     problems = []
     for name in config["methods"]:
@@ -209,6 +224,7 @@ def _check_references(config: dict, root: Path | None = None) -> None:
                     "(the slots of its with-cache calibration)"
                 )
     problems += check_methods(config)
+    problems += _check_sampling(config)
     for name, device in config["devices"].items():
         if device["emulate"] is None:
             continue

@@ -116,7 +116,19 @@ def method_entry(config: dict, method: str) -> dict:
 def _limits(config: dict, workload: str) -> dict:
     """A workload's decode limits: input + output tokens per request, and output tokens (the limit when unset)."""
     wl = config["workloads"][workload]
-    return {"limit_tokens": wl["limit_tokens"], "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"]}
+    limits = {"limit_tokens": wl["limit_tokens"], "max_new_tokens": wl["max_new_tokens"] or wl["limit_tokens"]}
+    return {**limits, **sampling_spec(wl)}
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed", "sampling")
+
+
+def sampling_spec(keys: dict) -> dict:
+    """A stream's ``sampling`` key from a workload's (or a call's) sampling keys; none at T = 0, so that a greedy
+    run's spec, and so its jobs, stay what they were before sampling existed."""
+    if not keys.get("temperature"):
+        return {}
+    return {"sampling": {k: keys[k] for k in SAMPLING_KEYS if keys.get(k) is not None}}
 
 
 def _stream(config: dict, model: str, device: str, limits: dict, method: str, slots: int, link, emulate) -> dict:
@@ -149,11 +161,11 @@ def tune(config: dict, model: str, device: str, workload: str, method: str, slot
 
 
 def generate(config: dict, model: str, device: str, method: str, slots: int, limit_tokens: int,
-             max_new_tokens: int) -> dict:
+             max_new_tokens: int, sampling: dict | None = None) -> dict:
     """Not a rule: `specfit generate` (`specfit.api.Decoder.from_config`), a decode run's spec with the caller's
-    limits in place of a workload's."""
+    limits and sampling keys in place of a workload's."""
     dev = config["devices"][device]
-    limits = {"limit_tokens": limit_tokens, "max_new_tokens": max_new_tokens}
+    limits = {"limit_tokens": limit_tokens, "max_new_tokens": max_new_tokens, **sampling_spec(sampling or {})}
     return _stream(config, model, device, limits, method, int(slots), dev["link"], _emulated(dev))
 
 

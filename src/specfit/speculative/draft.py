@@ -65,10 +65,15 @@ def sync(drafter: Eagle3Drafter, state: DraftState) -> None:
 
 
 def expand(drafter: Eagle3Drafter, pool: CandidatePool, parents: list[int], logits: torch.Tensor,
-           hidden_out: torch.Tensor, top_k: int, state: DraftState) -> None:
-    """Add the top-k children of each parent. ``logits`` [len(parents), Vd], ``hidden_out`` [len(parents), H]."""
-    probs = torch.softmax(logits.float(), dim=-1)  # [P, Vd]
-    top_prob, top_ids = probs.topk(top_k, dim=-1)  # [P, k]
+           hidden_out: torch.Tensor, top_k: int, state: DraftState, choose=None) -> None:
+    """Add the top-k children of each parent. ``logits`` [len(parents), Vd], ``hidden_out`` [len(parents), H].
+    ``choose(logits, depth)``: the children's probabilities and draft ids [P, k] under sampling
+    (`specfit.speculative.sampling.Noise.draft`); None: the drafter's top-k (greedy)."""
+    if choose is None:
+        probs = torch.softmax(logits.float(), dim=-1)  # [P, Vd]
+        top_prob, top_ids = probs.topk(top_k, dim=-1)  # [P, k]
+    else:
+        top_prob, top_ids = choose(logits, pool.depth)  # [P, k] each
     tokens = drafter.to_target_ids(top_ids).tolist()
     top_prob = top_prob.double().tolist()
     for i, parent in enumerate(parents):
@@ -82,10 +87,11 @@ def frontier(pool: CandidatePool, width: int) -> list[int]:
     return sorted(sorted(last, key=lambda v: (-pool.path_prob[v], v))[:width])
 
 
-def draft_level(drafter: Eagle3Drafter, state: DraftState, pool: CandidatePool, top_k: int = 2) -> None:
-    """Draft the next level of ``pool`` in place: level 1 from the root's row, deeper ones by one drafter step."""
+def draft_level(drafter: Eagle3Drafter, state: DraftState, pool: CandidatePool, top_k: int = 2, choose=None) -> None:
+    """Draft the next level of ``pool`` in place: level 1 from the root's row, deeper ones by one drafter step
+    (``choose``: see `expand`)."""
     if pool.n == 0:
-        expand(drafter, pool, [0], state.logits[None], state.feature[0][None], top_k, state)
+        expand(drafter, pool, [0], state.logits[None], state.feature[0][None], top_k, state, choose)
         return
     parents = frontier(pool, top_k)
     F = len(parents)
@@ -107,4 +113,4 @@ def draft_level(drafter: Eagle3Drafter, state: DraftState, pool: CandidatePool, 
     positions = torch.full((1, F), state.committed - 1 + pool.depth, device=device)  # [1, F]
     mask = additive_mask(visible, hidden.dtype, device)  # [1, 1, F, P+F]
     logits, hidden_out = drafter(input_ids, hidden, positions, past_key_values=state.cache, attention_mask=mask)
-    expand(drafter, pool, parents, logits[0], hidden_out[0], top_k, state)
+    expand(drafter, pool, parents, logits[0], hidden_out[0], top_k, state, choose)

@@ -24,6 +24,8 @@ from specfit.selection.pool import CandidatePool
 from specfit.speculative.cycle import Cycle, Stopwatch, VirtualClock
 from specfit.speculative.draft import DraftState, draft_level, new_draft_state, sync
 from specfit.speculative.methods import Decision, Method
+from specfit.speculative.sampler import Noise, rejection_path, warp
+from specfit.speculative.sampling import GREEDY, Sampling
 from specfit.speculative.tree import keep_rows
 from specfit.speculative.verify import Target, Verdict, greedy_path
 
@@ -34,6 +36,7 @@ class Limits:
     limit_tokens: int  # input + output tokens
     max_new_tokens: int
     eos_ids: frozenset[int]
+    sampling: Sampling = GREEDY  # how each position's token is chosen (`specfit.speculative.sampling`); greedy at T=0
 
     def room(self, prompt_len: int, n_output: int) -> int:
         """Output tokens still allowed."""
@@ -64,8 +67,13 @@ class Session:
     """
 
     def __init__(self, model, drafter: Eagle3Drafter | None, prompt_ids: list[int], limits: Limits, *,
-                 request_id: int = 0, engine=None):
+                 request_id: int = 0, engine=None, noise_key: int | None = None):
+        """``noise_key``: the request's key in the sampling noise (the question id; default ``request_id``), so
+        that AR and every method draw the same noise for the same question."""
         self.drafter, self.prompt_ids, self.limits, self.request_id = drafter, prompt_ids, limits, request_id
+        self.sampling = limits.sampling
+        self.noise_key = request_id if noise_key is None else noise_key
+        self.noise: Noise | None = None  # made at prefill (it reads the target's vocabulary), None when greedy
         self.target = Target(model, engine, drafter.aux_layer_ids if drafter is not None else None)
         self.clock = clock_for(model, engine)
         self.state: DraftState | None = None
@@ -75,7 +83,11 @@ class Session:
     def prefill(self) -> None:
         """Run the prompt through the target and the drafter; the first output token is the first root."""
         logits, aux = self.target.forward(self.prompt_ids)  # [P, V], [1, P, 3H] (None without a drafter)
-        root = int(logits[-1].argmax())
+        if self.sampling.greedy:
+            root = int(logits[-1].argmax())
+        else:
+            self.noise = Noise(self.sampling, self.noise_key, logits.shape[-1])
+            root = self.noise.sample(logits[-1:], [0])[0]  # output position 0
         self.output = [root]
         if self.drafter is not None:
             self.state = new_draft_state()
@@ -118,15 +130,50 @@ class Session:
         if depth_cap > 0 and self.state.pending is not None:
             with self.clock.section(times, "draft"):
                 sync(self.drafter, self.state)
+        choose = self._draft_choice(method.config.top_k_expand)
         for depth in range(1, depth_cap + 1):
             with self.clock.section(times, "draft"):
-                draft_level(self.drafter, self.state, pool, method.config.top_k_expand)
+                draft_level(self.drafter, self.state, pool, method.config.top_k_expand, choose)
             with self.clock.section(times, "select"):
                 decision = method.select(cycle, pool, final=depth == depth_cap)
             if decision is not None:
                 return pool, decision
         with self.clock.section(times, "select"):
             return pool, method.select(cycle, pool, final=True)
+
+    def _draft_choice(self, k: int):
+        """Coupled sampling: children drafted by the Gumbel-max rule at their output position (`Noise.draft`);
+        None (the drafter's top-k) when greedy or under rejection sampling, whose proposals are those top-k."""
+        if not self.sampling.coupled:
+            return None
+        n = len(self.output)  # a child of a level-d node is output position n + d
+        target_ids = {}
+
+        def choose(logits: torch.Tensor, depth: int):
+            Vd = logits.shape[-1]
+            if Vd not in target_ids:
+                target_ids[Vd] = self.drafter.to_target_ids(torch.arange(Vd, device=logits.device)).cpu()  # [Vd]
+            return self.noise.draft(logits, n + depth, target_ids[Vd], k)
+
+        return choose
+
+    def _accept(self, pool: CandidatePool, rows: tuple[int, ...], logits: torch.Tensor) -> tuple[list[int], int]:
+        """The accepted path and the next root from the verify's ``logits`` [q, V] (row i: node ``rows[i]``)."""
+        row_of = {v: i for i, v in enumerate(rows)}
+        if self.sampling.rejection:
+            n = len(self.output)
+            probs = warp(logits, self.sampling).softmax(-1)  # [q, V]
+            children: dict[int, list[int]] = {}
+            for v in rows[1:]:
+                children.setdefault(pool.parent[v], []).append(v)
+            return rejection_path(children, pool.token, {v: probs[row_of[v]] for v in rows}, self.noise, n,
+                                  {v: pool.level[v] for v in rows})
+        if self.sampling.greedy:
+            predicted = logits.argmax(-1).tolist()  # [q] the target's next token after each row
+        else:  # coupled: AR's token at each row's output position
+            predicted = self.noise.sample(logits, [len(self.output) + pool.level[v] for v in rows])
+        accepted = greedy_path(pool, rows, predicted)
+        return accepted, predicted[row_of[accepted[-1]] if accepted else 0]
 
     def verify(self, pool: CandidatePool, nodes: tuple[int, ...], times: dict) -> Verdict:
         """Verify root + ``nodes`` (ancestor-closed, ascending) in one tree forward of the target; `commit` prunes
@@ -138,12 +185,11 @@ class Session:
             row_of = {v: i for i, v in enumerate(rows)}
             parent = [row_of.get(pool.parent[v], -1) for v in rows]
             logits, aux = target.forward([pool.token[v] for v in rows], parent, [pool.level[v] for v in rows])
-            predicted = logits.argmax(-1).tolist()  # [q] the target's next token after each row
-            accepted = greedy_path(pool, rows, predicted)
+            accepted, next_root = self._accept(pool, rows, logits)
             kept = [0] + [row_of[v] for v in accepted]  # query rows on the committed path
             return Verdict(
                 accepted=accepted,
-                next_root=predicted[kept[-1]],
+                next_root=next_root,
                 aux=aux[:, kept] if aux is not None else None,  # [1, len(kept), 3H]
                 past_len=past,
                 kept=kept,
@@ -197,7 +243,8 @@ def decode_request(
     model, drafter: Eagle3Drafter | None, method: Method, prompt_ids: list[int], *, request_id: int,
     question_id: int, limits: Limits, engine=None,
 ) -> RequestResult:
-    """Greedy decoding of one prompt with ``method``; times in seconds, synchronized around every section."""
+    """Decoding of one prompt with ``method`` (greedy, or sampled as ``limits.sampling`` says); times in seconds,
+    synchronized around every section."""
     cycles = decode_cycles(model, drafter, method, prompt_ids, request_id=request_id, question_id=question_id,
                            limits=limits, engine=engine)
     while True:
@@ -215,7 +262,7 @@ def decode_cycles(
     cycle's), and returns the request's `RequestResult`. What the caller does between steps is off the timers."""
     method.begin(question_id)
     session = Session(model, drafter if method.drafts else None, prompt_ids, limits, request_id=request_id,
-                      engine=engine)
+                      engine=engine, noise_key=question_id)
     clock = session.clock
     h2d_start = h2d_transfers(engine)
     start = clock.now()

@@ -54,6 +54,7 @@ from specfit.results.summary import stream_summary
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.loading import Loaded, load
 from specfit.speculative.request import Limits
+from specfit.speculative.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class StreamSpec:
     model: str  # the model's name in config.yaml: errors name `models.<model>.target` / `.drafter`
     max_requests: int | None = None  # the workload's subset is already cut at extraction; this is for tests
     warmup_tokens: int = 8  # output tokens of the warm-up request
+    sampling: dict | None = None  # `specfit.speculative.sampling.Sampling`'s keys at T > 0; None: greedy
 
     @classmethod
     def from_dict(cls, spec: dict) -> StreamSpec:
@@ -132,7 +134,10 @@ def fingerprint(spec: StreamSpec, inputs: dict) -> str:
     stats = {name: [[str(p), *((st.st_size, st.st_mtime_ns) if (st := _stat(p)) else ())]
                     for p in ([path] if isinstance(path, str | os.PathLike) else path)]
              for name, path in sorted(inputs.items())}
-    text = json.dumps({"spec": dataclasses.asdict(spec), "inputs": stats}, sort_keys=True, default=str)
+    fields_ = dataclasses.asdict(spec)
+    if fields_["sampling"] is None:  # greedy: the fingerprint of a stream from before sampling existed
+        del fields_["sampling"]
+    text = json.dumps({"spec": fields_, "inputs": stats}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -171,7 +176,7 @@ def stream(loaded: Loaded, spec: StreamSpec, prompts: list[dict], parts: Parts) 
     """Decode the prompts that ``parts`` does not hold yet (a crashed run's finished requests are kept), after an
     untimed warm-up request, keeping each request in ``parts`` as it finishes. Returns the resumes so far: where
     each rerun after a crash picked up."""
-    limits = Limits(spec.limit_tokens, spec.max_new_tokens, eos_ids(loaded.model))
+    limits = Limits(spec.limit_tokens, spec.max_new_tokens, eos_ids(loaded.model), Sampling.of(spec.sampling))
     done = parts.done()
     todo = [p for p in prompts if p["request_id"] not in done]
     resumes = read_json(parts.path / "resumes.json") if (parts.path / "resumes.json").exists() else []

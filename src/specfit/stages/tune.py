@@ -35,6 +35,7 @@ from specfit.speculative.kinds import EAGLE3
 from specfit.speculative.loading import load
 from specfit.speculative.methods import build_method
 from specfit.speculative.request import Limits
+from specfit.speculative.sampling import Sampling
 from specfit.speculative.stream import StreamSpec
 from specfit.speculative.tuning import TREE_KEYS, best
 
@@ -59,7 +60,7 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
                            f"({', '.join(map(str, overlap[:8]))}); re-extract them (rule extract_tune)")
     torch.manual_seed(stream.seed)
     loaded = load(tree_spec(stream, trees[0]), inputs, {})
-    limits = Limits(stream.limit_tokens, stream.max_new_tokens, eos_ids(loaded.model))
+    limits = Limits(stream.limit_tokens, stream.max_new_tokens, eos_ids(loaded.model), Sampling.of(stream.sampling))
     rows = []
     for tree in trees:
         t = tree_spec(stream, tree)

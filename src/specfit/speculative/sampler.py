@@ -1,0 +1,108 @@
+"""The noise and the rules of sampled decoding (`specfit.speculative.sampling` says what each mode promises): Gumbel
+noise per (seed, request, output position) drawn on the CPU by a seeded generator, the top-k / top-p warp, the
+Gumbel-max sample, the drafter's coupled proposals and EAGLE's rejection verification of a tree."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from specfit.speculative.sampling import Sampling
+
+
+def _stream_seed(seed: int, key: int, position: int, salt: str) -> int:
+    """A 63-bit generator seed from (seed, request, position): the same on every machine."""
+    digest = hashlib.blake2b(f"{seed}:{key}:{position}:{salt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def gumbel(seed: int, key: int, position: int, vocab: int) -> torch.Tensor:
+    """[V] float32 Gumbel noise of output position ``position`` of request ``key``, drawn on the CPU."""
+    g = torch.Generator().manual_seed(_stream_seed(seed, key, position, "gumbel"))
+    u = torch.rand(vocab, generator=g, dtype=torch.float32).clamp_(min=torch.finfo(torch.float32).tiny)
+    return -torch.log(-torch.log(u))
+
+
+def uniforms(seed: int, key: int, position: int, n: int) -> list[float]:
+    """``n`` uniforms in [0, 1) of position ``position`` (rejection sampling's accept tests)."""
+    g = torch.Generator().manual_seed(_stream_seed(seed, key, position, "accept"))
+    return torch.rand(n, generator=g, dtype=torch.float64).tolist()
+
+
+def warp(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """[..., V] tempered logits (float32), -inf outside the top-k and top-p sets."""
+    scores = logits.float() / s.temperature
+    if s.top_k and s.top_k < scores.shape[-1]:
+        kth = scores.topk(s.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    if s.top_p < 1:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)
+        mass = sorted_scores.softmax(-1).cumsum(-1)  # [..., V]
+        drop = (mass - sorted_scores.softmax(-1)) >= s.top_p  # the mass before a token already holds top_p
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), -math.inf)
+    return scores
+
+
+class Noise:
+    """One request's noise, position by position (kept while the cycle that reads it may ask again)."""
+
+    def __init__(self, sampling: Sampling, key: int, vocab: int):
+        self.sampling, self.key, self.vocab = sampling, key, vocab
+        self._gumbel: dict[int, torch.Tensor] = {}
+
+    def gumbel(self, position: int) -> torch.Tensor:
+        """[V] the position's Gumbel noise."""
+        if position not in self._gumbel:
+            for old in [p for p in self._gumbel if p < position - 16]:
+                del self._gumbel[old]
+            self._gumbel[position] = gumbel(self.sampling.seed, self.key, position, self.vocab)
+        return self._gumbel[position]
+
+    def sample(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
+        """The target's token after each row of ``logits`` [q, V] (AR's step at each row's output position)."""
+        scores = warp(logits, self.sampling)  # [q, V]
+        noise = torch.stack([self.gumbel(p) for p in positions]).to(scores.device)  # [q, V]
+        return (scores + noise).argmax(-1).tolist()
+
+    def sample_from(self, probs: torch.Tensor, position: int) -> int:
+        """A token from distribution ``probs`` [V] by the position's Gumbel-max rule."""
+        return int((probs.double().log() + self.gumbel(position).to(probs.device).double()).argmax())
+
+    def draft(self, logits: torch.Tensor, position: int, target_ids: torch.Tensor, k: int):
+        """The drafter's top-``k`` children by the same rule: ``logits`` [P, Vd] over the draft vocabulary,
+        ``target_ids`` [Vd] its target ids. Returns their tempered probabilities [P, k] and draft ids [P, k]."""
+        scores = warp(logits, self.sampling)  # [P, Vd]
+        noise = self.gumbel(position).to(scores.device)[target_ids]  # [Vd]
+        ids = (scores + noise).topk(k, dim=-1).indices  # [P, k]
+        return scores.softmax(-1).gather(-1, ids), ids
+
+
+def rejection_path(children: dict[int, list[int]], token: list[int], probs: dict[int, torch.Tensor],
+                   noise: Noise, first: int, depth: dict[int, int], residual: bool = True) -> tuple[list[int], int]:
+    """EAGLE's tree verification at T > 0: from the root (node 0), the children of the current node (in id order,
+    best draft first) are tried in turn against the target's distribution p there (``probs[node]`` [V], warped): a
+    drafted child x is accepted with probability min(1, p(x)/q(x)), where q is the proposal; the drafts are the
+    drafter's top-k, so q is a point mass at x and the test is u < p(x). On rejection p <- norm(max(p - q, 0)), i.e.
+    p with x zeroed; when all are rejected the next token is drawn from that residual. Lossless in distribution.
+    ``first``: the output position after the root; ``residual`` False is a known-wrong verifier (for the tests).
+    Returns the accepted node ids (root excluded) and the next root."""
+    path, node = [], 0
+    while True:
+        position = first + depth[node]
+        p = probs[node].double()
+        tried = children.get(node, [])
+        u = uniforms(noise.sampling.seed, noise.key, position, len(tried))
+        for child, ui in zip(tried, u):
+            x = token[child]
+            if ui < float(p[x]):
+                path.append(child)
+                node = child
+                break
+            if residual:
+                p = p.clone()
+                p[x] = 0
+                p = p / p.sum()
+        else:
+            return path, noise.sample_from(p, position)

@@ -1,0 +1,170 @@
+"""Sampling at T > 0: coupled sampling commits AR's tokens at the seed for every method; rejection sampling keeps
+AR's distribution (and the test that says so fails on a verifier known to be wrong); bad parameters are refused."""
+
+import dataclasses
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from specfit.errors import SpecFitError
+from specfit.speculative.config import MethodConfig
+from specfit.speculative.methods import SpecFit, build_method
+from specfit.speculative.request import decode_request
+from specfit.speculative.routes import LiveRoutes
+from specfit.speculative.sampler import Noise, rejection_path, warp
+from specfit.speculative.sampling import Sampling
+
+B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
+
+
+def decode_all(target, drafter, method, prompts, limits, seed_offset=0):
+    return [decode_request(target, drafter, method, prompt, request_id=i, question_id=100 + i + seed_offset,
+                           limits=limits).request["output_ids"] for i, prompt in enumerate(prompts)]
+
+
+SETTINGS = [  # temperature, top_p, top_k, seed
+    (1.0, 1.0, 0, 0), (0.8, 0.95, 0, 7), (0.6, 1.0, 20, 3), (1.3, 0.9, 50, 11),
+]
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k,seed", SETTINGS)
+def test_coupled_sampling_commits_ars_tokens_for_every_method(target, drafter, prompts, limits, temperature, top_p,
+                                                               top_k, seed):
+    s = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    sampled = dataclasses.replace(limits, sampling=s)
+    ar = decode_all(target, None, build_method({"name": "ar"}), prompts, sampled)
+    assert ar != decode_all(target, None, build_method({"name": "ar"}), prompts, limits)  # it does sample
+    for method in (build_method({"name": "eagle3"}), SpecFit(MethodConfig("specfit"), B, 0.05, LiveRoutes(), 8)):
+        assert decode_all(target, drafter, method, prompts, sampled) == ar
+
+
+def test_coupled_sampling_is_a_function_of_the_seed(target, prompts, limits):
+    ar = build_method({"name": "ar"})
+    at = [dataclasses.replace(limits, sampling=Sampling(temperature=1.0, seed=seed)) for seed in (1, 1, 2)]
+    a, b, c = (decode_all(target, None, ar, prompts, x) for x in at)
+    assert a == b and a != c
+
+
+def test_coupled_sampling_in_bf16(target, drafter, prompts, limits):
+    bf16, dbf16 = target.to(torch.bfloat16), drafter.to(torch.bfloat16)
+    try:
+        sampled = dataclasses.replace(limits, sampling=Sampling(temperature=0.9, top_p=0.95, seed=5))
+        ar = decode_all(bf16, None, build_method({"name": "ar"}), prompts, sampled)
+        assert decode_all(bf16, dbf16, build_method({"name": "eagle3"}), prompts, sampled) == ar
+    finally:
+        target.to(torch.float32), drafter.to(torch.float32)
+
+
+def test_the_oracle_drafter_is_accepted_under_coupled_sampling(target, oracle, prompts, limits):
+    """A drafter that proposes AR's sampled continuation is accepted: the verify's rule is AR's."""
+    sampled = dataclasses.replace(limits, sampling=Sampling(temperature=1.0, seed=4))
+    ar = decode_all(target, None, build_method({"name": "ar"}), prompts, sampled)
+    oracle.sequence = prompts[0] + ar[0]
+    r = decode_request(target, oracle, build_method({"name": "eagle3"}), prompts[0], request_id=0, question_id=100,
+                       limits=sampled)
+    assert r.request["output_ids"] == ar[0]
+    assert sum(c["accepted"] for c in r.cycles) > len(ar[0]) // 2
+
+
+def test_warp_keeps_the_top_k_and_the_nucleus():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    assert torch.isfinite(warp(logits, Sampling(temperature=1.0, top_k=2))).tolist() == [[True, True] + [False] * 3]
+    p = logits.softmax(-1)[0]  # 0.636, 0.234, 0.086, ...
+    kept = torch.isfinite(warp(logits, Sampling(temperature=1.0, top_p=0.8)))[0].tolist()
+    assert kept == [True, True, False, False, False] and p[0] < 0.8 <= p[0] + p[1]
+    assert torch.isfinite(warp(logits, Sampling(temperature=1.0, top_p=0.5)))[0].tolist() == [True] + [False] * 4
+
+
+def test_the_gumbel_max_rule_samples_the_distribution():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    s = Sampling(temperature=1.0, seed=0)
+    n = 4000
+    counts = Counter(Noise(s, key, 4).sample(p.log()[None], [0])[0] for key in range(n))
+    assert tv(counts, n, p) < 0.02
+
+
+# rejection sampling
+
+
+def tv(counts: Counter, n: int, p: torch.Tensor) -> float:
+    return 0.5 * sum(abs(counts.get(i, 0) / n - float(p[i])) for i in range(len(p)))
+
+
+def rejection_first_tokens(residual: bool, n: int):
+    """The token after the root under rejection verification of a fixed two-level tree, over ``n`` seeds."""
+    p_root = torch.tensor([0.4, 0.35, 0.2, 0.05])  # the target at the root
+    p_child = {1: torch.tensor([0.7, 0.1, 0.1, 0.1]), 2: torch.tensor([0.1, 0.1, 0.1, 0.7])}
+    children = {0: [1, 2]}
+    token = [0, 1, 0]  # node 1 drafts token 1 (the drafter's best), node 2 token 0
+    out = Counter()
+    for key in range(n):
+        noise = Noise(Sampling(temperature=1.0, sampling="rejection"), key, 4)
+        path, nxt = rejection_path(children, token, {0: p_root, **p_child}, noise, 0, {0: 0, 1: 1, 2: 1}, residual)
+        out[token[path[0]] if path else nxt] += 1
+    return out, p_root
+
+
+def test_rejection_verification_keeps_the_targets_distribution_and_a_wrong_one_fails():
+    n = 4000
+    right, p = rejection_first_tokens(True, n)
+    wrong, _ = rejection_first_tokens(False, n)
+    assert tv(right, n, p) < 0.02
+    assert tv(wrong, n, p) > 0.1  # no residual: the drafted tokens come too often
+
+
+def second_tokens(target, drafter, prompt, limits, seeds, first):
+    """The second output token of each seed whose first is ``first``, counted, and how many seeds those were."""
+    method = build_method({"name": "eagle3" if drafter is not None else "ar"})
+    out = Counter()
+    for seed in seeds:
+        r = decode_request(target, drafter, method, prompt, request_id=0, question_id=0,
+                           limits=dataclasses.replace(limits, sampling=dataclasses.replace(limits.sampling, seed=seed)))
+        ids = r.request["output_ids"]
+        if ids[0] == first:
+            out[ids[1]] += 1
+    return out, sum(out.values())
+
+
+def test_rejection_sampling_on_the_toy_keeps_the_targets_distribution(target, oracle, prompts, limits, monkeypatch):
+    """The second output token over 1000 fixed seeds, where the first is AR's greedy one (there the oracle's drafts
+    are in the target's top-k): AR's sampler and EAGLE-3 under rejection sampling both within a total-variation
+    bound of the target's distribution, and the verifier without the residual correction outside it."""
+    import specfit.speculative.request as request  # the verify reads rejection_path from there
+
+    prompt = prompts[0]
+    s = Sampling(temperature=1.0, top_k=3, sampling="rejection")
+    sampled = dataclasses.replace(limits, max_new_tokens=3, sampling=s)  # 3: the first cycle drafts
+    greedy = decode_all(target, None, build_method({"name": "ar"}), [prompt], limits)[0]
+    oracle.sequence = prompt + greedy  # drafts greedy[1] first, then greedy[1] + 1
+    with torch.inference_mode():
+        p = warp(target(torch.tensor([prompt + greedy[:1]])).logits[0, -1], s).softmax(-1)  # [V]
+    assert float(p[greedy[1]]) < 0.9  # the drafts are often rejected: the residual matters
+    seeds = range(1000)
+    for drafter in (None, oracle):
+        counts, n = second_tokens(target, drafter, prompt, sampled, seeds, greedy[0])
+        assert n > 200 and tv(counts, n, p) < 0.06, (drafter, tv(counts, n, p))
+    right = request.rejection_path
+    monkeypatch.setattr(request, "rejection_path", lambda *a: right(*a, residual=False))
+    counts, n = second_tokens(target, oracle, prompt, sampled, seeds, greedy[0])
+    assert tv(counts, n, p) > 0.1, tv(counts, n, p)
+
+
+# refusals
+
+
+@pytest.mark.parametrize("keys,message", [
+    ({"temperature": -0.1}, "temperature must be a finite number >= 0"),
+    ({"temperature": math.inf}, "temperature must be a finite number >= 0"),
+    ({"temperature": math.nan}, "temperature must be a finite number >= 0"),
+    ({"temperature": 1.0, "top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    ({"temperature": 1.0, "top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    ({"temperature": 1.0, "top_k": -1}, "top_k must be an integer >= 0"),
+    ({"temperature": 1.0, "seed": 1.5}, "seed must be an integer"),
+    ({"temperature": 1.0, "sampling": "nucleus"}, "sampling 'nucleus' is not one of coupled, rejection"),
+    ({"sampling": "rejection"}, "sampling 'rejection' needs temperature > 0"),
+])
+def test_bad_sampling_parameters_are_refused(keys, message):
+    with pytest.raises(SpecFitError, match=message):
+        Sampling(**keys)
