@@ -266,3 +266,13 @@ def test_the_shipped_toy_in_bf16_decodes_its_bf16_ars_tokens(monkeypatch):
         ar, eagle = (decoders[m].generate(prompt) for m in ("ar", "eagle3"))
         assert len(ar.output_ids) > 1 and eagle.output_ids == ar.output_ids
         assert eagle.figures["committed_per_cycle"] > 1  # drafts were accepted: trees were verified and committed
+
+
+@pytest.mark.parametrize("method", ["eagle3", "specfit-learned"])
+def test_a_sampled_decoder_prints_ars_sampled_tokens_and_records_its_sampling(inputs, prompts, method):
+    sampling = {"temperature": 0.8, "top_p": 0.95, "top_k": 0, "seed": 7, "sampling": "coupled"}
+    decoder = Decoder(spec(METHODS[method], sampling=sampling), inputs)
+    ours, ar = compare(decoder, prompts[0])
+    assert ours.output_ids == ar.output_ids and ours.figures["sampling"] == ar.figures["sampling"] == sampling
+    greedy = Decoder(spec(METHODS[method]), inputs).generate(prompts[0])
+    assert greedy.output_ids != ours.output_ids and greedy.figures["sampling"]["temperature"] == 0

@@ -3,12 +3,16 @@ AR's distribution (and the test that says so fails on a verifier known to be wro
 
 import dataclasses
 import math
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 
 from specfit.errors import SpecFitError
+from specfit.planning import specs
+from specfit.planning.config import SCHEMA, load_config
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import SpecFit, build_method
 from specfit.speculative.request import decode_request
@@ -168,3 +172,50 @@ def test_rejection_sampling_on_the_toy_keeps_the_targets_distribution(target, or
 def test_bad_sampling_parameters_are_refused(keys, message):
     with pytest.raises(SpecFitError, match=message):
         Sampling(**keys)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("keys,message", [
+    ({"temperature": -1}, "temperature"),
+    ({"temperature": ".inf"}, "workloads.summarization.temperature': temperature must be a finite number"),
+    ({"temperature": 1, "top_p": 0}, "top_p"),
+    ({"temperature": 1, "top_k": -3}, "top_k"),
+    ({"temperature": 1, "seed": 1.5}, "seed"),
+    ({"temperature": 1, "sampling": "nucleus"}, "nucleus"),
+    ({"sampling": "rejection"}, "workloads.summarization.sampling': sampling 'rejection' needs temperature > 0"),
+])
+def test_bad_sampling_keys_are_refused_at_config_load(tmp_path, keys, message):
+    body = ", ".join(f"{k}: {v}" for k, v in keys.items())
+    (tmp_path / "overlay.yaml").write_text(f"workloads:\n  summarization: {{{body}}}\n")
+    with pytest.raises(SpecFitError, match=re.escape(message)):
+        load_config(ROOT / "config.yaml", ROOT / SCHEMA, tmp_path / "overlay.yaml", check_files=False)
+
+
+def test_a_greedy_workloads_decode_spec_has_no_sampling_and_a_sampled_one_does(tmp_path):
+    config = load_config(ROOT / "config.yaml", ROOT / SCHEMA, check_files=False)
+    assert "sampling" not in specs._limits(config, "summarization")  # T = 0: the spec of before, the same jobs
+    (tmp_path / "overlay.yaml").write_text("workloads:\n  summarization: {temperature: 1, top_p: 0.9, seed: 3}\n")
+    config = load_config(ROOT / "config.yaml", ROOT / SCHEMA, tmp_path / "overlay.yaml", check_files=False)
+    assert specs._limits(config, "summarization")["sampling"] == {"temperature": 1, "top_p": 0.9, "top_k": 0,
+                                                                  "seed": 3, "sampling": "coupled"}
+
+
+def test_the_cli_refuses_bad_flags_by_name_and_never_claims_identity_under_rejection():
+    from specfit.cli import parser, sampling_keys, summary
+
+    args = parser().parse_args(["generate", "--temperature", "1", "--top-p", "0", "x"])
+    with pytest.raises(SpecFitError, match=re.escape("--top-p: top_p must be in (0, 1]")):
+        sampling_keys(args)
+    args = parser().parse_args(["generate", "--sampling", "rejection", "x"])
+    with pytest.raises(SpecFitError, match="--sampling: sampling 'rejection' needs temperature > 0"):
+        sampling_keys(args)
+    record = {"method": "eagle3", "routes": None, "model": "toy", "device": "d", "slots": 4, "n_output_tokens": 3,
+              "tps_dec": 1.0, "timing_label": "wall", "committed_per_cycle": 1.0, "draft_nodes_per_cycle": 1.0,
+              "select_ms_per_cycle": 0.1, "h2d_per_token": 0.0}
+    for guarantee, identical, says in [("tokens", True, "identical output"), ("tokens", False, "OUTPUT DIFFERS"),
+                                       ("distribution", True, "tokens may differ")]:
+        text = summary({**record, "compare": {"identical": identical, "guarantee": guarantee, "tps_dec": 1.0,
+                                              "speedup": 1.0}})
+        assert says in text and (guarantee == "tokens" or "identical" not in text)
