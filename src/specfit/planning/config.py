@@ -20,7 +20,7 @@ from specfit.errors import SpecFitError
 from specfit.planning import paths
 from specfit.planning.matrix import evaluated_question_ids, method_kind, predictor_question_ids, trained_toys
 from specfit.planning.methods import check_methods
-from specfit.speculative.sampling import Sampling
+from specfit.speculative.sampling import KEYS, Sampling
 
 
 def _with_defaults(validator_class):
@@ -193,8 +193,7 @@ def _check_sampling(config: dict) -> list[str]:
         try:
             Sampling.of(wl)
         except SpecFitError as err:
-            key = next((k for k in ("temperature", "top_p", "top_k", "seed", "sampling") if str(err).startswith(k)),
-                       "sampling")
+            key = next((k for k in KEYS if str(err).startswith(k)), "sampling")  # each message opens with its key
             problems.append(f"config key 'workloads.{name}.{key}': {err}")
     return problems
 

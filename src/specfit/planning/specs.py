@@ -29,6 +29,7 @@ from specfit.planning.matrix import (
     workload_ids,
 )
 from specfit.questions import workload_source
+from specfit.speculative import sampling
 
 
 def spec_bench(config: dict) -> dict:
@@ -120,15 +121,12 @@ def _limits(config: dict, workload: str) -> dict:
     return {**limits, **sampling_spec(wl)}
 
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed", "sampling")
-
-
 def sampling_spec(keys: dict) -> dict:
     """A stream's ``sampling`` key from a workload's (or a call's) sampling keys; none at T = 0, so that a greedy
     run's spec, and so its jobs, stay what they were before sampling existed."""
     if not keys.get("temperature"):
         return {}
-    return {"sampling": {k: keys[k] for k in SAMPLING_KEYS if keys.get(k) is not None}}
+    return {"sampling": {k: keys[k] for k in sampling.KEYS if keys.get(k) is not None}}
 
 
 def _stream(config: dict, model: str, device: str, limits: dict, method: str, slots: int, link, emulate) -> dict:

@@ -39,8 +39,8 @@ def warp(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
         scores = scores.masked_fill(scores < kth, -math.inf)
     if s.top_p < 1:
         sorted_scores, order = scores.sort(dim=-1, descending=True)
-        mass = sorted_scores.softmax(-1).cumsum(-1)  # [..., V]
-        drop = (mass - sorted_scores.softmax(-1)) >= s.top_p  # the mass before a token already holds top_p
+        probs = sorted_scores.softmax(-1)  # [..., V]
+        drop = (probs.cumsum(-1) - probs) >= s.top_p  # the mass before a token already holds top_p
         scores = scores.masked_fill(drop.scatter(-1, order, drop), -math.inf)
     return scores
 

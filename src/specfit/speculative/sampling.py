@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from specfit.errors import SpecFitError
 
 MODES = ("coupled", "rejection")
+KEYS = ("temperature", "top_p", "top_k", "seed", "sampling")  # a workload's or call's sampling keys
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,7 @@ class Sampling:
     @classmethod
     def of(cls, entry: dict | None) -> Sampling:
         """From a workload entry or call's keys (others ignored)."""
-        keys = ("temperature", "top_p", "top_k", "seed", "sampling")
-        return cls(**{k: entry[k] for k in keys if entry and entry.get(k) is not None})
+        return cls(**{k: entry[k] for k in KEYS if entry and entry.get(k) is not None})
 
 
 GREEDY = Sampling()
