@@ -29,7 +29,7 @@ from specfit.planning.matrix import (
     workload_ids,
 )
 from specfit.questions import workload_source
-from specfit.speculative import sampling
+from specfit.speculative.sampling import KEYS as SAMPLING_KEYS
 
 
 def spec_bench(config: dict) -> dict:
@@ -126,7 +126,7 @@ def sampling_spec(keys: dict) -> dict:
     run's spec, and so its jobs, stay what they were before sampling existed."""
     if not keys.get("temperature"):
         return {}
-    return {"sampling": {k: keys[k] for k in sampling.KEYS if keys.get(k) is not None}}
+    return {"sampling": {k: keys[k] for k in SAMPLING_KEYS if keys.get(k) is not None}}
 
 
 def _stream(config: dict, model: str, device: str, limits: dict, method: str, slots: int, link, emulate) -> dict:
