@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 
 import numpy as np
+from numba import njit
 
 # bin edges of the conditional probability q_v: finer where a drafter's confidence says most
 EDGES = np.array([0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95])
@@ -81,9 +82,16 @@ class OnlineCalibration:
             out.append(out[u] * ((self.accepted[lv, b] + prior * q) / (self.trials[lv, b] + prior)))
         return out
 
+    def observe_rows(self, parent: np.ndarray, path_prob: np.ndarray, level: np.ndarray, nodes, accepted) -> None:
+        """`observe` for a pool held in arrays [>= n+1] (`specfit.selection.pool.GrowingPool`'s), compiled
+        (`observed_rows`): the same counts."""
+        observed_rows(parent, path_prob, level, np.asarray(nodes, dtype=np.int64), np.asarray(accepted, dtype=np.int64),
+                      self.max_depth, EDGES, self.trials, self.accepted, self.best_trials, self.best_accepted,
+                      self.best_q)
+
     def observe(self, parent, path_prob, level, nodes, accepted) -> None:
-        """Count the outcome of one verification: ``nodes`` the verified draft node ids, ``accepted`` the committed
-        ones (a path from the root)."""
+        """Count the outcome of one verification: ``nodes`` the verified draft node ids (ascending), ``accepted`` the
+        committed ones (a path from the root)."""
         committed = {0, *accepted}
         best: dict[int, tuple[float, int]] = {}  # committed parent -> (q, id) of its verified child of highest q
         for v in nodes:
@@ -109,3 +117,61 @@ class OnlineCalibration:
         n = self.best_trials[lv]
         mean_q = self.best_q[lv] / n if n else 0.5
         return float((self.best_accepted[lv] + self.prior * mean_q) / (n + self.prior))
+
+
+@njit(cache=True)
+def calibrated_rows(parent, path_prob, level, out, start, end, accepted, trials, prior, max_depth, edges):
+    """`OnlineCalibration.path_probs` compiled, in place, for a pool held in arrays (``parent``, ``path_prob`` p_v,
+    ``level`` [>= end]) with the calibration's counts: out[v] = p̃_v for start <= v < end, out[..start-1] already
+    filled (out[0] = 1 is set when start is 0). The same float64 operations in the same order, so the same p̃ bit
+    for bit (`specfit.selection.pool.GrowingPool` calls it as each level arrives)."""
+    if start == 0:
+        out[0] = 1.0
+        start = 1
+    for v in range(start, end):
+        u = parent[v]
+        up = path_prob[u]
+        q = min(max(path_prob[v] / up, 0.0), 1.0) if up > 0 else 0.0
+        b = np.searchsorted(edges, q, side="right") - 1
+        lv = min(level[v], max_depth)
+        out[v] = out[u] * ((accepted[lv, b] + prior * q) / (trials[lv, b] + prior))
+
+
+@njit(cache=True)
+def observed_rows(parent, path_prob, level, nodes, accepted, max_depth, edges, trials, hits, best_trials, best_hits,
+                  best_q):
+    """`OnlineCalibration.observe` compiled, for a pool held in arrays (``parent``, ``path_prob`` p_v, ``level``):
+    ``nodes`` the verified ids (ascending), ``accepted`` the committed ones. The same counts added in the same order
+    (each committed parent's best child in the order the parents first appear), so the same float64 sums."""
+    n1 = parent.shape[0]
+    committed = np.zeros(n1, dtype=np.bool_)
+    committed[0] = True
+    for v in accepted:
+        committed[v] = True
+    best = np.full(n1, -1, dtype=np.int64)  # committed parent -> its verified child of highest q (first on ties)
+    best_of = np.zeros(n1, dtype=np.float64)  # that child's q
+    order = np.empty(n1, dtype=np.int64)  # the committed parents in the order they first appear
+    parents = 0
+    for v in nodes:
+        u = parent[v]
+        if not committed[u]:
+            continue
+        up = path_prob[u]
+        q = min(max(path_prob[v] / up, 0.0), 1.0) if up > 0 else 0.0
+        b = np.searchsorted(edges, q, side="right") - 1
+        lv = min(level[v], max_depth)
+        trials[lv, b] += 1
+        hits[lv, b] += committed[v]
+        if best[u] < 0:
+            order[parents] = u
+            parents += 1
+            best[u], best_of[u] = v, q
+        elif q > best_of[u]:
+            best[u], best_of[u] = v, q
+    for i in range(parents):
+        u = order[i]
+        v = best[u]
+        lv = min(level[v], max_depth)
+        best_trials[lv] += 1
+        best_hits[lv] += committed[v]
+        best_q[lv] += best_of[u]

@@ -18,20 +18,21 @@ def chain_pays(view: Pool, chosen: Selection, depth: int, max_depth: int, k_cap:
     of a level-l best child), and adds the experts per node that f's own path added (its union over its length);
     ``time_of(base, per_node)`` gives j -> T̂ of the nodes ``base`` and j such chain nodes.
     """
-    frontier = [v for v in range(1, view.n + 1) if view.level[v] == depth]
-    f = max(frontier, key=lambda v: (view.path_prob[v], -v))
+    level, prob, parent = view.level.tolist(), view.path_prob.tolist(), view.parent.tolist()  # scalar work below
+    frontier = [v for v in range(1, view.n + 1) if level[v] == depth]
+    f = max(frontier, key=lambda v: (prob[v], -v))
     path = []
     v = f
     while v > 0:
         path.append(v)
-        v = int(view.parent[v])
+        v = parent[v]
     base = sorted(set(chosen.nodes) | set(path))
     room = k_cap - len(base)
     if room <= 0:
         return False
     per_node = (view.expert_union(path) - view.expert_union(())) / len(path)  # experts a chain node adds
-    reward = 1.0 + sum(float(view.path_prob[u]) for u in base)
-    p, ratio, time = float(view.path_prob[f]), chosen.reward / chosen.time, time_of(base, per_node)
+    reward = 1.0 + sum(prob[u] for u in base)
+    p, ratio, time = prob[f], chosen.reward / chosen.time, time_of(base, per_node)
     for j in range(1, min(room, max_depth - depth) + 1):
         p *= rate(depth + j)
         reward += p

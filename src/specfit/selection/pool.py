@@ -15,6 +15,8 @@ from functools import cached_property
 import numpy as np
 from numba import njit
 
+from specfit.selection.calibration import EDGES, calibrated_rows
+
 WORD_BITS = 64
 
 
@@ -67,6 +69,81 @@ class CandidatePool:
         return pool
 
 
+class GrowingPool:
+    """The selector's view of one cycle's pool as the drafter grows it, level by level (`SpecFit.view`): each
+    `extend` appends the nodes drafted since the last call (parent, level, path probability and encoded routes) to
+    arrays kept for the cycle and returns a `Pool` over them. Nothing already encoded is encoded again, the
+    residency is encoded once while it stays the same array, and the `Pool` equals `CandidatePool.view` of the same
+    arguments, array for array.
+
+    The route rows and path probabilities of nodes already seen must not change within the cycle (route sources and
+    the online calibration only append).
+    """
+
+    def __init__(self, num_experts: int, capacity: int = 32, last: GrowingPool | None = None):
+        """``last``: the view of the cycle before, whose residency encoding this one reuses while the residency is
+        the same array."""
+        self.num_experts = num_experts
+        self.n1 = 0  # nodes (root included) appended so far
+        self.parent = np.empty(capacity, dtype=np.int64)  # [cap]
+        self.level = np.empty(capacity, dtype=np.int64)  # [cap]
+        self.drafted = np.empty(capacity, dtype=np.float64)  # [cap] the drafter's p_v
+        self.prob = np.empty(capacity, dtype=np.float64)  # [cap] what the selector reads: p_v, or calibrated p̃_v
+        self.words: np.ndarray | None = None  # [cap, L * W] uint64, allocated with the first routes
+        self._no_counts = np.zeros((1, 1))  # the calibration counts' stand-in where there is no calibration
+        self._no_routes = np.empty((capacity, 0, 1), dtype=np.int64)  # routes of no layer, for views without experts
+        self._resident: tuple[object, np.ndarray | None] = last._resident if last is not None else (None, None)
+
+    def _grow(self, rows: int) -> None:
+        for name in ("parent", "level", "drafted", "prob", "words", "_no_routes"):
+            old = getattr(self, name)
+            if old is not None:
+                new = np.empty((max(rows, 2 * len(old)), *old.shape[1:]), dtype=old.dtype)
+                new[: self.n1] = old[: self.n1]
+                setattr(self, name, new)
+
+    def extend(self, pool: CandidatePool, routes: np.ndarray | None = None, resident: np.ndarray | None = None,
+               in_flight: np.ndarray | None = None, calibration=None) -> Pool:
+        """The view of ``pool`` [n+1 nodes] after appending its nodes since the last call: ``routes`` [n+1, L, k]
+        (None: no experts), ``resident`` and ``in_flight`` [L, N] as `CandidatePool.view` reads them, and
+        ``calibration`` (an `specfit.selection.calibration.OnlineCalibration`, or None for the drafter's p_v)."""
+        start, end = self.n1, pool.n + 1
+        if end > len(self.parent):
+            self._grow(end)
+        parent, level, drafted = self.parent, self.level, self.drafted
+        for v in range(start, end):  # a level's few nodes: scalar stores beat three list-to-array conversions
+            parent[v], level[v], drafted[v] = pool.parent[v], pool.level[v], pool.path_prob[v]
+        if routes is None:
+            routes = self._no_routes[:end]  # [n+1, 0 layers, 1]
+        elif routes.ndim != 3 or routes.shape[0] != end:
+            raise ValueError(f"routes must be [{end}, L, top_k], got {routes.shape}")
+        else:
+            routes = np.require(routes, np.int64, ("C", "W"))  # the kernels' one layout (`Pool.words`)
+        row_words = routes.shape[1] * ((self.num_experts + WORD_BITS - 1) // WORD_BITS)
+        encode_from = start
+        if self.words is None or self.words.shape[1] != row_words:
+            self.words = np.zeros((len(self.parent), row_words), dtype=np.uint64)
+            encode_from = 0  # (the cycle's first routes: encode every row)
+        if calibration is None:
+            counts = (self._no_counts, self._no_counts, 0.0, 0)
+        else:
+            counts = (calibration.accepted, calibration.trials, calibration.prior, calibration.max_depth)
+        if not _extend_rows(parent, level, drafted, self.prob, self.words, routes, start, encode_from, end,
+                            self.num_experts, calibration is not None, *counts, EDGES):
+            raise ValueError("every draft node needs a parent with a smaller id: 0 <= parent[v] < v")
+        self.n1 = end
+        return Pool.encoded(parent[:end], self.prob[:end], routes, self.num_experts, self.words[:end], level[:end],
+                            resident, in_flight, self._resident_words(resident))
+
+    def _resident_words(self, resident: np.ndarray | None) -> np.ndarray | None:
+        if resident is None:
+            return None
+        if self._resident[0] is not resident:
+            self._resident = (resident, _encode_resident(np.asarray(resident, dtype=np.bool_),
+                                                         (self.num_experts + WORD_BITS - 1) // WORD_BITS))
+        return self._resident[1]
+
+
 @dataclass(frozen=True, eq=False)
 class Pool:
     """Root s (node 0) and draft nodes 1..n, each parent before its children: parent[v] < v.
@@ -86,6 +163,26 @@ class Pool:
     in_flight: np.ndarray | None = None  # [L, N] float64 in [0, 1], copy left of a resident expert; None = none
 
     def __post_init__(self):
+        self._check_nodes()
+        self._check_residency()
+
+    @classmethod
+    def encoded(cls, parent: np.ndarray, path_prob: np.ndarray, routes: np.ndarray, num_experts: int, words, level,
+                resident: np.ndarray | None = None, in_flight: np.ndarray | None = None,
+                resident_words: np.ndarray | None = None) -> Pool:
+        """A pool over arrays already checked and encoded (`GrowingPool`): ``parent`` [n+1] int64 with parents
+        first, ``path_prob`` [n+1] float64, ``routes`` [n+1, L, k] and their ``words`` and ``level``; the residency is
+        checked as the constructor checks it, and ``resident_words`` are its encoding when the caller has it."""
+        pool = object.__new__(cls)
+        pool.__dict__.update(parent=parent, path_prob=path_prob, routes=routes, num_experts=num_experts,
+                             resident=resident, in_flight=in_flight, words=words, level=level)
+        if resident is not None or in_flight is not None:
+            pool._check_residency()
+        if resident_words is not None and pool.resident is not None:
+            pool.__dict__["resident_words"] = resident_words
+        return pool
+
+    def _check_nodes(self) -> None:
         parent = np.asarray(self.parent, dtype=np.int64)
         path_prob = np.asarray(self.path_prob, dtype=np.float64)
         routes = np.asarray(self.routes)
@@ -99,6 +196,9 @@ class Pool:
         object.__setattr__(self, "parent", parent)
         object.__setattr__(self, "path_prob", path_prob)
         object.__setattr__(self, "routes", routes)
+
+    def _check_residency(self) -> None:
+        routes = self.routes
         if self.resident is not None:
             resident = np.asarray(self.resident, dtype=np.bool_)
             if resident.shape != (routes.shape[1], self.num_experts):
@@ -163,7 +263,7 @@ class Pool:
         for name in ("words", "level"):  # computed once per cycle, not once per level
             if name in self.__dict__:
                 sub.__dict__[name] = self.__dict__[name][:end]
-        for name in ("resident_words", "in_flight_words"):
+        for name in ("resident_words", "in_flight_words", "root_counts"):
             if name in self.__dict__:
                 sub.__dict__[name] = self.__dict__[name]
         return sub
@@ -178,8 +278,16 @@ class Pool:
     def _union_words(self, nodes) -> np.ndarray:
         return np.bitwise_or.reduce(self.words[[0, *nodes]], axis=0)  # [L * words per layer]
 
+    @cached_property
+    def root_counts(self) -> tuple[int, int]:
+        """F and M of the root alone (S = ∅): what every cycle's root-only time reads."""
+        words = self.words[0]
+        return _bit_count(words), _bit_count(words & ~self.resident_words)
+
     def expert_union(self, nodes) -> int:
         """F(S) of Eq. 4: sum over layers of |E_l(s) ∪ ⋃_{v in S} E_l(v)|, the root's experts included."""
+        if not len(nodes):
+            return self.root_counts[0]
         return _bit_count(self._union_words(nodes))
 
     def in_flight_left(self, nodes) -> float:
@@ -192,6 +300,8 @@ class Pool:
 
     def expert_misses(self, nodes) -> int:
         """M(S): sum over layers of |U_l(S) \\ R_l|, the experts of F(S) not resident (copies of the verify forward)."""
+        if not len(nodes):
+            return self.root_counts[1]
         return _bit_count(self._union_words(nodes) & ~self.resident_words)
 
     def cache_aware_time(self, nodes, b_k: float, beta_miss: float, beta_hit: float, union: int | None = None,
@@ -221,12 +331,33 @@ def _parents_precede(parent):
 
 
 @njit(cache=True)
-def _encode_routes(routes, num_experts):
-    """One pass over routes [n+1, L, top_k] setting bit e of layer l's words for each expert id e."""
-    n1, layers, top_k = routes.shape
+def _extend_rows(parent, level, drafted, prob, words, routes, start, encode_from, end, num_experts, calibrate,
+                 accepted, trials, prior, max_depth, edges):
+    """`GrowingPool.extend` in one call: check the parents of rows start..end-1, fill their path probabilities (the
+    drafter's, or calibrated by `specfit.selection.calibration.calibrated_rows`) and encode routes encode_from..end-1.
+    False where a parent does not precede its node."""
+    if parent[0] != -1:
+        return False
+    for v in range(max(start, 1), end):
+        if not 0 <= parent[v] < v:
+            return False
+    if calibrate:
+        calibrated_rows(parent, drafted, level, prob, start, end, accepted, trials, prior, max_depth, edges)
+    else:
+        for v in range(start, end):
+            prob[v] = drafted[v]
+    _encode_routes_into(words, routes, encode_from, end, num_experts)
+    return True
+
+
+@njit(cache=True)
+def _encode_routes_into(words, routes, start, end, num_experts):
+    """words[start:end] = the bitmaps of routes[start:end] [., L, top_k] (rows 0..start-1 stay as encoded)."""
+    layers, top_k = routes.shape[1], routes.shape[2]
     per_layer = (num_experts + WORD_BITS - 1) // WORD_BITS
-    words = np.zeros((n1, layers * per_layer), dtype=np.uint64)  # [n+1, L * per_layer]
-    for v in range(n1):
+    for v in range(start, end):
+        for w in range(words.shape[1]):
+            words[v, w] = 0
         for layer in range(layers):
             for j in range(top_k):
                 e = routes[v, layer, j]
@@ -235,6 +366,14 @@ def _encode_routes(routes, num_experts):
                 if e >= 0:
                     w = layer * per_layer + e // WORD_BITS
                     words[v, w] |= np.uint64(1) << np.uint64(e % WORD_BITS)
+
+
+@njit(cache=True)
+def _encode_routes(routes, num_experts):
+    """One pass over routes [n+1, L, top_k] setting bit e of layer l's words for each expert id e."""
+    n1, layers = routes.shape[0], routes.shape[1]
+    words = np.zeros((n1, layers * ((num_experts + WORD_BITS - 1) // WORD_BITS)), dtype=np.uint64)  # [n+1, L * W]
+    _encode_routes_into(words, routes, 0, n1, num_experts)
     return words
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.nn import functional as F
 
 from specfit.errors import SpecFitError
 from specfit.selection.pool import CandidatePool
@@ -97,7 +98,9 @@ class FoldedHead:
     @torch.no_grad()
     def routes(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, 2H] -> predicted experts [N, L, k] (int64)."""
-        logits = torch.addmm(self.bias, x.to(self.weight_t.dtype), self.weight_t)  # [N, L·E]
+        if x.dtype != self.weight_t.dtype:
+            x = x.to(self.weight_t.dtype)
+        logits = torch.addmm(self.bias, x, self.weight_t)  # [N, L·E]
         return logits.view(-1, self.num_layers, self.num_experts).topk(self.top_k).indices
 
 
@@ -119,15 +122,20 @@ def pool_times(predictor: RoutePredictor, device, dtype: torch.dtype = torch.flo
     return times
 
 
-def node_inputs(drafter, state, pool: CandidatePool, nodes: list[int]) -> torch.Tensor:
+def node_inputs(drafter, state, pool: CandidatePool, nodes: range) -> torch.Tensor:
     """[len(nodes), 2H] the predictor's inputs: the hidden state each node's drafter row reads, its token's embedding.
 
     ``state`` is the cycle's `specfit.speculative.draft.DraftState` after drafting: ``root_input`` for the root,
-    ``feature[v]`` for draft node v.
+    ``feature[v]`` for draft node v. Four operations on the drafter's device whatever the number of nodes (each is a
+    kernel launch on a GPU, host work on the critical path).
     """
-    features = torch.stack([state.root_input if v == 0 else state.feature[v] for v in nodes])  # [N, H]
-    tokens = torch.tensor([pool.token[v] for v in nodes], device=features.device)  # [N]
-    return torch.cat([features, drafter.embed_tokens(tokens).to(features.dtype)], dim=-1)  # [N, 2H]
+    feature = state.feature
+    features = torch.stack([state.root_input if v == 0 else feature[v] for v in nodes])  # [N, H]
+    tokens = torch.tensor(pool.token[nodes.start : nodes.stop], device=features.device)  # [N]
+    embeds = F.embedding(tokens, drafter.embed_tokens.weight)  # [N, H], as drafter.embed_tokens(tokens)
+    if embeds.dtype != features.dtype:
+        embeds = embeds.to(features.dtype)
+    return torch.cat([features, embeds], dim=-1)  # [N, 2H]
 
 
 class LearnedRoutes:
@@ -165,7 +173,8 @@ class LearnedRoutes:
                 grown = self._buffer(2 * end)
                 grown[: self._known] = self._routes[: self._known]
                 self._routes = grown
-            self._routes[self._known : end] = self._head.routes(x).cpu().numpy()  # [N, L, k]
+            predicted = self._head.routes(x)  # [N, L, k]
+            self._routes[self._known : end] = (predicted if predicted.device.type == "cpu" else predicted.cpu()).numpy()
             self.nodes += end - self._known
             self._known = end
         self.seconds += cycle.clock.wall() - start

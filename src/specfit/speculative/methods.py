@@ -19,7 +19,7 @@ from specfit.io import read_json
 from specfit.selection.calibration import OnlineCalibration
 from specfit.selection.coefficients import DraftCost, cache_aware_cost
 from specfit.selection.lookahead import chain_pays
-from specfit.selection.pool import CandidatePool, Pool
+from specfit.selection.pool import CandidatePool, GrowingPool, Pool
 from specfit.selection.selectors import Selection, holds_level, select_specfit, select_specfit_ca, select_top_prob
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.cycle import Cycle
@@ -165,6 +165,7 @@ class SpecFit(Method):
         self.live = find_source(routes, LiveRoutes)  # a noisy source over live routes still builds the exact atlas
         self.calibration = OnlineCalibration(config.max_depth) if self.option("calibration") == "online" else None
         self._calibrated: tuple[CandidatePool | None, list[float]] = (None, [])  # the pool and its p̃ so far
+        self._growing: tuple[CandidatePool | None, GrowingPool | None] = (None, None)  # the pool and its view so far
 
     def option(self, name: str):
         """An option beyond the paper (`MethodConfig`): the config entry's, else the kind's default (`DEFAULTS`)."""
@@ -176,7 +177,12 @@ class SpecFit(Method):
             self.calibration.reset()
 
     def verified(self, pool, decision, accepted):
-        if self.calibration is not None and decision.nodes:
+        if self.calibration is None or not decision.nodes:
+            return
+        grown, view = self._growing
+        if grown is pool and not self.rebuild_view and view.n1 > max(decision.nodes):  # the view holds the arrays
+            self.calibration.observe_rows(view.parent, view.drafted, view.level, decision.nodes, accepted)
+        else:
             self.calibration.observe(pool.parent, pool.path_prob, pool.level, decision.nodes, accepted)
 
     def path_probs(self, pool: CandidatePool) -> np.ndarray | None:
@@ -230,13 +236,19 @@ class SpecFit(Method):
         device's cost has no expert term; a million experts would not add a millionth of b_0)."""
         return self.beta > EXPERT_TERM_TOL * float(self.b[0])
 
+    rebuild_view = False  # True: the view rebuilt from the lists after every level, as before `GrowingPool` (bench)
+
     def view(self, cycle: Cycle, pool: CandidatePool) -> Pool:
         """The selector's view of the pool: the route source's routes and what the cost reads beside them
-        (`cost_state`), or neither where the selector `asks_routes` nothing."""
-        if not self.asks_routes:
-            return pool.view(None, self.num_experts, path_prob=self.path_probs(pool))
-        return pool.view(self.route_source.routes(cycle, pool), self.num_experts, path_prob=self.path_probs(pool),
-                         **self.cost_state(cycle))
+        (`cost_state`), or neither where the selector `asks_routes` nothing. One `GrowingPool` per cycle's pool
+        extended as levels arrive (``rebuild_view``: rebuilt from the lists every level, the same view)."""
+        routes = self.route_source.routes(cycle, pool) if self.asks_routes else None
+        state = self.cost_state(cycle) if self.asks_routes else {}
+        if self.rebuild_view:
+            return pool.view(routes, self.num_experts, path_prob=self.path_probs(pool), **state)
+        if self._growing[0] is not pool:
+            self._growing = (pool, GrowingPool(self.num_experts, last=self._growing[1]))
+        return self._growing[1].extend(pool, routes, calibration=self.calibration, **state)
 
     def cost_state(self, cycle: Cycle) -> dict:
         """What the cost reads of the cycle beside the routes (`CandidatePool.view`'s ``resident``, ``in_flight``)."""
@@ -301,6 +313,7 @@ class SpecFitCA(Skipping, SpecFit):
                  num_experts: int):
         super().__init__(config, b, beta_miss, routes, num_experts)
         self.beta_miss, self.beta_hit, self.drafting = float(beta_miss), float(beta_hit), drafting
+        self._intercepts: dict[int, np.ndarray] = {}  # depth -> b + D(depth) (`intercepts`)
         k = min(config.k_max, len(self.b) - 1)
         self.delta_b = max((float(self.b[i] - self.b[j]) for i in range(k + 1) for j in range(i + 1, k + 1)),
                            default=0.0)
@@ -343,7 +356,13 @@ class SpecFitCA(Skipping, SpecFit):
         return resident if read_in is cycle else None
 
     def choose(self, view, depth):
-        return select_specfit_ca(view, self.b + self.drafting(depth), self.beta_miss, self.beta_hit, self.config.k_max)
+        return select_specfit_ca(view, self.intercepts(depth), self.beta_miss, self.beta_hit, self.config.k_max)
+
+    def intercepts(self, depth: int) -> np.ndarray:
+        """b_k + D(d) for every size k, once per depth d."""
+        if depth not in self._intercepts:
+            self._intercepts[depth] = self.b + self.drafting(depth)
+        return self._intercepts[depth]
 
     def draft_on(self, view, chosen, depth):
         return self.level_pays(view, chosen, depth) or self.chain_pays(view, chosen, depth)
@@ -352,7 +371,11 @@ class SpecFitCA(Skipping, SpecFit):
         """The next level alone (the bound above)."""
         if not holds_level(view, chosen, depth):
             return False
-        p_max = max(float(view.path_prob[v]) for v in range(1, view.n + 1) if view.level[v] == depth)
+        level, prob = view.level, view.path_prob
+        v, p_max = view.n, 0.0
+        while v > 0 and level[v] == depth:  # node ids go level by level: level d's nodes are the last ones
+            p_max = max(p_max, float(prob[v]))
+            v -= 1
         gain = min(self.config.top_k_expand ** 2, self.config.k_max) * p_max
         return gain > chosen.reward / chosen.time * (self.drafting.next_level_ms - self.delta_b)
 

@@ -63,7 +63,7 @@ class _Recorder(Eagle3):
     def select(self, cycle, pool, final):
         if final and pool.n > 0:
             with cycle.clock.excluded():
-                self.inputs.append(node_inputs(cycle.drafter, cycle.draft, pool, list(range(pool.n + 1))).cpu())
+                self.inputs.append(node_inputs(cycle.drafter, cycle.draft, pool, range(pool.n + 1)).cpu())
                 self.routes.append(cycle.target.routes(pool))
         return super().select(cycle, pool, final)
 
