@@ -123,7 +123,7 @@ def test_learned_routes_read_only_the_drafter_state(trained, target, drafter, pr
         level1 = source.routes(cycle, pool)
         draft_level(drafter, state, pool)
         both = source.routes(cycle, pool)
-        expected = source.predictor.routes(node_inputs(drafter, state, pool, list(range(pool.n + 1)))).numpy()
+        expected = source.predictor.routes(node_inputs(drafter, state, pool, range(pool.n + 1))).numpy()
     assert both.shape == (pool.n + 1, target.config.num_hidden_layers, target.config.num_experts_per_tok)
     assert np.array_equal(both[: len(level1)], level1)
     assert np.array_equal(np.sort(both, -1), np.sort(expected, -1))  # the folded head: the same experts per layer

@@ -6,7 +6,7 @@ import sys
 from specfit import numerics
 from specfit.errors import SpecFitError
 
-BENCHMARKS = ("dag", "decode", "device", "engine", "exact", "hindsight", "link", "predictor", "proportions",
+BENCHMARKS = ("dag", "decode", "device", "engine", "exact", "hindsight", "host", "link", "predictor", "proportions",
               "reproduce", "select", "spread", "tuned", "verdicts")
 
 
