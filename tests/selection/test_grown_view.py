@@ -1,13 +1,9 @@
 """The selector's view grown in place per level (`GrowingPool`) is the view rebuilt from the pool's lists, array for
-array; the compiled calibration counts and calibrates as the Python one, bit for bit; the engine hands out one
-residency until an expert comes or leaves."""
-
-import copy
+array; the compiled calibration counts and calibrates as the Python one, bit for bit."""
 
 import numpy as np
 import pytest
 
-from specfit.engine.offload import make_engine
 from specfit.selection.calibration import OnlineCalibration
 from specfit.selection.pool import CandidatePool, GrowingPool
 
@@ -100,16 +96,3 @@ def test_compiled_observe_counts_as_the_python_one(seed):
     for k in OnlineCalibration.COUNTS:
         assert np.array_equal(getattr(python, k), getattr(compiled, k)), k
     assert python.trials.sum() > 0 and python.best_q.sum() > 0
-
-
-def test_the_engine_hands_out_one_residency_until_an_expert_moves(target):
-    engine = make_engine(copy.deepcopy(target), slots=3)
-    first = engine.resident()
-    assert engine.resident() is first and not first.flags.writeable
-    engine.layers[0].cache.admit([0, 1])  # misses: experts come in
-    second = engine.resident()
-    assert second is not first and second[0, :2].all() and second.sum() == 2
-    engine.layers[0].cache.admit([0])  # a hit reorders the LRU only
-    assert engine.resident() is second
-    engine.clear_cache()
-    assert not engine.resident().any()

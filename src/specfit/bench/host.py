@@ -95,7 +95,6 @@ def replay(method, cycles: list[dict], requests: dict[int, dict], limits: dict, 
     from specfit.selection.pool import CandidatePool
     from specfit.speculative.cycle import Cycle
     from specfit.speculative.methods import Decision
-    from specfit.stages.theory import accepted_path_in_pool, depth_cap
 
     host, same, decisions = [], 0, []
     position: dict[int, int] = {}
@@ -108,8 +107,8 @@ def replay(method, cycles: list[dict], requests: dict[int, dict], limits: dict, 
         start = position.get(rid, 0)
         position[rid] = start + c["committed"]
         output = requests[rid]["output_ids"]
-        cap = depth_cap(method.max_depth, limits["limit_tokens"], limits["max_new_tokens"], c["prefix_len"],
-                        start + 1)
+        room = min(limits["limit_tokens"] - c["prefix_len"] - 1, limits["max_new_tokens"] - start - 1)
+        cap = max(0, min(method.max_depth, room - 1))  # as the decode capped the cycle's levels
         levels = c["pool_level"]
         recorded_depth = levels[-1]
         engine.show(c.get("resident"))
@@ -144,11 +143,10 @@ def replay(method, cycles: list[dict], requests: dict[int, dict], limits: dict, 
                 spent += time.perf_counter() - t0
             if root_only:
                 decision = Decision((), 0)
-            path = accepted_path_in_pool(pool.parent, pool.token, output[start + 1 :])
-            chosen = set(decision.nodes)
-            accepted = []
-            for node in path:  # greedy: the target's tokens, as far as the replayed selection holds them
-                if node not in chosen:
+            accepted, node = [], 0
+            for want in output[start + 1 :]:  # greedy: the target's tokens, as far as the replayed selection holds
+                node = next((v for v in decision.nodes if pool.parent[v] == node and pool.token[v] == want), None)
+                if node is None:
                     break
                 accepted.append(node)
             t0 = time.perf_counter()

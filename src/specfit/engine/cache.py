@@ -26,17 +26,14 @@ class ExpertCache:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.changes = 0  # counts the changes of which experts are resident (`specfit.engine.offload` reads it)
         self.clear()
 
     def clear(self) -> None:
-        self.changes += 1
         self.slot_of: OrderedDict[int, int] = OrderedDict()
         self.free = list(range(self.capacity - 1, -1, -1))  # popped from the end: slot 0 first
 
     def fill(self) -> None:
         """Every expert resident, expert e in slot e (a resident device: capacity = the layer's experts)."""
-        self.changes += 1
         self.slot_of = OrderedDict((e, e) for e in range(self.capacity))
         self.free = []
 
@@ -45,7 +42,6 @@ class ExpertCache:
         slot_of = self.slot_of
         hits = [e for e in union if e in slot_of]
         misses = [e for e in union if e not in slot_of]
-        self.changes += bool(misses)  # hits only reorder the LRU
         for e in hits:
             slot_of.move_to_end(e)
         hit_group = [(e, slot_of[e]) for e in hits]
@@ -100,5 +96,4 @@ class ExpertCache:
                 return None
             slot = slot_of.pop(victim)
         slot_of[expert] = slot
-        self.changes += 1
         return slot, victim

@@ -70,7 +70,6 @@ class OffloadEngine:
 
     def __init__(self, model: nn.Module, config: OffloadConfig, device: torch.device | str | None = None) -> None:
         self.config = config
-        self._resident: tuple[tuple[int, ...] | None, np.ndarray] | None = None  # (the caches' changes, residency)
         self.family: MoEFamily = family_of(model)
         modules = moe_experts(model, self.family)
         if not modules:
@@ -251,17 +250,11 @@ class OffloadEngine:
 
     def resident(self) -> np.ndarray:
         """[L, N] bool: the experts each layer's cache holds now, which the next forward finds as hits. Without an
-        expert cache (slots 0, cleared before every forward) nothing is resident. Read-only: one array is handed out
-        again while no expert comes or leaves (the residency a cycle reads is a query of a few µs, not a rebuild)."""
-        changes = tuple(layer.cache.changes for layer in self.layers) if self.config.slots > 0 else None
-        if self._resident is not None and self._resident[0] == changes:
-            return self._resident[1]  # no expert came or left since the last read: the same (read-only) array
+        expert cache (slots 0, cleared before every forward) nothing is resident."""
         resident = np.zeros((self.num_layers, self.num_experts), dtype=bool)  # [L, N]
-        if changes is not None:
+        if self.config.slots > 0:
             for index, layer in enumerate(self.layers):
                 resident[index, list(layer.cache.slot_of)] = True
-        resident.flags.writeable = False
-        self._resident = (changes, resident)
         return resident
 
     def clear_cache(self) -> None:
