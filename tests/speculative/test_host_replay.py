@@ -45,14 +45,13 @@ def test_replayed_cycles_decide_as_recorded_by_the_rebuilt_view(offloaded, oracl
     before.rebuild_view = True  # the selection as it was: the view rebuilt from the lists every level
     runs = decode_prompts(model, oracle, before, prompts, limits, engine, ar)
     assert [r.request["output_ids"] for r in runs] == ar
-    cycles = [{**c, "resident": c["resident"]} for r in runs for c in r.cycles]
+    cycles = [c for r in runs for c in r.cycles]
     requests = {r.request["request_id"]: r.request for r in runs}
-    bounds = {"limit_tokens": limits.limit_tokens, "max_new_tokens": limits.max_new_tokens}
     replay_engine = host.ReplayEngine(8, 2)
     for rebuild in (False, True):
         after = method(cls, MethodConfig(name), AtlasRoutes(atlas))
         after.rebuild_view = rebuild
-        seconds, same, decisions = host.replay(after, cycles, requests, bounds, replay_engine)
+        seconds, same, decisions = host.replay(after, cycles, requests, limits, replay_engine)
         assert same == len(cycles) > 5  # every cycle: the same subtree, stopped at the same level
         assert [(list(n), d) for n, d in decisions] == [(c["selected"], c["drafted_levels"]) for c in cycles]
         assert all(s > 0 for s in seconds)

@@ -40,9 +40,9 @@ import pyarrow.parquet as pq
 
 from specfit import bench
 from specfit.errors import SpecFitError
-from specfit.io import read_json
+from specfit.models.checkpoint import read_config
 from specfit.planning import specs
-from specfit.planning.config import SCHEMA, add_configfile_option, load_config
+from specfit.planning.config import SCHEMA, add_configfile_option, load_config, model_experts
 from specfit.planning.matrix import DecodeRun, decode_inputs, decode_runs, method_kind
 from specfit.results.records import resident_mask
 
@@ -75,26 +75,23 @@ class ReplayTarget:
         self.engine = engine
 
 
-def target_config(path: str) -> dict:
-    config = read_json(Path(path) / "config.json")
-    return config.get("text_config") or config
-
-
 def _is_specfit(config: dict, method: str) -> bool:
     from specfit.speculative.methods import SpecFit
 
     return issubclass(method_kind(config, method).implementation(), SpecFit)
 
 
-def replay(method, cycles: list[dict], requests: dict[int, dict], limits: dict, engine: ReplayEngine,
-           stand_in=None, timer: PartTimer | None = None) -> tuple[list[float], int, list[tuple]]:
+def replay(method, cycles: list[dict], requests: dict[int, dict], limits, engine: ReplayEngine,
+           stand_in=None) -> tuple[list[float], int, list[tuple]]:
     """Replay ``cycles`` (rows of a run's cycles.parquet, in order) through ``method``; returns each cycle's host
-    seconds, how many cycles decided as recorded, and the decisions (nodes, drafted levels)."""
+    seconds, how many cycles decided as recorded, and the decisions (nodes, drafted levels). ``limits``: the run's
+    `specfit.speculative.request.Limits`."""
     import torch
 
     from specfit.selection.pool import CandidatePool
     from specfit.speculative.cycle import Cycle
     from specfit.speculative.methods import Decision
+    from specfit.speculative.verify import greedy_path
 
     host, same, decisions = [], 0, []
     position: dict[int, int] = {}
@@ -107,8 +104,8 @@ def replay(method, cycles: list[dict], requests: dict[int, dict], limits: dict, 
         start = position.get(rid, 0)
         position[rid] = start + c["committed"]
         output = requests[rid]["output_ids"]
-        room = min(limits["limit_tokens"] - c["prefix_len"] - 1, limits["max_new_tokens"] - start - 1)
-        cap = max(0, min(method.max_depth, room - 1))  # as the decode capped the cycle's levels
+        room = limits.room(c["prefix_len"] - start, start + 1)  # the prompt, the output so far with the root
+        cap = max(0, min(method.max_depth, room - 1))  # as `Session.draft` caps the cycle's levels
         levels = c["pool_level"]
         recorded_depth = levels[-1]
         engine.show(c.get("resident"))
@@ -143,12 +140,12 @@ def replay(method, cycles: list[dict], requests: dict[int, dict], limits: dict, 
                 spent += time.perf_counter() - t0
             if root_only:
                 decision = Decision((), 0)
-            accepted, node = [], 0
-            for want in output[start + 1 :]:  # greedy: the target's tokens, as far as the replayed selection holds
-                node = next((v for v in decision.nodes if pool.parent[v] == node and pool.token[v] == want), None)
-                if node is None:
-                    break
-                accepted.append(node)
+            if list(decision.nodes) == c["selected"]:
+                accepted = c["accepted_path"]  # what the target accepted (beyond an output cut at the limit too)
+            else:  # the target's greedy tokens, the output at each row's position, within the replay's selection
+                rows = (0, *decision.nodes)
+                at = [start + 1 + pool.level[v] for v in rows]
+                accepted = greedy_path(pool, rows, [output[i] if i < len(output) else -1 for i in at])
             t0 = time.perf_counter()
             method.verified(pool, decision, accepted)
             method.committed(cycle, decision, len(accepted))
@@ -236,13 +233,14 @@ def stand_in_inputs(method, num_tokens: int):
 
 
 def build(config: dict, run: DecodeRun, num_experts: int):
+    """The run's method, as its decode built it, and its limits."""
     from specfit.speculative.config import MethodConfig
     from specfit.speculative.methods import build_method
+    from specfit.speculative.request import Limits
 
     spec = specs.decode(config, run.model, run.device, run.workload, run.method, run.slots)
-    inputs = decode_inputs(config, run)
-    method = build_method(MethodConfig(**spec["method"]), inputs, spec["seed"], num_experts)
-    return method, {"limit_tokens": spec["limit_tokens"], "max_new_tokens": spec["max_new_tokens"]}
+    method = build_method(MethodConfig(**spec["method"]), decode_inputs(config, run), spec["seed"], num_experts)
+    return method, Limits(spec["limit_tokens"], spec["max_new_tokens"], frozenset())
 
 
 def check_run(config: dict, run: DecodeRun) -> None:
@@ -340,8 +338,9 @@ def main(argv: list[str] | None = None) -> None:
 
     compile_kernels()
     for (model, device, workload, slots), fixed, names, runs in plan:
-        target = target_config(config["models"][model]["target"])
-        shape = (target.get("num_local_experts") or target.get("num_experts"), target["num_hidden_layers"])
+        target = read_config(config["models"][model]["target"], "target model", f"models.{model}.target")
+        target = target.get("text_config") or target
+        shape = (model_experts(config, model, Path(".")), target["num_hidden_layers"])
         label = config["devices"][device].get("label", device)
         print(f"{model} / {device} / {workload} / slots {slots}  ({label}; host work on this CPU, wall clock)")
         print(f"  {'method':<18}{'view':<9}{'cycles':>7}{'levels':>7}{'median':>9}{'mean':>8}  "
@@ -359,5 +358,4 @@ def main(argv: list[str] | None = None) -> None:
                       f"  {parts:<{18 * len(PARTS)}}   {r['same']}/{r['cycles']} as recorded"
                       + ("; rebuilt and grown alike" if m != fixed and not rebuild else ""))
         print("  µs per cycle (median, mean over cycles; parts are means); replayed back to back, so below the "
-              "decode's "
-              "select ms/cyc, which runs between model forwards")
+              "decode's select ms/cyc, which runs between model forwards")

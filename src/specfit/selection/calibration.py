@@ -119,6 +119,14 @@ class OnlineCalibration:
         return float((self.best_accepted[lv] + self.prior * mean_q) / (n + self.prior))
 
 
+@njit(cache=True, inline="always")
+def _conditional(path_prob, u, v, edges):
+    """`conditional` compiled: q_v = p_v / p_u clipped to [0, 1] (0 under a parent of probability 0), its bin."""
+    up = path_prob[u]
+    q = min(max(path_prob[v] / up, 0.0), 1.0) if up > 0 else 0.0
+    return q, np.searchsorted(edges, q, side="right") - 1
+
+
 @njit(cache=True)
 def calibrated_rows(parent, path_prob, level, out, start, end, accepted, trials, prior, max_depth, edges):
     """`OnlineCalibration.path_probs` compiled, in place, for a pool held in arrays (``parent``, ``path_prob`` p_v,
@@ -130,9 +138,7 @@ def calibrated_rows(parent, path_prob, level, out, start, end, accepted, trials,
         start = 1
     for v in range(start, end):
         u = parent[v]
-        up = path_prob[u]
-        q = min(max(path_prob[v] / up, 0.0), 1.0) if up > 0 else 0.0
-        b = np.searchsorted(edges, q, side="right") - 1
+        q, b = _conditional(path_prob, u, v, edges)
         lv = min(level[v], max_depth)
         out[v] = out[u] * ((accepted[lv, b] + prior * q) / (trials[lv, b] + prior))
 
@@ -156,9 +162,7 @@ def observed_rows(parent, path_prob, level, nodes, accepted, max_depth, edges, t
         u = parent[v]
         if not committed[u]:
             continue
-        up = path_prob[u]
-        q = min(max(path_prob[v] / up, 0.0), 1.0) if up > 0 else 0.0
-        b = np.searchsorted(edges, q, side="right") - 1
+        q, b = _conditional(path_prob, u, v, edges)
         lv = min(level[v], max_depth)
         trials[lv, b] += 1
         hits[lv, b] += committed[v]

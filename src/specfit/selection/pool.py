@@ -80,9 +80,7 @@ class GrowingPool:
     the online calibration only append).
     """
 
-    def __init__(self, num_experts: int, capacity: int = 32, last: GrowingPool | None = None):
-        """``last``: the view of the cycle before, whose residency encoding this one reuses while the residency is
-        the same array."""
+    def __init__(self, num_experts: int, capacity: int = 32):
         self.num_experts = num_experts
         self.n1 = 0  # nodes (root included) appended so far
         self.parent = np.empty(capacity, dtype=np.int64)  # [cap]
@@ -92,7 +90,7 @@ class GrowingPool:
         self.words: np.ndarray | None = None  # [cap, L * W] uint64, allocated with the first routes
         self._no_counts = np.zeros((1, 1))  # the calibration counts' stand-in where there is no calibration
         self._no_routes = np.empty((capacity, 0, 1), dtype=np.int64)  # routes of no layer, for views without experts
-        self._resident: tuple[object, np.ndarray | None] = last._resident if last is not None else (None, None)
+        self._resident: tuple[object, np.ndarray | None] = (None, None)  # (the residency, its words)
 
     def _grow(self, rows: int) -> None:
         for name in ("parent", "level", "drafted", "prob", "words", "_no_routes"):

@@ -173,8 +173,7 @@ class LearnedRoutes:
                 grown = self._buffer(2 * end)
                 grown[: self._known] = self._routes[: self._known]
                 self._routes = grown
-            predicted = self._head.routes(x)  # [N, L, k]
-            self._routes[self._known : end] = (predicted if predicted.device.type == "cpu" else predicted.cpu()).numpy()
+            self._routes[self._known : end] = self._head.routes(x).cpu().numpy()  # [N, L, k]
             self.nodes += end - self._known
             self._known = end
         self.seconds += cycle.clock.wall() - start

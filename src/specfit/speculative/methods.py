@@ -180,7 +180,7 @@ class SpecFit(Method):
         if self.calibration is None or not decision.nodes:
             return
         grown, view = self._growing
-        if grown is pool and not self.rebuild_view and view.n1 > max(decision.nodes):  # the view holds the arrays
+        if grown is pool:  # the grown view holds the pool as arrays (every selection extends it to the whole pool)
             self.calibration.observe_rows(view.parent, view.drafted, view.level, decision.nodes, accepted)
         else:
             self.calibration.observe(pool.parent, pool.path_prob, pool.level, decision.nodes, accepted)
@@ -247,7 +247,7 @@ class SpecFit(Method):
         if self.rebuild_view:
             return pool.view(routes, self.num_experts, path_prob=self.path_probs(pool), **state)
         if self._growing[0] is not pool:
-            self._growing = (pool, GrowingPool(self.num_experts, last=self._growing[1]))
+            self._growing = (pool, GrowingPool(self.num_experts))
         return self._growing[1].extend(pool, routes, calibration=self.calibration, **state)
 
     def cost_state(self, cycle: Cycle) -> dict:
