@@ -219,3 +219,19 @@ def test_the_cli_refuses_bad_flags_by_name_and_never_claims_identity_under_rejec
         text = summary({**record, "compare": {"identical": identical, "guarantee": guarantee, "tps_dec": 1.0,
                                               "speedup": 1.0}})
         assert says in text and (guarantee == "tokens" or "identical" not in text)
+
+
+def test_the_nucleus_read_from_the_top_tokens_is_the_sorted_one():
+    """`warp`'s nucleus (read from the most likely tokens, widened while a row keeps them all) keeps what sorting the
+    whole row keeps, on peaked and flat rows; a tie with the last kept token is kept too."""
+    torch.manual_seed(0)
+    V = 5000
+    logits = torch.cat([torch.randn(3, V) * 8, torch.randn(3, V) * 0.1])  # peaked rows (few kept), flat (thousands)
+    for top_p in (0.3, 0.9, 0.999):
+        kept = torch.isfinite(warp(logits, Sampling(temperature=0.7, top_p=top_p)))
+        probs, order = (logits / 0.7).softmax(-1).sort(-1, descending=True)
+        reference = ((probs.cumsum(-1) - probs) < top_p).scatter(-1, order, (probs.cumsum(-1) - probs) < top_p)
+        assert torch.equal(kept, reference), top_p
+        assert kept[3:].sum(-1).min() > 256  # the flat rows made it widen past its first candidates
+    tied = torch.tensor([[2.0, 1.0, 1.0, 0.0]])  # 0.48, 0.18, 0.18, 0.06: 0.6 ends inside the first 1.0
+    assert torch.isfinite(warp(tied, Sampling(temperature=1.0, top_p=0.6)))[0].tolist() == [True, True, True, False]

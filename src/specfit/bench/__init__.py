@@ -4,7 +4,8 @@ against Tables 2-4), ``engine`` (expert loads and the all-hit overhead), ``hinds
 probabilities learned from the questions it decodes, against the hand-tuned tree), ``host`` (SpecFit's host work
 per cycle by part, replayed from a finished run's cycles), ``link`` (the toy's emulated
 links), ``predictor`` (the learned route predictor's cost), ``proportions`` (the toy's proportions beside the
-paper's), ``reproduce`` (a run against the committed reference), ``select`` (the exact search on paper-sized pools),
+paper's), ``reproduce`` (a run against the committed reference), ``sampling`` (the host work sampling adds per
+cycle at the real vocabulary), ``select`` (the exact search on paper-sized pools),
 ``spread`` (the same decode jobs in two runs), ``tuned`` (every method against the hand-tuned tree, cell by cell) and
 ``verdicts`` (two reports' verdicts, cell by cell)."""
 

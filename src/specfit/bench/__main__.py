@@ -7,7 +7,7 @@ from specfit import numerics
 from specfit.errors import SpecFitError
 
 BENCHMARKS = ("dag", "decode", "device", "engine", "exact", "hindsight", "host", "link", "predictor", "proportions",
-              "reproduce", "select", "spread", "tuned", "verdicts")
+              "reproduce", "sampling", "select", "spread", "tuned", "verdicts")
 
 
 def main(argv: list[str] | None = None) -> None:

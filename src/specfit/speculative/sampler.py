@@ -22,7 +22,7 @@ def gumbel(seed: int, key: int, position: int, vocab: int) -> torch.Tensor:
     """[V] float32 Gumbel noise of output position ``position`` of request ``key``, drawn on the CPU."""
     g = torch.Generator().manual_seed(_stream_seed(seed, key, position, "gumbel"))
     u = torch.rand(vocab, generator=g, dtype=torch.float32).clamp_(min=torch.finfo(torch.float32).tiny)
-    return -torch.log(-torch.log(u))
+    return u.log_().neg_().log_().neg_()  # -log(-log(u)), in place
 
 
 def uniforms(seed: int, key: int, position: int, n: int) -> list[float]:
@@ -32,17 +32,30 @@ def uniforms(seed: int, key: int, position: int, n: int) -> list[float]:
 
 
 def warp(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """[..., V] tempered logits (float32), -inf outside the top-k and top-p sets."""
+    """[..., V] tempered logits (float32), -inf outside the top-k and top-p sets. A token tied with the last one a
+    set keeps is kept too, so the sets do not depend on how a sort orders ties."""
     scores = logits.float() / s.temperature
     if s.top_k and s.top_k < scores.shape[-1]:
         kth = scores.topk(s.top_k, dim=-1).values[..., -1:]  # [..., 1]
         scores = scores.masked_fill(scores < kth, -math.inf)
     if s.top_p < 1:
-        sorted_scores, order = scores.sort(dim=-1, descending=True)
-        probs = sorted_scores.softmax(-1)  # [..., V]
-        drop = (probs.cumsum(-1) - probs) >= s.top_p  # the mass before a token already holds top_p
-        scores = scores.masked_fill(drop.scatter(-1, order, drop), -math.inf)
+        probs = scores.softmax(-1)  # [..., V]
+        scores = scores.masked_fill(probs < nucleus_floor(probs, s.top_p), -math.inf)
     return scores
+
+
+def nucleus_floor(probs: torch.Tensor, top_p: float, first: int = 64) -> torch.Tensor:
+    """[..., 1] the least probability the nucleus keeps: in descending order, a token is kept while the mass before
+    it is below ``top_p``. Read from the ``first`` most likely tokens, four times as many while a row keeps them all,
+    instead of sorting the whole vocabulary (12 ms a row at 151,936 tokens on a CPU core, a top-64 0.1 ms)."""
+    V = probs.shape[-1]
+    k = min(first, V)
+    while True:
+        top = probs.topk(k, dim=-1).values  # [..., k] descending
+        kept = ((top.cumsum(-1) - top) < top_p).sum(-1, keepdim=True)  # [..., 1] >= 1: a prefix of the k
+        if k == V or bool((kept < k).all()):
+            return top.gather(-1, kept - 1)
+        k = min(4 * k, V)
 
 
 class Noise:
@@ -62,9 +75,10 @@ class Noise:
 
     def sample(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
         """The target's token after each row of ``logits`` [q, V] (AR's step at each row's output position)."""
-        scores = warp(logits, self.sampling)  # [q, V]
-        noise = torch.stack([self.gumbel(p) for p in positions]).to(scores.device)  # [q, V]
-        return (scores + noise).argmax(-1).tolist()
+        scores = warp(logits, self.sampling)  # [q, V], a new tensor: noised in place, row by row
+        for row, p in zip(scores, positions):
+            row.add_(self.gumbel(p).to(scores.device))
+        return scores.argmax(-1).tolist()
 
     def sample_from(self, probs: torch.Tensor, position: int) -> int:
         """A token from distribution ``probs`` [V] by the position's Gumbel-max rule."""
