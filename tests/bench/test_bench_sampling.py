@@ -39,8 +39,15 @@ def test_one_row_per_method_and_mode(capsys):
     bench.main(["--requests", "1", "--new", "8", "--repeats", "1"])
     out = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in out if line.startswith("eagle3 ")]
-    assert [r[1] for r in rows] == ["coupled", "rejection"]
-    assert all(int(r[2]) > 0 and float(r[3]) > 0 for r in rows)  # cycles, the emulated A100's cycle ms
+    assert [r[1] for r in rows] == ["coupled", "rejection"] * 2  # the costs, then the per-level calibration
+    assert all(int(r[2]) > 0 and float(r[3]) > 0 for r in rows[:2])  # cycles, the emulated A100's cycle ms
+    assert all(r[2] == "L1" for r in rows[2:])  # every cycle verifies a level-1 node
+
+
+def test_level_calibration_counts_the_nodes_whose_parent_was_committed():
+    c = cycle([0, 1, 1, 2], [-1, 0, 0, 1], [1, 2, 3], committed=2, drafted=2)
+    c["pool_prob"], c["accepted_path"] = [1.0, 0.6, 0.3, 0.3], [1]  # node 1 committed, its child 3 not
+    assert bench.level_calibration([c]) == {1: (2, pytest.approx(0.45), 0.5), 2: (1, 0.5, 0.0)}
 
 
 def test_bad_sampling_keys_are_refused_before_any_load():

@@ -235,3 +235,32 @@ def test_the_nucleus_read_from_the_top_tokens_is_the_sorted_one():
         assert kept[3:].sum(-1).min() > 256  # the flat rows made it widen past its first candidates
     tied = torch.tensor([[2.0, 1.0, 1.0, 0.0]])  # 0.48, 0.18, 0.18, 0.06: 0.6 ends inside the first 1.0
     assert torch.isfinite(warp(tied, Sampling(temperature=1.0, top_p=0.6)))[0].tolist() == [True, True, True, False]
+
+
+def test_coupled_commit_probabilities_are_the_drafters_noised_distribution():
+    """`Noise.draft`: the children are the top-k of the warped scores plus the position's noise, and each one's
+    commit probability is softmax(scores + noise) there; with a noise that makes a token the clear winner, its
+    probability is near 1 even where the tempered q of it is small."""
+    s = Sampling(temperature=1.0, seed=3)
+    noise = Noise(s, 0, 6)
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0]])  # a 4-token draft vocabulary
+    target_ids = torch.tensor([0, 2, 4, 5])
+    probs, ids = noise.draft(logits, 1, target_ids, 2)
+    noised = logits + noise.gumbel(1)[target_ids]
+    assert ids[0].tolist() == noised[0].topk(2).indices.tolist()
+    assert torch.allclose(probs[0], noised[0].softmax(-1)[ids[0]])
+    noise._gumbel[2] = torch.tensor([0.0, 0, 0, 0, 0, 30.0])  # the noise favours target id 5 (draft id 3) by far
+    probs, ids = noise.draft(logits, 2, target_ids, 1)
+    assert ids.tolist() == [[3]] and probs.item() > 0.99 > 0.1 > logits.softmax(-1)[0, 3]
+
+
+def test_rejection_commit_probabilities_are_the_tempered_warped_q_at_greedys_children():
+    """`Noise.proposals`: greedy's top-k children, each with its warped, tempered q (0 outside the nucleus), the
+    drafter's estimate of the target's p(x), which is each child's chance to be accepted under EAGLE's verify."""
+    logits = torch.tensor([[3.0, 2.0, 0.0, -1.0]])
+    s = Sampling(temperature=0.5, top_p=0.9, sampling="rejection")
+    probs, ids = Noise(s, 0, 4).proposals(logits, 3)
+    assert ids.tolist() == [[0, 1, 2]]  # as greedy drafts them
+    q = (logits / 0.5).softmax(-1)[0]  # 0.867, 0.117, ...: the nucleus at 0.9 keeps the first two
+    kept = q[:2] / q[:2].sum()
+    assert torch.allclose(probs[0], torch.tensor([kept[0], kept[1], 0.0]))

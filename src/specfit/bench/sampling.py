@@ -11,8 +11,12 @@ operations that differ between the modes, on rows of the real vocabularies, time
 - coupled: the position's Gumbel noise where a cycle reaches a position first (drawn on the CPU, as decoding draws
   it), the drafter's tempered, warped, noised top-k per level (`Noise.draft`), the target's Gumbel-max token per
   verified row (`Noise.sample`);
-- rejection: the drafter's top-k as greedy, the target's warped distribution per row and EAGLE's tree verification
-  over the cycle's verified tree (`rejection_path`), noise only where every child is rejected.
+- rejection: the drafter's top-k with its warped probabilities (`Noise.proposals`), the target's warped distribution
+  per row and EAGLE's tree verification over the cycle's verified tree (`rejection_path`), noise only where every
+  child is rejected.
+
+It then prints, per method and mode, each level's commit probabilities as the decode predicted them (the mode's
+derivation, `Noise.draft` and `Noise.proposals`) against the share of those nodes committed.
 
 The rows are the toy's own logits (recorded as it decoded), padded to the real vocabulary with a tail below their
 least value: the nucleus and the shape of the distribution are the toy's. The figures are CPU wall time (one thread
@@ -90,6 +94,8 @@ def replay(shapes: list[dict], bank: torch.Tensor, draft_bank: torch.Tensor, s: 
                 started, before = time.perf_counter(), parts["noise"]
                 if mode == "coupled":
                     noise.draft(logits, n + depth + 1, target_ids, k)
+                elif mode == "rejection":
+                    noise.proposals(logits, k)
                 else:
                     torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
                 parts["drafter"] += time.perf_counter() - started - (parts["noise"] - before)
@@ -132,6 +138,20 @@ def record(decoder: Decoder, prompts: list[str], new: int) -> tuple[list[dict], 
     return cycles, rows, ms
 
 
+def level_calibration(cycles: list[dict]) -> dict[int, tuple[int, float, float]]:
+    """Per level d: the verified nodes whose parent was committed (the trials), their mean predicted commit
+    probability (pool_prob of the node over its parent's: the drafter's conditional) and the share committed."""
+    trials: dict[int, list[tuple[float, bool]]] = {}
+    for c in cycles:
+        prob, parent, level = c["pool_prob"], c["pool_parent"], c["pool_level"]
+        committed = {0, *c["accepted_path"]}
+        for v in c["selected"]:
+            if parent[v] in committed:
+                trials.setdefault(level[v], []).append((prob[v] / prob[parent[v]], v in committed))
+    return {d: (len(t), statistics.mean(p for p, _ in t), statistics.mean(a for _, a in t))
+            for d, t in sorted(trials.items())}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = bench.parser(__name__, __doc__.split("\n\n")[0])
     parser.add_argument("--configfile", default="config.yaml")
@@ -156,12 +176,14 @@ def main(argv: list[str] | None = None) -> None:
           f"cycle shapes from the toy decoding {len(prompts)} GSM8K questions on the emulated A100 (virtual clock)")
     print(f"{'method':<16}{'mode':<11}{'cycles':>7}{'A100 ms':>9}{'greedy':>9}{'noise':>8}{'drafter':>9}"
           f"{'target':>9}{'added':>9}{'% A100':>8}{'% 20 ms':>9}{'noise % 20 ms':>15}")
+    calibrations: dict[tuple[str, str], dict] = {}
     for method in args.methods.split(","):
         for mode in ("coupled", "rejection"):
             s = Sampling(**keys, sampling=mode)
             decoder = Decoder.from_config("toy", "cpu-a100", method, configfile=args.configfile,
                                           sampling=s.record())
             cycles, rows, cycle_ms = record(decoder, prompts, args.new)
+            calibrations[method, mode] = level_calibration(cycles)
             shapes = cycle_shapes(cycles, decoder.loaded.method.config.top_k_expand)
             bank, draft_bank = padded(rows[:64], VOCAB), padded(rows[:64], DRAFT_VOCAB)
             k = decoder.loaded.method.config.top_k_expand
@@ -174,6 +196,11 @@ def main(argv: list[str] | None = None) -> None:
                   f"{100 * parts['noise'] / 1e3 / RESIDENT_CYCLE_MS:>14.1f}%")
     print("On a GPU host the drafter's and target's parts run on the device beside their forwards; the noise is the "
           "host's (drawn on the CPU, then moved).")
+    print("\ncommit probabilities against acceptance, per level: verified nodes whose parent was committed, their mean "
+          "predicted conditional probability (the drafter's, as the mode derives it) and the share committed")
+    for (method, mode), levels in calibrations.items():
+        cells = "  ".join(f"L{d} {p:.2f}/{a:.2f} (n {n})" for d, (n, p, a) in levels.items())
+        print(f"{method:<16}{mode:<11}{cells}")
 
 if __name__ == "__main__":
     main()

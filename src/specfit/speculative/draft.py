@@ -67,8 +67,8 @@ def sync(drafter: Eagle3Drafter, state: DraftState) -> None:
 def expand(drafter: Eagle3Drafter, pool: CandidatePool, parents: list[int], logits: torch.Tensor,
            hidden_out: torch.Tensor, top_k: int, state: DraftState, choose=None) -> None:
     """Add the top-k children of each parent. ``logits`` [len(parents), Vd], ``hidden_out`` [len(parents), H].
-    ``choose(logits, depth)``: the children's probabilities and draft ids [P, k] under sampling
-    (`specfit.speculative.sampling.Noise.draft`); None: the drafter's top-k (greedy)."""
+    ``choose(logits, depth)``: the children's commit probabilities and draft ids [P, k] under sampling
+    (`specfit.speculative.sampler.Noise.draft`, `Noise.proposals`); None: the drafter's top-k (greedy)."""
     if choose is None:
         probs = torch.softmax(logits.float(), dim=-1)  # [P, Vd]
         top_prob, top_ids = probs.topk(top_k, dim=-1)  # [P, k]

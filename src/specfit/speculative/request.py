@@ -142,10 +142,13 @@ class Session:
             return pool, method.select(cycle, pool, final=True)
 
     def _draft_choice(self, k: int):
-        """Coupled sampling: children drafted by the Gumbel-max rule at their output position (`Noise.draft`);
-        None (the drafter's top-k) when greedy or under rejection sampling, whose proposals are those top-k."""
-        if not self.sampling.coupled:
+        """Sampling: the children and their commit probabilities as the mode has them (coupled: drafted by the
+        Gumbel-max rule at their output position, `Noise.draft`; rejection: the drafter's top-k at the warped
+        temperature, `Noise.proposals`); None when greedy (the drafter's top-k and its probabilities)."""
+        if self.sampling.greedy:
             return None
+        if self.sampling.rejection:
+            return lambda logits, depth: self.noise.proposals(logits, k)
         n = len(self.output)  # a child of a level-d node is output position n + d
         target_ids = {}
 

@@ -86,11 +86,25 @@ class Noise:
 
     def draft(self, logits: torch.Tensor, position: int, target_ids: torch.Tensor, k: int):
         """The drafter's top-``k`` children by the same rule: ``logits`` [P, Vd] over the draft vocabulary,
-        ``target_ids`` [Vd] its target ids. Returns their tempered probabilities [P, k] and draft ids [P, k]."""
+        ``target_ids`` [Vd] its target ids. Returns their commit probabilities [P, k] and draft ids [P, k].
+
+        A child is committed when the target's Gumbel-max at this position, with the same noise, picks its token.
+        The drafter's estimate of that: if the target's warped scores were the drafter's plus an independent Gumbel
+        (the drafter's uncertainty about them), the target would pick x with probability softmax(scores + g)[x], the
+        drafter's noised distribution, near 1 where the noise makes x a clear winner and far above the tempered
+        q(x) for a token the noise favours. The online calibration learns the rest."""
         scores = warp(logits, self.sampling)  # [P, Vd]
-        noise = self.gumbel(position).to(scores.device)[target_ids]  # [Vd]
-        ids = (scores + noise).topk(k, dim=-1).indices  # [P, k]
-        return scores.softmax(-1).gather(-1, ids), ids
+        noised = scores + self.gumbel(position).to(scores.device)[target_ids]  # [P, Vd]
+        top = noised.topk(k, dim=-1)  # [P, k]
+        return (top.values - noised.logsumexp(-1, keepdim=True)).exp(), top.indices
+
+    def proposals(self, logits: torch.Tensor, k: int):
+        """Rejection sampling's children: the drafter's top-``k`` (the proposals are point masses at them) with
+        their commit probabilities [P, k]. A drafted child x is accepted with probability p(x) whatever its rank
+        (the first with p(x); a later sibling once the earlier ones were rejected, (1 - p(x1)) p(x2) / (1 - p(x1)));
+        the drafter's estimate of p(x) is its own warped, tempered q(x) (0 outside its top-k / top-p sets)."""
+        ids = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1).indices  # [P, k] the best, as greedy drafts
+        return warp(logits, self.sampling).softmax(-1).gather(-1, ids), ids
 
 
 def rejection_path(children: dict[int, list[int]], token: list[int], probs: dict[int, torch.Tensor],
