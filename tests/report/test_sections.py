@@ -143,14 +143,14 @@ def test_theory_calibration_and_lossless(built):
     t = tables[f"lossless/toy/{DEVICE}"]
     by_run = {(run.method, run.slots): row for run, row in rows(t).items()}
     fit, eagle = by_run["specfit", 4], by_run["eagle3", 0]
-    assert fit[3:5] == ["float32", "batched"] and eagle[3:5] == ["float32", "exact"]
-    assert fit[10:] == ["identical: 1 of 2 requests", "request 1 (position 7, margin 0.0123)",
+    assert fit[3:6] == ["AR's tokens (greedy)", "float32", "batched"] and eagle[4:6] == ["float32", "exact"]
+    assert fit[11:] == ["identical: 1 of 2 requests", "request 1 (position 7, margin 0.0123)",
                         "diverges: 1 of 2 requests differ from the reference"]
-    assert "lossless" not in fit[12]  # a run with a divergence is never shown as lossless
-    assert eagle[10:] == ["identical: 2 of 2 requests", "none", "lossless: all 2 requests identical, every committed "
+    assert "lossless" not in fit[13]  # a run with a divergence is never shown as lossless
+    assert eagle[11:] == ["identical: 2 of 2 requests", "none", "lossless: all 2 requests identical, every committed "
                           "row bit-identical to AR's step"]
-    assert by_run["ar", 0][9] == "(this run is the reference)"
-    assert fit[9] == f"data/decode/toy/{DEVICE}/gsm8k/ar/slots0/requests.parquet"
+    assert by_run["ar", 0][10] == "(this run is the reference)"
+    assert fit[10] == f"data/decode/toy/{DEVICE}/gsm8k/ar/slots0/requests.parquet"
     assert tables[f"divergences/toy/{DEVICE}"].rows == [["gsm8k", "specfit", "Yes (4)", "1", "7", "–", "–",
                                                          "0.0123"]]
 

@@ -14,6 +14,7 @@ from specfit.report.sections import (
                                      prefetch,
                                      proportions,
                                      resident,
+                                     sampling,
                                      selection_cost,
                                      specfit_ca,
                                      sweep,
@@ -22,7 +23,8 @@ from specfit.report.sections import (
                                      tuned,
 )
 
-PER_DEVICE = (claims.section, proportions.section, throughput.section, tuned.section, specfit_ca.section,
+PER_DEVICE = (claims.section, proportions.section, throughput.section, tuned.section, sampling.section,
+              specfit_ca.section,
               prefetch.section, learned_routes.section, counters.section, sweep.section, theory.section,
               calibration.section, selection_cost.section, noisy_routes.section, lossless.section)
 ACROSS_DEVICES = (devices.section, resident.section, paper_headline.section)
