@@ -123,7 +123,7 @@ def sampling_keys(args: argparse.Namespace) -> dict:
 
 def guarantee(sampling: dict) -> str:
     """What `--compare ar` may expect: AR's tokens (greedy, coupled sampling) or only AR's distribution."""
-    return "distribution" if sampling["temperature"] > 0 and sampling["sampling"] == "rejection" else "tokens"
+    return Sampling.of(sampling).guarantee
 
 
 def speedup(ours, ar) -> float | None:

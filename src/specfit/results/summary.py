@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import torch
 
 from specfit.results.metrics import stream_metrics
+from specfit.speculative.sampling import Sampling
 
 if TYPE_CHECKING:
     from specfit.speculative.loading import Loaded
@@ -44,7 +45,10 @@ def stream_summary(loaded: Loaded, spec: StreamSpec, prompts: list[dict], reques
         metrics["route_predictor"] = {**learned.stats(), "share_of_cycle_time_pct": share}
     metrics["lossless"] = None  # this run is the reference, or no AR run is configured beside it
     if reference is not None:
-        metrics["lossless"] = lossless_check(loaded.model, prompts, requests.to_pylist(), reference)
+        # under rejection sampling the tokens are AR's distribution's, not AR's: a divergence is expected, and its
+        # margin (a target forward over the prefix, per request) explains nothing
+        margins = not Sampling.of(spec.sampling).rejection
+        metrics["lossless"] = lossless_check(loaded.model, prompts, requests.to_pylist(), reference, margins)
     return metrics
 
 
@@ -54,8 +58,9 @@ def slot_rows(engine) -> int:
     return sum(buffers.values())
 
 
-def lossless_check(model, prompts: list[dict], requests: list[dict], reference_path) -> dict:
-    """Compare outputs with an AR reference; at a divergence, the target's top-2 logit margin there."""
+def lossless_check(model, prompts: list[dict], requests: list[dict], reference_path, margins: bool = True) -> dict:
+    """Compare outputs with an AR reference; at a divergence, the target's top-2 logit margin there (None without
+    ``margins``)."""
     reference = {r["request_id"]: r["output_ids"] for r in pq.read_table(reference_path).to_pylist()}
     prompt_ids = {p["request_id"]: p["prompt_ids"] for p in prompts}
     compared = identical = 0
@@ -73,7 +78,7 @@ def lossless_check(model, prompts: list[dict], requests: list[dict], reference_p
         divergences.append({
             "request_id": r["request_id"], "position": pos,
             "ours": ours[pos] if pos < len(ours) else None, "reference": ref[pos] if pos < len(ref) else None,
-            "margin": top2_margin(model, prompt_ids[r["request_id"]] + ref[:pos]),
+            "margin": top2_margin(model, prompt_ids[r["request_id"]] + ref[:pos]) if margins else None,
         })
     return {"reference": str(reference_path), "n_requests": compared, "n_identical": identical,
             "missing": len(requests) - compared, "divergences": divergences}

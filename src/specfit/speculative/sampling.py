@@ -64,6 +64,11 @@ class Sampling:
     def rejection(self) -> bool:
         return not self.greedy and self.sampling == "rejection"
 
+    @property
+    def guarantee(self) -> str:
+        """What every method's output keeps of AR's: its "tokens" (greedy, coupled) or only its "distribution"."""
+        return "distribution" if self.rejection else "tokens"
+
     def record(self) -> dict:
         return asdict(self)
 

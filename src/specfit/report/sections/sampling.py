@@ -13,6 +13,7 @@ from specfit.planning.matrix import method_kind
 from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note, note, table, tagged
 from specfit.report.quantities import tps_cell, x_cell
 from specfit.report.scope import Scope
+from specfit.speculative.kinds import SPECFIT
 from specfit.speculative.sampling import Sampling
 
 TITLE = "Beyond the paper: sampling at T > 0"
@@ -35,18 +36,16 @@ def twin(spec: dict, workload: str, temperature: float, mode: str) -> str | None
 
 
 def guarantee(s: Sampling) -> str:
-    """What a run at ``s`` promises against AR (the lossless section's column)."""
-    if s.greedy:
-        return "AR's tokens (greedy)"
-    if s.coupled:
-        return f"AR's tokens at seed {s.seed} (coupled, T = {s.temperature:g})"
-    return f"AR's distribution, not its tokens (rejection, T = {s.temperature:g})"
+    """What a run at ``s`` promises against AR (`Sampling.guarantee`, worded for the lossless section's column)."""
+    if s.guarantee == "distribution":
+        return f"AR's distribution, not its tokens (rejection, T = {s.temperature:g})"
+    return f"AR's tokens at seed {s.seed} (coupled, T = {s.temperature:g})" if s.coupled else "AR's tokens (greedy)"
 
 
 def theory_of(scope: Scope, workload: str) -> dict | None:
     """Table 5's quantities on the workload's SpecFit pools (the paper's cost), if built."""
     return next((t for r, t in scope.inputs.theory.items() if (r.model, r.device, r.workload) == (scope.model,
-                 scope.device, workload) and method_kind(scope.spec, r.method).name == "specfit"), None)
+                 scope.device, workload) and method_kind(scope.spec, r.method).name == SPECFIT.name), None)
 
 
 def section(scope: Scope) -> Section | None:
