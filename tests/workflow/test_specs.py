@@ -164,10 +164,13 @@ def test_report(config):
 def test_report_inputs(config, smoke):
     """The report rule's inputs (`specfit.planning.matrix.report_inputs`): every run's metrics and requests, both fits
     and their points per (model, device), each theory file once, the toy's folders (the smoke config's
-    trained toy, config.yaml's shipped one) and the one learned route predictor the learned methods read."""
+    trained toy, config.yaml's shipped one), the one learned route predictor the learned methods read, and no cycles
+    (no workload samples)."""
     inputs = report_inputs(smoke)
     runs = decode_runs(smoke)
-    assert sorted(inputs) == ["calibration", "metrics", "models", "points", "predictor", "requests", "theory", "tune"]
+    assert sorted(inputs) == ["calibration", "cycles", "metrics", "models", "points", "predictor", "requests",
+                              "theory", "tune"]
+    assert inputs["cycles"] == []
     assert inputs["metrics"] == [r.file("metrics.json") for r in runs]
     assert inputs["requests"] == [r.file("requests.parquet") for r in runs]
     assert inputs["calibration"] == [f"data/calibration/smoke/{d}/{c}.json" for d in ("cpu-a100", "cpu-a100link")

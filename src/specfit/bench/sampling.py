@@ -35,6 +35,7 @@ import torch
 from specfit import bench
 from specfit.api import Decoder
 from specfit.bench.decode import questions
+from specfit.results.acceptance import level_calibration
 from specfit.speculative.sampler import Noise, rejection_path, warp
 from specfit.speculative.sampling import Sampling
 
@@ -136,20 +137,6 @@ def record(decoder: Decoder, prompts: list[str], new: int) -> tuple[list[dict], 
             cycles += decoder.generate(prompt, new).cycles
     ms = statistics.mean(1e3 * sum(c[f"t_{p}_s"] for p in ("draft", "select", "verify", "commit")) for c in cycles)
     return cycles, rows, ms
-
-
-def level_calibration(cycles: list[dict]) -> dict[int, tuple[int, float, float]]:
-    """Per level d: the verified nodes whose parent was committed (the trials), their mean predicted commit
-    probability (pool_prob of the node over its parent's: the drafter's conditional) and the share committed."""
-    trials: dict[int, list[tuple[float, bool]]] = {}
-    for c in cycles:
-        prob, parent, level = c["pool_prob"], c["pool_parent"], c["pool_level"]
-        committed = {0, *c["accepted_path"]}
-        for v in c["selected"]:
-            if parent[v] in committed:
-                trials.setdefault(level[v], []).append((prob[v] / prob[parent[v]], v in committed))
-    return {d: (len(t), statistics.mean(p for p, _ in t), statistics.mean(a for _, a in t))
-            for d, t in sorted(trials.items())}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,7 @@ from specfit.errors import SpecFitError
 from specfit.planning import paths
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.kinds import PAPER, REFERENCE, Kind, kind
+from specfit.speculative.sampling import levelled_workloads
 
 
 def is_toy(entry: dict) -> bool:
@@ -217,8 +218,9 @@ def report_inputs(config: dict) -> dict[str, list[str]]:
     """Every file the report reads (the report rule's inputs, by the stage's input names): each run's metrics and
     requests, the fits and their points, the theory, the toy pair's folders (the report shows the
     sha256 of their training records) with the shipped toy's manifest (and the commit and CPU it names), the
-    learned route predictors decode runs read (folders: the report reads their metrics.json) and the tuned methods'
-    trees."""
+    learned route predictors decode runs read (folders: the report reads their metrics.json), the tuned methods'
+    trees, and the cycles of every drafting run of a sampled workload and of its greedy twin (commit probabilities
+    against acceptance per level, `specfit.speculative.sampling.levelled_workloads`)."""
     runs = decode_runs(config)
     pairs = sorted({(r.model, r.device) for r in runs})
     toys = [m for m in sorted({r.model for r in runs}) if is_toy(config["models"][m])]
@@ -232,6 +234,14 @@ def report_inputs(config: dict) -> dict[str, list[str]]:
                    *(paths.SHIPPED_MANIFEST for m in toys if config["models"][m].get("shipped"))],
         "predictor": sorted({p for r in runs if (p := decode_inputs(config, r).get("predictor"))}),
         "tune": sorted({p for r in runs for p in decode_inputs(config, r).get("tune", [])}),
+        "cycles": [r.file("cycles.parquet") for r in levelled_runs(config)],
     }
+
+
+def levelled_runs(config: dict) -> list[DecodeRun]:
+    """The runs whose commit probabilities the report sets against acceptance per level: those that draft, of the
+    sampled workloads and their greedy twins."""
+    workloads = set(levelled_workloads(config["workloads"]))
+    return [r for r in decode_runs(config) if r.workload in workloads and method_kind(config, r.method).drafts]
 
 

@@ -22,6 +22,7 @@ from specfit.planning.matrix import (
     decode_inputs,
     decode_runs,
     is_toy,
+    levelled_runs,
     method_config,
     method_kind,
     theory_cost,
@@ -32,6 +33,7 @@ from specfit.planning.stage import paths_of
 from specfit.report.page import Estimate, est
 from specfit.report.quantities import METRICS_REQUIRED, THEORY_CACHE_AWARE_REQUIRED, THEORY_REQUIRED
 from specfit.results import intervals
+from specfit.results.acceptance import LEVEL_COLUMNS, level_calibration
 from specfit.speculative.kinds import routed
 
 log = logging.getLogger("specfit.report")
@@ -56,7 +58,8 @@ PREDICTOR_REQUIRED = ("route_accuracy", "recall_per_layer", "root_accuracy", "tr
                       "pool_nodes_timed", "torch_device", "training")
 
 
-INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "models", "tune")  # list inputs
+INPUT_NAMES = ("metrics", "requests", "calibration", "points", "theory", "predictor", "models", "tune",
+               "cycles")  # list inputs
 TOY_REQUIRED = ("sha256",)  # the toy's folders (declared as folders): the key their paths.TOY_RECORDS must have
 TUNE_REQUIRED = ("chosen", "trees", "question_ids")  # a tune job's JSON (specfit.stages.tune)
 SHIPPED_REQUIRED = ("commit", "cpu")  # the shipped toy's manifest (paths.SHIPPED_MANIFEST, specfit.models.shipped)
@@ -125,6 +128,7 @@ class Inputs:
     toy: dict[tuple[str, str], dict] = field(default_factory=dict)  # (model, part) -> its training record
     shipped: dict[str, dict] = field(default_factory=dict)  # model -> the shipped toy's manifest (SHIPPED.json)
     tune: dict[DecodeRun, list[dict]] = field(default_factory=dict)  # a tuned run -> its tune jobs' JSON, by fold
+    levels: dict[DecodeRun, dict] = field(default_factory=dict)  # a levelled run -> `level_calibration` of its cycles
     _intervals: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -270,7 +274,11 @@ def load_inputs(spec: dict, inputs: dict) -> Inputs:
             folds = [_load_json(files.path("tune", path), TUNE_REQUIRED) for path in found]
             if all(data is not None for data in folds):
                 tune[r] = folds
+    levels = {}
+    for r in levelled_runs(spec):
+        if (table := _load_columns(files.path("cycles", r.file("cycles.parquet")), LEVEL_COLUMNS)) is not None:
+            levels[r] = level_calibration(table.to_pylist())
     if unexpected := files.unexpected():
         log.warning("%d declared inputs are not read: %s", len(unexpected), ", ".join(unexpected))
     return Inputs(spec, runs, metrics, calibration, points, theory, paper_results(), requests, predictor, toy,
-                  shipped, tune)
+                  shipped, tune, levels)

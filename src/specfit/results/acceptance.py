@@ -1,13 +1,16 @@
 """The toy's acceptance beside the paper's: how many tokens EAGLE-3 commits per cycle and how SpecFit's selection
 behaves on the recorded pools (Table 5), per workload. SpecFit's case rests on acceptance (it pays where acceptance
 is low or varies from cycle to cycle), so the proportions section and ``python -m specfit.bench proportions`` show
-these rows beside the cost rows. Torch-free.
+these rows beside the cost rows; `level_calibration` sets commit probabilities against acceptance level by level.
+Torch-free.
 
 Only EAGLE-3's committed tokens per cycle has a goal (within `TOLERANCE` of the paper's, and more on GSM8K than on
 summarization, as the paper's); the other rows are shown with the direction of their difference from the paper's.
 """
 
 from __future__ import annotations
+
+import statistics
 
 # key, label, and where the paper has it: ("counters", method) in Tables 2-4 or ("theory", field) in Table 5
 ACCEPTANCE = (
@@ -76,3 +79,21 @@ def ordered_met(committed: dict[str, float | None]) -> bool | None:
     this run's figure); None without both."""
     low, high = (committed.get(w) for w in ORDERED)
     return None if low is None or high is None else high > low
+
+
+LEVEL_COLUMNS = ("pool_prob", "pool_parent", "pool_level", "selected", "accepted_path")  # what it reads of a cycle
+
+
+def level_calibration(cycles: list[dict]) -> dict[int, tuple[int, float, float]]:
+    """Per level d: the verified nodes whose parent was committed (the trials: each was committed or not), their
+    mean predicted commit probability (the node's path probability over its parent's, the conditional the decode
+    predicted: the drafter's at T = 0, the mode's at T > 0) and the share committed."""
+    trials: dict[int, list[tuple[float, bool]]] = {}
+    for c in cycles:
+        prob, parent, level = c["pool_prob"], c["pool_parent"], c["pool_level"]
+        committed = {0, *c["accepted_path"]}
+        for v in c["selected"]:
+            if parent[v] in committed and prob[parent[v]] > 0:
+                trials.setdefault(level[v], []).append((prob[v] / prob[parent[v]], v in committed))
+    return {d: (len(t), statistics.mean(p for p, _ in t), statistics.mean(a for _, a in t))
+            for d, t in sorted(trials.items())}

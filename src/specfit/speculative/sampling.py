@@ -79,3 +79,23 @@ class Sampling:
 
 
 GREEDY = Sampling()
+TWIN_KEYS = ("question_ids", "limit_tokens", "max_new_tokens", "max_requests")  # what a workload's twins share
+
+
+def twin(workloads: dict, workload: str, temperature: float, mode: str) -> str | None:
+    """The workload with ``workload``'s questions and limits sampled at ``temperature`` under ``mode`` (greedy at 0):
+    a sampled workload's greedy twin, or its twin under the other mode; None when the config has none."""
+    entry = workloads[workload]
+    for name, other in workloads.items():
+        s = Sampling.of(other)
+        if (name != workload and all(other.get(k) == entry.get(k) for k in TWIN_KEYS) and s.temperature == temperature
+                and (temperature == 0 or s.sampling == mode)):
+            return name
+    return None
+
+
+def levelled_workloads(workloads: dict) -> list[str]:
+    """The workloads whose runs' commit probabilities the report compares with acceptance per level: every sampled
+    one and each sampled one's greedy twin."""
+    sampled = [w for w, entry in workloads.items() if not Sampling.of(entry).greedy]
+    return sorted({*sampled, *(t for w in sampled if (t := twin(workloads, w, 0.0, "coupled")))})

@@ -5,7 +5,9 @@ A sampled workload's greedy twin is the workload with the same questions and lim
 one with the same questions, limits and temperature under the other mode. Per cell (workload × slots): each method's
 committed tokens per cycle at T = 0 and at T > 0, its decode TPS and its ratios to EAGLE-3 and to the tuned tree
 (tuned on the sampled workload's own folds), with paired intervals; the coefficient of variation of ρ (Table 5's,
-on SpecFit's pools) at both; and coupled against rejection sampling, method by method. The verdicts are new claims,
+on SpecFit's pools) at both; each drafting method's commit probabilities, as the decode predicted them, against the
+share of those nodes committed, level by level (`specfit.results.acceptance.level_calibration`), sampled and greedy;
+and coupled against rejection sampling, method by method. The verdicts are new claims,
 with no paper number, as they come.
 """
 
@@ -14,25 +16,11 @@ from specfit.report.page import MISSING, Section, cache_cell, fmt, interval_note
 from specfit.report.quantities import tps_cell, x_cell
 from specfit.report.scope import Scope
 from specfit.speculative.kinds import SPECFIT
-from specfit.speculative.sampling import Sampling
+from specfit.speculative.sampling import Sampling, twin
 
 TITLE = "Beyond the paper: sampling at T > 0"
-SAME = ("question_ids", "limit_tokens", "max_new_tokens", "max_requests")  # what twins share
-
-
 def sampling_of(spec: dict, workload: str) -> Sampling:
     return Sampling.of(spec["workloads"][workload])
-
-
-def twin(spec: dict, workload: str, temperature: float, mode: str) -> str | None:
-    """The workload with ``workload``'s questions and limits sampled at ``temperature`` under ``mode`` (greedy at 0)."""
-    entry = spec["workloads"][workload]
-    for name, other in spec["workloads"].items():
-        s = Sampling.of(other)
-        if (name != workload and all(other.get(k) == entry.get(k) for k in SAME) and s.temperature == temperature
-                and (temperature == 0 or s.sampling == mode)):
-            return name
-    return None
 
 
 def guarantee(s: Sampling) -> str:
@@ -40,6 +28,15 @@ def guarantee(s: Sampling) -> str:
     if s.guarantee == "distribution":
         return f"AR's distribution, not its tokens (rejection, T = {s.temperature:g})"
     return f"AR's tokens at seed {s.seed} (coupled, T = {s.temperature:g})" if s.coupled else "AR's tokens (greedy)"
+
+
+def mode_label(s: Sampling) -> str:
+    return "greedy" if s.greedy else f"{s.sampling}, T = {s.temperature:g}"
+
+
+def level_cell(level: tuple[int, float, float] | None) -> str:
+    """A level's trials: mean predicted commit probability / share committed (trials)."""
+    return MISSING if level is None else f"{level[1]:.2f} / {level[2]:.2f} (n {level[0]})"
 
 
 def theory_of(scope: Scope, workload: str) -> dict | None:
@@ -61,7 +58,8 @@ def section(scope: Scope) -> Section | None:
     rows, rho, modes = [], [], []
     for w in sampled:
         s = sampling_of(spec, w)
-        greedy, rejection = twin(spec, w, 0.0, "coupled"), twin(spec, w, s.temperature, "rejection")
+        greedy = twin(spec["workloads"], w, 0.0, "coupled")
+        rejection = twin(spec["workloads"], w, s.temperature, "rejection")
         t0, t1 = theory_of(scope, greedy) if greedy else None, theory_of(scope, w)
         rho.append({"workload": w, "greedy": greedy, "t0": t0, "t1": t1})
         for r in scope.runs_of(w):
@@ -98,6 +96,18 @@ def section(scope: Scope) -> Section | None:
         ("CV of ρ, T = 0", lambda x: fmt(x["t0"]["rho_cv"], ".2f") if x["t0"] else MISSING),
         ("CV of ρ, sampled", lambda x: fmt(x["t1"]["rho_cv"], ".2f") if x["t1"] else MISSING)],
         rho, key=lambda x: x["workload"]))
+    levels = [{"run": r, "levels": lv} for r, lv in scope.inputs.levels.items()
+              if (r.model, r.device) == (scope.model, scope.device)]
+    if levels:
+        depth = max(d for x in levels for d in x["levels"])
+        sec.tables.append(table(scope.id("sampling-levels"), f"Commit probability predicted against the share "
+                                                             f"committed, per level, {scope.model} / {scope.device}", [
+            ("Workload", lambda x: x["run"].workload),
+            ("Sampling", lambda x: mode_label(sampling_of(spec, x["run"].workload))),
+            ("Cache", lambda x: cache_cell(x["run"].slots)), ("Method", lambda x: x["run"].method),
+            *((f"L{d}: predicted / committed (n)", lambda x, d=d: level_cell(x["levels"].get(d)))
+              for d in range(1, depth + 1))],
+            levels, key=lambda x: (x["run"].workload, x["run"].slots, x["run"].method)))
     if modes:
         sec.tables.append(table(scope.id("sampling-modes"), tagged(f"Coupled against rejection sampling, "
                                                                    f"{scope.model} / {scope.device}", emulated), [
