@@ -1,7 +1,13 @@
 """The sampling section's pairing of workloads (greedy twin, rejection twin) and each run's stated guarantee."""
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+from report_fakes import EMULATED_DEVICE, emulated_tree, tiny_spec
+from report_md import build, rows
+
+from specfit.planning.matrix import levelled_runs, report_inputs
 from specfit.report.sections.sampling import guarantee
-from specfit.speculative.sampling import Sampling, levelled_workloads, twin
+from specfit.speculative.sampling import Sampling, twin
 
 QUESTIONS = {"question_ids": [1, 2, 3], "limit_tokens": 512, "max_new_tokens": 128}
 SPEC = {"workloads": {
@@ -20,11 +26,6 @@ def test_twins_share_questions_limits_and_temperature():
     assert twin(SPEC["workloads"], "other", 1.0, "coupled") is None  # other questions
 
 
-def test_levelled_workloads_are_the_sampled_ones_and_their_greedy_twins():
-    assert levelled_workloads(SPEC["workloads"]) == ["gsm8k", "gsm8k-t06", "gsm8k-t1", "gsm8k-t1-rejection"]
-    assert levelled_workloads({"gsm8k": dict(QUESTIONS)}) == []  # a greedy config reads no cycles
-
-
 def test_each_mode_states_its_guarantee():
     assert guarantee(Sampling()) == "AR's tokens (greedy)"
     assert guarantee(Sampling(temperature=0.8, seed=7)) == "AR's tokens at seed 7 (coupled, T = 0.8)"
@@ -33,13 +34,6 @@ def test_each_mode_states_its_guarantee():
 
 def test_the_report_sets_commit_probabilities_against_acceptance_per_level(tree):
     """A sampled workload and its greedy twin: each drafting run's cycles give the per-level table, AR's none."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from report_fakes import EMULATED_DEVICE, emulated_tree, tiny_spec
-    from report_md import build, rows
-
-    from specfit.planning.matrix import levelled_runs, report_inputs
-
     spec = tiny_spec(methods=("ar", "eagle3"), devices=(EMULATED_DEVICE,))
     spec["workloads"]["gsm8k-t1"] = {**spec["workloads"]["gsm8k"], "temperature": 1.0}
     spec["runs"][0]["workloads"].append("gsm8k-t1")
@@ -53,7 +47,7 @@ def test_the_report_sets_commit_probabilities_against_acceptance_per_level(tree)
     md, tables = build(spec, report_inputs(spec), tree / "reports" / "all")
     got = rows(tables[f"sampling-levels/toy/{EMULATED_DEVICE}"])
     assert len(got) == 4  # gsm8k and gsm8k-t1, each at two slot counts
-    by_workload = {row[0]: row for row in got.values()}
+    by_workload = {row[0]: row for row in got.values()}  # both slot counts read the same cycles
     greedy, sampled = by_workload["gsm8k"], by_workload["gsm8k-t1"]
     assert greedy[1] == "greedy" and sampled[1] == "coupled, T = 1"
     assert greedy[4] == "0.45 / 0.50 (n 4)" and greedy[5] == "0.50 / 1.00 (n 2)"  # (0.6 + 0.3) / 2; 3 of 3 trials

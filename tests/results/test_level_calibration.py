@@ -29,8 +29,11 @@ def test_each_level_counts_the_verified_nodes_whose_parent_was_committed():
     assert levels[2] == (1, pytest.approx(0.5), 1.0)  # node 3 of the first cycle: 0.3 / 0.6, committed
 
 
-def test_no_cycles_no_levels():
+def test_no_cycles_no_levels_and_no_trial_under_a_parent_of_probability_zero():
     assert level_calibration([]) == {}
+    cycle = {"pool_prob": [1.0, 0.0, 0.0], "pool_parent": [-1, 0, 1], "pool_level": [0, 1, 2], "selected": [0, 1, 2],
+             "accepted_path": [1, 2]}  # node 1 predicted impossible, committed all the same: node 2 has no conditional
+    assert level_calibration([cycle]) == {1: (1, 0.0, 1.0)}
 
 
 def test_the_report_reads_the_cycles_of_sampled_runs_and_their_greedy_twins_only():

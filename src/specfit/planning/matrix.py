@@ -11,7 +11,7 @@ from specfit.errors import SpecFitError
 from specfit.planning import paths
 from specfit.speculative.config import MethodConfig
 from specfit.speculative.kinds import PAPER, REFERENCE, Kind, kind
-from specfit.speculative.sampling import levelled_workloads
+from specfit.speculative.sampling import Sampling, twin
 
 
 def is_toy(entry: dict) -> bool:
@@ -220,7 +220,7 @@ def report_inputs(config: dict) -> dict[str, list[str]]:
     sha256 of their training records) with the shipped toy's manifest (and the commit and CPU it names), the
     learned route predictors decode runs read (folders: the report reads their metrics.json), the tuned methods'
     trees, and the cycles of every drafting run of a sampled workload and of its greedy twin (commit probabilities
-    against acceptance per level, `specfit.speculative.sampling.levelled_workloads`)."""
+    against acceptance per level, `levelled_runs`)."""
     runs = decode_runs(config)
     pairs = sorted({(r.model, r.device) for r in runs})
     toys = [m for m in sorted({r.model for r in runs}) if is_toy(config["models"][m])]
@@ -240,8 +240,9 @@ def report_inputs(config: dict) -> dict[str, list[str]]:
 
 def levelled_runs(config: dict) -> list[DecodeRun]:
     """The runs whose commit probabilities the report sets against acceptance per level: those that draft, of the
-    sampled workloads and their greedy twins."""
-    workloads = set(levelled_workloads(config["workloads"]))
+    sampled workloads and their greedy twins (`specfit.speculative.sampling.twin`); none in a greedy config."""
+    sampled = [w for w, entry in config["workloads"].items() if not Sampling.of(entry).greedy]
+    workloads = {*sampled, *(twin(config["workloads"], w, 0.0, "coupled") for w in sampled)} - {None}
     return [r for r in decode_runs(config) if r.workload in workloads and method_kind(config, r.method).drafts]
 
 

@@ -87,7 +87,8 @@ LEVEL_COLUMNS = ("pool_prob", "pool_parent", "pool_level", "selected", "accepted
 def level_calibration(cycles: list[dict]) -> dict[int, tuple[int, float, float]]:
     """Per level d: the verified nodes whose parent was committed (the trials: each was committed or not), their
     mean predicted commit probability (the node's path probability over its parent's, the conditional the decode
-    predicted: the drafter's at T = 0, the mode's at T > 0) and the share committed."""
+    predicted: the drafter's at T = 0, the mode's at T > 0) and the share committed. A node under a parent the decode
+    gave probability 0 (committed all the same) has no conditional and is no trial."""
     trials: dict[int, list[tuple[float, bool]]] = {}
     for c in cycles:
         prob, parent, level = c["pool_prob"], c["pool_parent"], c["pool_level"]

@@ -93,9 +93,3 @@ def twin(workloads: dict, workload: str, temperature: float, mode: str) -> str |
             return name
     return None
 
-
-def levelled_workloads(workloads: dict) -> list[str]:
-    """The workloads whose runs' commit probabilities the report compares with acceptance per level: every sampled
-    one and each sampled one's greedy twin."""
-    sampled = [w for w, entry in workloads.items() if not Sampling.of(entry).greedy]
-    return sorted({*sampled, *(t for w in sampled if (t := twin(workloads, w, 0.0, "coupled")))})

@@ -7,8 +7,8 @@ committed tokens per cycle at T = 0 and at T > 0, its decode TPS and its ratios 
 (tuned on the sampled workload's own folds), with paired intervals; the coefficient of variation of ρ (Table 5's,
 on SpecFit's pools) at both; each drafting method's commit probabilities, as the decode predicted them, against the
 share of those nodes committed, level by level (`specfit.results.acceptance.level_calibration`), sampled and greedy;
-and coupled against rejection sampling, method by method. The verdicts are new claims,
-with no paper number, as they come.
+and coupled against rejection sampling, method by method. The verdicts are new claims, with no paper number, as they
+come.
 """
 
 from specfit.planning.matrix import method_kind
@@ -19,6 +19,8 @@ from specfit.speculative.kinds import SPECFIT
 from specfit.speculative.sampling import Sampling, twin
 
 TITLE = "Beyond the paper: sampling at T > 0"
+
+
 def sampling_of(spec: dict, workload: str) -> Sampling:
     return Sampling.of(spec["workloads"][workload])
 
