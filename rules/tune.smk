@@ -1,6 +1,8 @@
 # Tuning: the fixed EAGLE-3 tree a user tunes by hand (a method of kind eagle3-tuned), chosen by a sweep over the
 # config's `tune` grid on questions the workload does not evaluate; under cross-fitting (a workload's `tune_folds`),
-# one tree per fold, chosen on the other folds' questions ({fold}: ".fold<f>", empty without folds).
+# one tree per fold, chosen on the other folds' questions ({fold}: ".fold<f>", empty without folds). One tune
+# job sweeps the grid at every slot count the method runs at in the cell (on an emulated device, priced on one decode
+# per tree).
 
 
 rule extract_tune:
@@ -28,18 +30,9 @@ rule tune:
         target=target_dir,
         drafter=drafter_dir,
     output:
-        tune=paths.tune(
-            "{model}", "{device}", "{workload}", "{method}", "{slots}", "{fold}"
-        ),
+        grid=paths.tune_grid("{model}", "{device}", "{workload}", "{method}", "{fold}"),
     log:
-        paths.log(
-            "tune",
-            "{model}",
-            "{device}",
-            "{workload}",
-            "{method}",
-            "slots{slots}{fold}",
-        ),
+        paths.log("tune", "{model}", "{device}", "{workload}", "{method}{fold}"),
     conda:
         CONDA_ENV
     resources:
@@ -51,4 +44,28 @@ rule tune:
         code=code_hash("specfit.stages.tune"),
     shell:
         "python -m specfit.launch tune --spec {params.spec:q} {params.inputs} "
-        "--out tune={output.tune:q} > {log:q} 2>&1"
+        "--out grid={output.grid:q} > {log:q} 2>&1"
+
+
+# One slot count's part of the sweep, the file a tuned method's decode and the report read.
+rule tune_choice:
+    input:
+        grid=paths.tune_grid("{model}", "{device}", "{workload}", "{method}", "{fold}"),
+    output:
+        tune=paths.tune(
+            "{model}", "{device}", "{workload}", "{method}", "{slots}", "{fold}"
+        ),
+    log:
+        paths.log(
+            "tune_choice",
+            "{model}",
+            "{device}",
+            "{workload}",
+            "{method}",
+            "slots{slots}{fold}",
+        ),
+    localrule: True
+    run:
+        from specfit.speculative.tuning import write_choice
+
+        write_choice(input.grid, int(wildcards.slots), output.tune, log[0])

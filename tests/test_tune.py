@@ -9,19 +9,12 @@ import pytest
 from specfit.errors import SpecFitError
 from specfit.results.records import read_prompts
 from specfit.speculative.methods import build_method
-from specfit.speculative.tuning import TREE_KEYS, best, grid
+from specfit.speculative.tuning import TREE_KEYS, best, choice, grid
 from specfit.stages import decode, tune
 
 TREES = grid({"max_depth": [1, 3], "top_k_expand": [1, 2]})
 EMULATE = {"name": "A100", "fixed_ms": 74.02, "token_ms": 1.423, "expert_ms": 4.786, "copy_ms": 4.575,
            "draft_ms": 10.24}
-
-
-def stream(name, **method):
-    """A decode spec on the emulated A100 (the virtual clock: a tree's TPS follows its cycles, not the CPU)."""
-    return {"method": {"name": name, **method}, "slots": 4, "max_inflight": 2, "link": None, "emulate": EMULATE,
-            "torch_device": "cpu", "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
-            "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model", "verify": "exact"}
 
 
 def test_the_grid_and_the_choice():
@@ -31,15 +24,34 @@ def test_the_grid_and_the_choice():
     assert best(rows) == TREES[1]  # the first of equals, in grid order
 
 
+def stream(name, slots=4, **method):
+    """A decode spec on the emulated A100 (the virtual clock: a tree's TPS follows its cycles, not the CPU)."""
+    return {"method": {"name": name, **method}, "slots": slots, "max_inflight": 2, "link": None, "emulate": EMULATE,
+            "torch_device": "cpu", "dtype": "float32", "limit_tokens": 40, "max_new_tokens": 12, "seed": 0,
+            "warmup_tokens": 3, "model": "tiny", "logits_dtype": "model", "verify": "exact"}
+
+
 def test_the_tune_stage_chooses_the_fastest_tree_and_the_tuned_method_decodes_with_it(files, tmp_path):
-    out = tmp_path / "tune.json"
+    out = tmp_path / "grid.json"
     inputs = {k: files[k] for k in ("prompts", "target", "drafter")}
-    tune.run({"stream": stream("eagle3-tuned"), "trees": TREES, "decodes": []}, inputs, {"tune": out})
-    result = json.loads(out.read_text())
+    tune.run({"streams": {"4": stream("eagle3-tuned"), "0": stream("eagle3-tuned", 0)}, "trees": TREES,
+              "decodes": []}, inputs, {"grid": out})
+    sweep = json.loads(out.read_text())
+    assert sweep["slots"]["4"]["clocked"] == "decoded"
+    assert sweep["slots"]["0"]["clocked"] == "priced on the decodes at 4 slots"
+    result = choice(sweep, 4)
     assert [{k: t[k] for k in TREE_KEYS} for t in result["trees"]] == TREES
     assert all(t["tps_dec"] > 0 and t["n_output_tokens"] == 24 for t in result["trees"])
     assert result["chosen"] == best(result["trees"])
     assert result["timing_label"].endswith("virtual clock") and len(result["question_ids"]) == 2
+    # without a cache the same cycles, every one dearer: each forward copies its whole union
+    none = choice(sweep, 0)
+    for cached, uncached in zip(result["trees"], none["trees"]):
+        assert uncached["cycles"] == cached["cycles"] and uncached["ms_per_cycle"] > cached["ms_per_cycle"]
+    with pytest.raises(SpecFitError, match="no slot count 8"):
+        choice(sweep, 8)
+    path = tmp_path / "slots4.json"
+    path.write_text(json.dumps(result))
 
     # each tree's TPS is that of a decode run of plain EAGLE-3 at that tree (the same code, the same clock)
     chosen = result["chosen"]
@@ -51,7 +63,7 @@ def test_the_tune_stage_chooses_the_fastest_tree_and_the_tuned_method_decodes_wi
     ar = {k: tmp_path / f"ar.{k}" for k in ("requests", "cycles", "metrics")}
     decode.run(stream("ar"), files, ar)
     tuned = {k: tmp_path / f"tuned.{k}" for k in ("requests", "cycles", "metrics")}
-    decode.run(stream("eagle3-tuned"), dict(files, tune=out, reference=ar["requests"]), tuned)
+    decode.run(stream("eagle3-tuned"), dict(files, tune=path, reference=ar["requests"]), tuned)
     metrics = json.loads(tuned["metrics"].read_text())
     assert metrics["lossless"]["n_identical"] == 2 and metrics["cycles"] == row["cycles"]
     assert max(int(w) for w in metrics["verify_widths"]) <= chosen["k_max"] + 1
@@ -92,8 +104,8 @@ def test_tuning_questions_that_the_tree_would_decode_are_refused(files, tmp_path
     ids = [p["question_id"] for p in read_prompts(files["prompts"], None)]
     inputs = {k: files[k] for k in ("prompts", "target", "drafter")}
     with pytest.raises(SpecFitError, match=rf"the tuning questions hold questions the tree will decode \({ids[0]}\)"):
-        tune.run({"stream": stream("eagle3-tuned"), "trees": TREES[:1], "decodes": ids[:1]}, inputs,
-                 {"tune": tmp_path / "tune.json"})
+        tune.run({"streams": {"4": stream("eagle3-tuned")}, "trees": TREES[:1], "decodes": ids[:1]}, inputs,
+                 {"grid": tmp_path / "grid.json"})
     twice = []
     for f in range(2):
         twice.append(tmp_path / f"fold{f}.json")

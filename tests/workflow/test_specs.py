@@ -215,7 +215,7 @@ JOBS = {
     "specfit.stages.atlas": (specs.atlas, [paths.atlas(*W, "{method}-{cache}")]),
     "specfit.stages.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
     "specfit.stages.predictor": (specs.predictor, [paths.predictor("{model}")]),
-    "specfit.stages.tune": (specs.tune, [paths.tune(*W, "{method}", "{slots}", "{fold}")]),
+    "specfit.stages.tune": (specs.tune, [paths.tune_grid(*W, "{method}", "{fold}")]),
     "specfit.stages.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
 }
 
@@ -244,10 +244,11 @@ def test_every_job_gets_its_builders_spec(root, overlays):
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = [shlex.split(line.partition(": ")[2]) for line in proc.stdout.splitlines()
                 if line.startswith("Shell command: python -m specfit.")]
-    # config.yaml: 74 jobs (no toy training: the shipped toy is read; 37 decodes, 8 tune jobs: two folds per
-    # cross-fitted cell, one per RTX 4090 cell); smoke: 67 (its toy's 3 training jobs among them, its resident
-    # device's two folds)
-    assert len(commands) == (74 if not overlays else 67)
+    # config.yaml: 69 jobs (no toy training: the shipped toy is read; 37 decodes, 5 tune jobs, each sweeping both
+    # slot counts of its cell: two folds per cross-fitted workload on the A100, one on the RTX 4090; rule
+    # tune_choice runs in Snakemake itself); smoke: 67 (its toy's 3 training jobs among them, its resident device's
+    # two folds)
+    assert len(commands) == (69 if not overlays else 67)
     for argv in commands:
         assert argv[:3] == ["python", "-m", "specfit.launch"]  # the launcher, then the stage's name
         module, argv = f"specfit.stages.{argv[3]}", argv[4:argv.index(">")]
@@ -297,16 +298,19 @@ def test_a_resident_device_is_calibrated_with_every_expert_only(root, tmp_path):
 
 def test_the_tune_rules_specs(root):
     """extract_tune: the workload's questions after the ones it evaluates, all of them; tune: the tuned method's decode
-    spec at the device's main slots and the grid's trees."""
+    spec at each slot count it runs at in the cell and the grid's trees."""
     resident = load_config(root / "config.yaml", root / SCHEMA, root / "config.resident.yaml")
     extract = specs.extract_tune(resident, "toy", "gsm8k", ".fold1")  # cross-fitted: fold 0's first 12
     assert extract["question_ids"] == list(range(401, 424, 2)) and extract["max_requests"] is None
     assert {k: v for k, v in extract.items() if k != "question_ids"} == {
         k: v for k, v in specs.extract(resident, "toy", "gsm8k").items() if k not in ("question_ids", "max_requests")
     } | {"max_requests": None}
-    tune = specs.tune(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32, ".fold1")
+    tune = specs.tune(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", ".fold1")
     assert tune["decodes"] == list(range(402, 481, 2))  # fold 1's questions, none of them tuned on
-    odd = specs.tune(resident, "toy", "cpu-4090", "gsm8k-odd", "eagle3-tuned", 8)
+    default = load_config(root / "config.yaml", root / SCHEMA)
+    odd = specs.tune(default, "toy", "cpu-4090", "gsm8k-odd", "eagle3-tuned")
     assert odd["decodes"] == list(range(401, 480, 2))
-    assert tune["stream"] == specs.decode(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)
+    assert tune["streams"] == {"32": specs.decode(resident, "toy", "cpu-m5max-pair", "gsm8k", "eagle3-tuned", 32)}
+    assert odd["streams"] == {str(s): specs.decode(default, "toy", "cpu-4090", "gsm8k-odd", "eagle3-tuned", s)
+                              for s in (0, 8)}  # both slot counts of the cell, one job
     assert len(tune["trees"]) == 24 and tune["trees"][-1] == {"max_depth": 6, "top_k_expand": 4, "k_max": 24}

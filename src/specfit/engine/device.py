@@ -188,8 +188,14 @@ class Timeline:
     tokens: int = 0
     stall_ms: float = 0.0  # the forward in progress: time its expert execution waited for copies
     copy_stall_s: float = 0.0  # summed over decode forwards: the copy time on their critical path
+    # the clocks of other slot counts priced on the same forwards (`specfit.engine.offload.OffloadEngine.price`):
+    # each begins and ends every forward with this one and advances by the same drafter forwards and host work; their
+    # layers' plans come from their own caches
+    followers: list[Timeline] = field(default_factory=list)
 
     def begin(self) -> None:
+        for other in self.followers:
+            other.begin()
         self.started, self.cpu_started = self.clock_s, time.perf_counter()
         self.now = self.stall_ms = 0.0
         self.link_free = max(0.0, (self.link_free_at - self.started) * 1e3)  # copies still moving from before
@@ -206,6 +212,8 @@ class Timeline:
         self.stall_ms += self.now - start - self.model.compute_ms(steps, tokens)  # execution is serial: the rest waited
 
     def end(self) -> None:
+        for other in self.followers:
+            other.end()
         self.link_free_at = self.started + self.link_free * 1e-3
         self.clock_s = self.started + self.now * 1e-3
         decode = self.tokens <= PREFILL_TOKENS
@@ -216,11 +224,15 @@ class Timeline:
     def drafted(self, rows: int, cpu_s: float) -> None:
         """A drafter forward over ``rows`` new positions ended: ``draft_ms`` on the clock (its catch-up on a prompt,
         more than `PREFILL_TOKENS` rows, outside the decode time as the target's prefill, is counted apart)."""
+        for other in self.followers:
+            other.drafted(rows, cpu_s)
         self.clock_s += self.model.draft_ms * 1e-3
         (self.drafter_prefill if rows > PREFILL_TOKENS else self.drafter).add(self.model.draft_ms * 1e-3, cpu_s)
 
     def host(self, seconds: float) -> None:
         """Host work a GPU deployment runs on its CPU took ``seconds`` of wall time: the clock moves by as much."""
+        for other in self.followers:
+            other.host(seconds)
         self.clock_s += seconds
         self.host_s += seconds
 
@@ -240,6 +252,8 @@ class Timeline:
 
     def reset(self) -> None:
         """Fresh counters; the clock and the link go on (copies in flight still land when they would)."""
+        for other in self.followers:
+            other.reset()
         self.target, self.prefill, self.drafter, self.drafter_prefill = Forwards(), Forwards(), Forwards(), Forwards()
         self.copy_stall_s = self.host_s = 0.0
 

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
+from specfit.engine.cache import ExpertCache
 from specfit.engine.copiers import StreamCopier, SyncCopier, ThreadCopier
 from specfit.engine.counters import Counters, PrefetchCounters, RouteRecorder
 from specfit.engine.device import DeviceModel, Timeline
@@ -44,6 +45,25 @@ from specfit.engine.layer import (
 from specfit.engine.link import Link, LinkModel
 from specfit.engine.resident import ResidentFit, fit
 from specfit.errors import SpecFitError
+
+
+@dataclass
+class PricedSlots:
+    """Another slot count priced on an engine's own forwards (`OffloadEngine.price`): an LRU per layer fed the same
+    unions, and a virtual clock that advances with the engine's by the same drafter forwards and host work, each
+    forward by its own plan. It clocks what a run at ``slots`` clocks when it decodes the same tokens, as a method
+    that reads nothing of the cache does at every slot count."""
+
+    slots: int
+    caches: list[ExpertCache]
+    timeline: Timeline
+
+    def admit(self, index: int, tokens: int, union: list[int]) -> None:
+        self.timeline.layer(index, tokens, self.caches[index].admit(union)[2])
+
+    def clear(self) -> None:
+        for cache in self.caches:
+            cache.clear()
 
 
 @dataclass(frozen=True)
@@ -143,7 +163,22 @@ class OffloadEngine:
         self._recorder: RouteRecorder | None = None
         self.row_calls = None  # a layer's RowCalls while an exact verify records or replays its rows
         self._forward_routes: list[torch.Tensor | None] = [None] * self.num_layers
+        self.priced: list[PricedSlots] = []  # other slot counts priced on these forwards (`price`)
         self.reset_stats()
+
+    def price(self, slots: int) -> Timeline:
+        """Price ``slots`` slots per layer on this engine's forwards too, from now on (an empty cache of that size),
+        and return its virtual clock: what a run at ``slots`` would clock for the same tokens. Only on an emulated
+        device, whose clock is modelled from the cache's plan (a measured clock times the one cache that ran), and
+        never beside a prefetch, which reads the cache it copies into."""
+        if self.timeline is None or self.all_resident:
+            raise SpecFitError(f"{self.timing_label}: only an emulated device's virtual clock prices other slot "
+                               "counts; decode once per slot count here")
+        capacity = self.num_experts if slots == 0 else min(slots, self.num_experts)
+        timeline = Timeline(self.timeline.model, clock_s=self.timeline.clock_s)
+        self.priced.append(PricedSlots(slots, [ExpertCache(capacity) for _ in self.layers], timeline))
+        self.timeline.followers.append(timeline)
+        return timeline
 
     # ----- labels ---------------------------------------------------------------------------------------------
 
@@ -236,7 +271,10 @@ class OffloadEngine:
         self._current = Counters(self.num_layers, self.expert_bytes)
         self._forward_routes = [None] * self.num_layers
         if self.config.slots == 0:
-            self.clear_cache()
+            self.clear_cache(priced=False)
+        for priced in self.priced:
+            if priced.slots == 0:  # no expert cache: cleared before every forward, as the engine's own is
+                priced.clear()
 
     def end_forward(self) -> None:
         if self.timeline is not None:
@@ -257,9 +295,9 @@ class OffloadEngine:
                 resident[index, list(layer.cache.slot_of)] = True
         return resident
 
-    def clear_cache(self) -> None:
-        """Empty every layer's slots (timed into ``stats()["clear_s"]``); a prefetch not yet settled counts as
-        evicted unused."""
+    def clear_cache(self, priced: bool = True) -> None:
+        """Empty every layer's slots (timed into ``stats()["clear_s"]``), and the caches of the slot counts priced
+        beside them unless ``priced`` is False; a prefetch not yet settled counts as evicted unused."""
         started = time.perf_counter()
         for layer in self.layers:
             if layer.prefetch_handles:
@@ -271,6 +309,8 @@ class OffloadEngine:
                 layer.cache.clear()
             layer.slot_table = None
         self._clear_s += time.perf_counter() - started
+        for other in self.priced if priced else ():
+            other.clear()
 
     # ----- prefetch -------------------------------------------------------------------------------------------
 
@@ -289,6 +329,8 @@ class OffloadEngine:
         """
         if self.config.slots == 0:
             return 0
+        if self.priced:
+            raise RuntimeError("a prefetch reads the cache it copies into: no other slot count is priced beside it")
         loads: dict[int, list[tuple[int, int]]] = {}  # layer -> (expert, slot), in the order given
         keep: dict[int, set[int]] = {}  # layer -> what it must not evict: protected, or prefetched since its forward
         for index, e in wanted:

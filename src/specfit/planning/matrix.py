@@ -113,6 +113,13 @@ def tune_question_ids(config: dict, workload: str, fold: int | None = None) -> l
     return ids[: config["tune"]["requests"]]
 
 
+def tuned_slots(config: dict, model: str, device: str, workload: str, method: str) -> list[int]:
+    """The slot counts a tuned method runs at in one cell (model, device, workload): one tune job per fold tunes its
+    tree at each of them."""
+    return sorted({r.slots for r in decode_runs(config)
+                   if (r.model, r.device, r.workload, r.method) == (model, device, workload, method)})
+
+
 def tune_parts(config: dict, workload: str) -> list[int | None]:
     """The tune jobs of one tuned run, by fold: ``[None]`` without cross-fitting, else ``[0, 1, ...]``."""
     return list(range(tune_folds(config, workload))) or [None]

@@ -56,9 +56,15 @@ def tune_prompts(model: str, workload: str, fold=None) -> str:
     return f"data/prompts/{model}/tune/{workload}{fold_part(fold)}.parquet"
 
 
+def tune_grid(model: str, device: str, workload: str, method: str, fold=None) -> str:
+    """A tune job's sweep (JSON): every tree of the grid at every slot count the tuned method runs at in the cell,
+    with its decode TPS, and the best one at each (`specfit.stages.tune`); under cross-fitting one per fold."""
+    return f"data/tune/{model}/{device}/{workload}/{method}/grid{fold_part(fold)}.json"
+
+
 def tune(model: str, device: str, workload: str, method: str, slots, fold=None) -> str:
-    """A tune job's choice (JSON): the grid's trees with their decode TPS and the best one
-    (`specfit.speculative.tuning`), tuned at the run's own cache size; under cross-fitting one per fold."""
+    """A tune job's choice at one slot count (JSON, rule tune_choice): the grid's trees with their decode TPS and the
+    best one (`specfit.speculative.tuning`), tuned at the run's own cache size; under cross-fitting one per fold."""
     return f"data/tune/{model}/{device}/{workload}/{method}/slots{slots}{fold_part(fold)}.json"
 
 

@@ -26,6 +26,7 @@ from specfit.planning.matrix import (
     theory_file,
     theory_runs,
     tune_question_ids,
+    tuned_slots,
     workload_ids,
 )
 from specfit.questions import workload_source
@@ -146,16 +147,18 @@ def decode(config: dict, model: str, device: str, workload: str, method: str, sl
     return _stream(config, model, device, _limits(config, workload), method, int(slots), dev["link"], _emulated(dev))
 
 
-def tune(config: dict, model: str, device: str, workload: str, method: str, slots, fold: str = "") -> dict:
-    """Rule tune: the decode spec of the tuned method's run at ``slots`` (a user tunes the tree on their device, with
-    their cache), the grid of trees (`specfit.speculative.tuning.grid`) and the questions the chosen tree will decode
-    (under cross-fitting, fold ``fold``'s; else all the workload evaluates)."""
+def tune(config: dict, model: str, device: str, workload: str, method: str, fold: str = "") -> dict:
+    """Rule tune: the tuned method's decode spec at each slot count it runs at in the cell (a user tunes the tree on
+    their device, with their cache; `specfit.planning.matrix.tuned_slots`), the grid of trees
+    (`specfit.speculative.tuning.grid`) and the questions the chosen tree will decode (under cross-fitting, fold
+    ``fold``'s; else all the workload evaluates)."""
     from specfit.speculative.tuning import grid  # torch-free
 
     f = _fold(fold)
     decodes = evaluated_ids(config, workload) if f is None else fold_ids(config, workload, f)
-    return {"stream": decode(config, model, device, workload, method, int(slots)), "trees": grid(config["tune"]),
-            "decodes": decodes}
+    streams = {str(s): decode(config, model, device, workload, method, s)
+               for s in tuned_slots(config, model, device, workload, method)}
+    return {"streams": streams, "trees": grid(config["tune"]), "decodes": decodes}
 
 
 def generate(config: dict, model: str, device: str, method: str, slots: int, limit_tokens: int,

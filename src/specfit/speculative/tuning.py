@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specfit.errors import SpecFitError
-from specfit.io import read_json
+from specfit.io import read_json, write_json
 
 TREE_KEYS = ("max_depth", "top_k_expand", "k_max")
 
@@ -26,6 +26,25 @@ def best(trees: list[dict]) -> dict:
     """The tree of highest decode TPS (the first of equals, in grid order): its `TREE_KEYS`."""
     top = max(trees, key=lambda t: t["tps_dec"])
     return {k: top[k] for k in TREE_KEYS}
+
+
+def choice(grid: dict, slots: int) -> dict:
+    """Rule tune_choice: one slot count's part of a tune job's grid (`specfit.stages.tune`), as a tuned method's decode
+    and the report read it: the chosen tree, every tree's row, how they were clocked, the questions, the clock."""
+    part = grid["slots"].get(str(slots))
+    if part is None:
+        raise SpecFitError(f"the tune grid has no slot count {slots} (it has {', '.join(grid['slots'])}); rerun "
+                           "its tune job")
+    return {"chosen": part["chosen"], "trees": part["trees"], "clocked": part["clocked"],
+            "question_ids": grid["question_ids"], "decodes": grid["decodes"], "timing_label": grid["timing_label"],
+            "slots": slots}
+
+
+def write_choice(grid: str | Path, slots: int, out: str | Path, log: str | Path) -> None:
+    """Rule tune_choice: `choice` of the grid file at ``slots`` written to ``out``; its tree and clock to ``log``."""
+    part = choice(read_json(grid), slots)
+    write_json(part, out)
+    Path(log).write_text(f"{tree_label(part['chosen'])}, {part['clocked']}\n")
 
 
 def chosen_tree(path: str | Path) -> dict:

@@ -1,19 +1,25 @@
 """Stage tune: the fixed EAGLE-3 tree a user tunes by hand, chosen by a sweep on questions the workload does not
-evaluate (`specfit.speculative.tuning`).
+evaluate (`specfit.speculative.tuning`), at every slot count the tuned method runs at in the cell.
 
 Each tree of the grid decodes the tuning prompts with plain EAGLE-3 on the run's device, through the decode stage's
 code (`specfit.speculative.loading`, one warm-up per tree, an empty cache at its start); its decode TPS is the
 stream's (`specfit.results.metrics.stream_metrics`: decode tokens over decode time, on the device's clock). The highest
 is chosen, the first of equals in grid order.
 
-Under cross-fitting (a workload's ``tune_folds``) one tune job runs per fold: its prompts are the other folds'
-questions, and the tree it chooses decodes its fold's (``decodes``).
+Plain EAGLE-3 reads nothing of the cache: at every slot count a tree drafts, verifies and commits the same tokens, and
+only the clock differs. On an emulated device each tree therefore decodes once, at the most slots (the fewest copies
+on this machine), and the other slot counts are priced on the same forwards (`specfit.engine.offload.OffloadEngine
+.price`: their own LRU and virtual clock, the same drafter forwards and host work). Where the clock is measured (a
+GPU, an emulated link) it decodes once per slot count.
 
-spec: {"stream": the tuned method's decode spec (`specfit.speculative.stream.StreamSpec`), "trees": [{max_depth,
-       top_k_expand, k_max}, ...], "decodes": [question ids the chosen tree decodes]}
+Under cross-fitting (a workload's ``tune_folds``) one tune job runs per fold: its prompts are the other folds'
+questions, and the tree it chooses decodes its fold's (``decodes``). Rule tune_choice writes each slot count's part.
+
+spec: {"streams": {slots: the tuned method's decode spec at those slots (`specfit.speculative.stream.StreamSpec`)},
+       "trees": [{max_depth, top_k_expand, k_max}, ...], "decodes": [question ids the chosen tree decodes]}
 inputs: prompts (the tuning questions, Parquet), target, drafter
-outputs: tune (JSON: every tree with its decode TPS, committed tokens and ms per cycle; ``chosen``; the questions it
-         was tuned on and those it decodes; the clock)
+outputs: grid (JSON: per slot count, every tree with its decode TPS, committed tokens and ms per cycle, and the
+         chosen one; the questions it was tuned on and those it decodes; the clock; how each slot count was clocked)
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from specfit.speculative.config import MethodConfig
 from specfit.speculative.kinds import EAGLE3
 from specfit.speculative.loading import load
 from specfit.speculative.methods import build_method
-from specfit.speculative.request import Limits
+from specfit.speculative.request import Limits, RequestResult
 from specfit.speculative.sampling import Sampling
 from specfit.speculative.stream import StreamSpec
 from specfit.speculative.tuning import TREE_KEYS, best
@@ -48,8 +54,54 @@ def tree_spec(spec: StreamSpec, tree: dict) -> StreamSpec:
     return dataclasses.replace(spec, method=MethodConfig(name=EAGLE3.name, **{k: tree[k] for k in TREE_KEYS}))
 
 
+def decode_priced(loaded, prompt: dict, limits: Limits, clocks: list) -> tuple[RequestResult, list[dict]]:
+    """Decode ``prompt``; its `RequestResult` and, per clock of ``clocks`` (the slot counts priced beside the
+    engine's, `OffloadEngine.price`), the request's times on it: ``t_request_s`` and ``t_prefill_s`` read as the
+    request's own clock reads them (from its start, and to the end of its prefill, the first step)."""
+    start = [c.clock_s for c in clocks]
+    steps = loaded.decode_cycles(prompt, limits)
+    next(steps)  # the prefill
+    prefilled = [c.clock_s for c in clocks]
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result = done.value
+            break
+    times = [{"t_request_s": c.clock_s - s, "t_prefill_s": p - s} for c, s, p in zip(clocks, start, prefilled)]
+    return result, times
+
+
+def tree_metrics(tree: dict, requests: list[dict], cycles: list[dict]) -> dict:
+    m = stream_metrics(requests, pa.Table.from_pylist(cycles, schema=CYCLE_SCHEMA))
+    return {**{k: tree[k] for k in TREE_KEYS}, **{k: m[k] for k in TREE_METRICS}}
+
+
+def sweep(stream: StreamSpec, priced: list[int], trees: list[dict], prompts: list[dict], inputs: dict):
+    """Every tree over ``prompts`` at ``stream``'s slots and at each of ``priced`` (priced on the same forwards):
+    rows by slot count, and the engine's timing label."""
+    loaded = load(tree_spec(stream, trees[0]), inputs, {})
+    clocks = [loaded.engine.price(s) for s in priced]
+    limits = Limits(stream.limit_tokens, stream.max_new_tokens, eos_ids(loaded.model), Sampling.of(stream.sampling))
+    rows = {s: [] for s in (stream.slots, *priced)}
+    for tree in trees:
+        t = tree_spec(stream, tree)
+        loaded.method = build_method(t.method, inputs, t.seed, loaded.engine.num_experts)
+        loaded.warm_up(prompts[0], limits, t.warmup_tokens)
+        results, times = zip(*(decode_priced(loaded, p, limits, clocks) for p in prompts))
+        requests = [r.request for r in results]
+        cycles = [c for r in results for c in r.cycles]
+        rows[stream.slots].append(tree_metrics(tree, requests, cycles))
+        for i, s in enumerate(priced):
+            rows[s].append(tree_metrics(tree, [{**r, **t[i]} for r, t in zip(requests, times)], cycles))
+        log.info("tree %s: %s tok/s at slots %s", tree, ", ".join(f"{rows[s][-1]['tps_dec']:.2f}" for s in rows),
+                 ", ".join(map(str, rows)))
+    return rows, loaded.engine.timing_label
+
+
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
-    stream, trees = StreamSpec.from_dict(spec["stream"]), spec["trees"]
+    streams = {int(s): StreamSpec.from_dict(v) for s, v in spec["streams"].items()}
+    trees = spec["trees"]
     prompts = read_prompts(inputs["prompts"], None)
     if not prompts:
         raise SpecFitError(f"{inputs['prompts']}: no tuning prompts; give the workload questions it does not "
@@ -58,24 +110,22 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     if overlap := sorted(set(tuned_on) & set(spec["decodes"])):  # before any decode
         raise SpecFitError(f"{inputs['prompts']}: the tuning questions hold questions the tree will decode "
                            f"({', '.join(map(str, overlap[:8]))}); re-extract them (rule extract_tune)")
-    torch.manual_seed(stream.seed)
-    loaded = load(tree_spec(stream, trees[0]), inputs, {})
-    limits = Limits(stream.limit_tokens, stream.max_new_tokens, eos_ids(loaded.model), Sampling.of(stream.sampling))
-    rows = []
-    for tree in trees:
-        t = tree_spec(stream, tree)
-        loaded.method = build_method(t.method, inputs, t.seed, loaded.engine.num_experts)
-        loaded.warm_up(prompts[0], limits, t.warmup_tokens)
-        results = [loaded.decode(p, limits) for p in prompts]
-        m = stream_metrics([r.request for r in results],
-                           pa.Table.from_pylist([c for r in results for c in r.cycles], schema=CYCLE_SCHEMA))
-        rows.append({**{k: tree[k] for k in TREE_KEYS}, **{k: m[k] for k in TREE_METRICS}})
-        log.info("tree %s: %.2f tok/s, %.2f committed per cycle", tree, rows[-1]["tps_dec"],
-                 rows[-1]["committed_per_cycle"])
-    chosen = best(rows)
-    log.info("chosen: %s", chosen)
-    write_json({"chosen": chosen, "trees": rows, "question_ids": tuned_on, "decodes": spec["decodes"],
-                "timing_label": loaded.engine.timing_label, "slots": stream.slots}, outputs["tune"])
+    most = max(streams)
+    torch.manual_seed(streams[most].seed)
+    rows, clocked = {}, {}
+    if streams[most].emulate is not None and "resident" not in streams[most].emulate:  # a virtual clock
+        priced = sorted(s for s in streams if s != most)
+        rows, label = sweep(streams[most], priced, trees, prompts, inputs)
+        clocked = {most: "decoded", **{s: f"priced on the decodes at {most} slots" for s in priced}}
+    else:  # a measured clock: one decode per slot count
+        for s in sorted(streams, reverse=True):
+            found, label = sweep(streams[s], [], trees, prompts, inputs)
+            rows.update(found)
+            clocked[s] = "decoded"
+    slots = {str(s): {"chosen": best(rows[s]), "trees": rows[s], "clocked": clocked[s]} for s in sorted(rows)}
+    log.info("chosen: %s", {s: v["chosen"] for s, v in slots.items()})
+    write_json({"slots": slots, "question_ids": tuned_on, "decodes": spec["decodes"], "timing_label": label},
+               outputs["grid"])
 
 
 main = stage_main(run)
