@@ -64,8 +64,12 @@ rule tune_choice:
             "{method}",
             "slots{slots}{fold}",
         ),
-    localrule: True
-    run:
-        from specfit.speculative.tuning import write_choice
-
-        write_choice(input.grid, int(wildcards.slots), output.tune, log[0])
+    conda:
+        CONDA_ENV
+    params:
+        spec=spec(specs.tune_choice),
+        inputs=in_flags,
+        code=code_hash("specfit.stages.tune_choice"),
+    shell:
+        "python -m specfit.launch tune_choice --spec {params.spec:q} {params.inputs} "
+        "--out tune={output.tune:q} > {log:q} 2>&1"

@@ -10,7 +10,7 @@ from specfit.errors import SpecFitError
 from specfit.results.records import read_prompts
 from specfit.speculative.methods import build_method
 from specfit.speculative.tuning import TREE_KEYS, best, choice, grid
-from specfit.stages import decode, tune
+from specfit.stages import decode, tune, tune_choice
 
 TREES = grid({"max_depth": [1, 3], "top_k_expand": [1, 2]})
 EMULATE = {"name": "A100", "fixed_ms": 74.02, "token_ms": 1.423, "expert_ms": 4.786, "copy_ms": 4.575,
@@ -51,7 +51,8 @@ def test_the_tune_stage_chooses_the_fastest_tree_and_the_tuned_method_decodes_wi
     with pytest.raises(SpecFitError, match="no slot count 8"):
         choice(sweep, 8)
     path = tmp_path / "slots4.json"
-    path.write_text(json.dumps(result))
+    tune_choice.run({"slots": 4}, {"grid": out}, {"tune": path})  # rule tune_choice
+    assert json.loads(path.read_text()) == result
 
     # each tree's TPS is that of a decode run of plain EAGLE-3 at that tree (the same code, the same clock)
     chosen = result["chosen"]

@@ -35,7 +35,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "M
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # what Snakemake sets per job from its threads
 PRELOAD = ("torch", "transformers", "numba", "numpy", "pyarrow.parquet", "scipy.optimize", "safetensors.torch",
            "specfit.stages.extract", "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.decode",
-           "specfit.stages.tune", "specfit.stages.theory", "specfit.stages.report")
+           "specfit.stages.tune", "specfit.stages.tune_choice", "specfit.stages.theory", "specfit.stages.report")
 _HEADER = struct.Struct("!Q")  # the request's length, sent with the job's stdin, stdout and stderr
 
 

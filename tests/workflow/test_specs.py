@@ -17,7 +17,8 @@ from specfit.planning.matrix import DecodeRun, decode_runs, report_inputs
 
 STAGES = ("specfit.stages.extract", "specfit.stages.toy_tokenizer", "specfit.stages.toy_target",
           "specfit.stages.toy_drafter", "specfit.stages.calibrate", "specfit.stages.atlas", "specfit.stages.predictor",
-          "specfit.stages.decode", "specfit.stages.tune", "specfit.stages.theory", "specfit.stages.report")
+          "specfit.stages.decode", "specfit.stages.tune", "specfit.stages.tune_choice", "specfit.stages.theory",
+          "specfit.stages.report")
 EVALUATED = [*range(242, 321, 2), *range(401, 481)]  # summarization's and gsm8k's ids (calibration's are gsm8k's)
 A100_LINK = {"bandwidth_gbps": 0.175, "latency_us": 50}
 RTX4090 = {"name": "RTX 4090", "fixed_ms": 98.12, "token_ms": 2.23, "expert_ms": 8.624, "copy_ms": 9.847,
@@ -216,6 +217,7 @@ JOBS = {
     "specfit.stages.decode": (specs.decode, [paths.decode(*W, "{method}", "{slots}", "requests.parquet")]),
     "specfit.stages.predictor": (specs.predictor, [paths.predictor("{model}")]),
     "specfit.stages.tune": (specs.tune, [paths.tune_grid(*W, "{method}", "{fold}")]),
+    "specfit.stages.tune_choice": (specs.tune_choice, [paths.tune(*W, "{method}", "{slots}", "{fold}")]),
     "specfit.stages.theory": (specs.theory, [paths.theory(*W, "{method}"), paths.theory(*W)]),
 }
 
@@ -244,11 +246,10 @@ def test_every_job_gets_its_builders_spec(root, overlays):
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = [shlex.split(line.partition(": ")[2]) for line in proc.stdout.splitlines()
                 if line.startswith("Shell command: python -m specfit.")]
-    # config.yaml: 69 jobs (no toy training: the shipped toy is read; 37 decodes, 5 tune jobs, each sweeping both
-    # slot counts of its cell: two folds per cross-fitted workload on the A100, one on the RTX 4090; rule
-    # tune_choice runs in Snakemake itself); smoke: 67 (its toy's 3 training jobs among them, its resident device's
-    # two folds)
-    assert len(commands) == (69 if not overlays else 67)
+    # config.yaml: 79 jobs (no toy training: the shipped toy is read; 37 decodes, 5 tune jobs, each sweeping both
+    # slot counts of its cell: two folds per cross-fitted workload on the A100, one on the RTX 4090, and their 10
+    # parts); smoke: 69 (its toy's 3 training jobs among them, its resident device's two folds and their parts)
+    assert len(commands) == (79 if not overlays else 69)
     for argv in commands:
         assert argv[:3] == ["python", "-m", "specfit.launch"]  # the launcher, then the stage's name
         module, argv = f"specfit.stages.{argv[3]}", argv[4:argv.index(">")]

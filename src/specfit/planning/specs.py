@@ -161,6 +161,11 @@ def tune(config: dict, model: str, device: str, workload: str, method: str, fold
     return {"streams": streams, "trees": grid(config["tune"]), "decodes": decodes}
 
 
+def tune_choice(config: dict, model: str, device: str, workload: str, method: str, slots, fold: str = "") -> dict:
+    """Rule tune_choice: the slot count whose part of the tune job's sweep it writes."""
+    return {"slots": int(slots)}
+
+
 def generate(config: dict, model: str, device: str, method: str, slots: int, limit_tokens: int,
              max_new_tokens: int, sampling: dict | None = None) -> dict:
     """Not a rule: `specfit generate` (`specfit.api.Decoder.from_config`), a decode run's spec with the caller's

@@ -82,7 +82,7 @@ class Session:
 
     def prefill(self) -> None:
         """Run the prompt through the target and the drafter; the first output token is the first root."""
-        logits, aux = self.target.forward(self.prompt_ids)  # [P, V], [1, P, 3H] (None without a drafter)
+        logits, aux = self.target.forward(self.prompt_ids, last=True)  # [1, V], [1, P, 3H] (None without a drafter)
         if self.sampling.greedy:
             root = int(logits[-1].argmax())
         else:

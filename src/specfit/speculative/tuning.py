@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specfit.errors import SpecFitError
-from specfit.io import read_json, write_json
+from specfit.io import read_json
 
 TREE_KEYS = ("max_depth", "top_k_expand", "k_max")
 
@@ -38,13 +38,6 @@ def choice(grid: dict, slots: int) -> dict:
     return {"chosen": part["chosen"], "trees": part["trees"], "clocked": part["clocked"],
             "question_ids": grid["question_ids"], "decodes": grid["decodes"], "timing_label": grid["timing_label"],
             "slots": slots}
-
-
-def write_choice(grid: str | Path, slots: int, out: str | Path, log: str | Path) -> None:
-    """Rule tune_choice: `choice` of the grid file at ``slots`` written to ``out``; its tree and clock to ``log``."""
-    part = choice(read_json(grid), slots)
-    write_json(part, out)
-    Path(log).write_text(f"{tree_label(part['chosen'])}, {part['clocked']}\n")
 
 
 def chosen_tree(path: str | Path) -> dict:

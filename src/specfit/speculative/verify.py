@@ -47,10 +47,11 @@ class Target:
         return self.cache.get_seq_length()
 
     def run(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None,
-            output_hidden_states: bool = False, exact: bool = True):
+            output_hidden_states: bool = False, exact: bool = True, last: bool = False):
         """The model output for new rows ``tokens``: causal when ``parent`` is None, else a tree query, whose rows
         are computed as AR's one-row steps (`specfit.speculative.exact`) unless ``exact`` is False or the model's
-        verify is "batched"."""
+        verify is "batched". ``last``: a causal forward's logits for its last row only (transformers'
+        ``logits_to_keep=1``, as its generate prefills): a prompt's next token is all a prefill reads of them."""
         if parent is not None and exact and verify_mode(self.model) == "exact":
             return exact_tree_forward(self.model, self.cache, tokens, parent, depth, self.engine, output_hidden_states)
         device = self.model.device
@@ -60,16 +61,19 @@ class Target:
             mask = tree_mask(parent, past, self.model.dtype, device)  # [1, 1, q, past+q]
             positions = tree_positions(depth, past, device)  # [1, q]
         input_ids = torch.tensor([tokens], device=device)  # [1, q]
+        keep = {"logits_to_keep": 1} if last and parent is None else {}
         return self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
-            output_hidden_states=output_hidden_states,
+            output_hidden_states=output_hidden_states, **keep,
         )
 
-    def forward(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None):
-        """Logits [q, V] of the new rows and their aux states [1, q, 3H] (None without a drafter)."""
+    def forward(self, tokens: list[int], parent: list[int] | None = None, depth: list[int] | None = None,
+                last: bool = False):
+        """Logits [q, V] of the new rows (``last``: [1, V], the last row's, see `run`) and their aux states
+        [1, q, 3H] (None without a drafter)."""
         if self.aux_layer_ids is None:
-            return self.run(tokens, parent, depth).logits[0], None
-        out = self.run(tokens, parent, depth, output_hidden_states=True)
+            return self.run(tokens, parent, depth, last=last).logits[0], None
+        out = self.run(tokens, parent, depth, output_hidden_states=True, last=last)
         return out.logits[0], aux_hidden_states(out.hidden_states, self.aux_layer_ids)
 
     def routes(self, pool: CandidatePool) -> torch.Tensor:
