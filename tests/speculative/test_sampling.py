@@ -5,6 +5,7 @@ import dataclasses
 import math
 import re
 from collections import Counter
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from specfit.speculative.config import MethodConfig
 from specfit.speculative.methods import SpecFit, build_method
 from specfit.speculative.request import decode_request
 from specfit.speculative.routes import LiveRoutes
-from specfit.speculative.sampler import Noise, rejection_path, warp
+from specfit.speculative.sampler import Noise, gumbel, rejection_path, warp
 from specfit.speculative.sampling import Sampling
 
 B = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
@@ -42,6 +43,29 @@ def test_coupled_sampling_commits_ars_tokens_for_every_method(target, drafter, p
     assert ar != decode_all(target, None, build_method({"name": "ar"}), prompts, limits)  # it does sample
     for method in (build_method({"name": "eagle3"}), SpecFit(MethodConfig("specfit"), B, 0.05, LiveRoutes(), 8)):
         assert decode_all(target, drafter, method, prompts, sampled) == ar
+
+
+def test_noise_drawn_ahead_is_the_noise_drawn_in_place(target, drafter, prompts, limits, monkeypatch):
+    """Noise.ahead draws the next cycle's positions in a worker thread while the device verifies: the same numbers,
+    and a decode reads them from the worker."""
+    s = Sampling(temperature=0.8, top_p=0.95, seed=7)
+    ahead = Noise(s, 3, 500)
+    ahead.ahead(range(4, 9))
+    assert all(torch.equal(ahead.gumbel(p), gumbel(7, 3, p, 500)) for p in range(2, 11))
+    assert not ahead._drawing  # every position drawn ahead was read from the worker
+    sampled = dataclasses.replace(limits, sampling=s)
+    taken = []
+    result = Future.result
+
+    def counted(self, timeout=None):
+        taken.append(self)
+        return result(self, timeout)
+
+    monkeypatch.setattr(Future, "result", counted)
+    with_worker = decode_all(target, drafter, build_method({"name": "eagle3"}), prompts, sampled)
+    assert len(taken) > len(prompts)  # positions past each request's first cycle came from the worker
+    monkeypatch.setattr(Noise, "ahead", lambda self, positions: None)
+    assert decode_all(target, drafter, build_method({"name": "eagle3"}), prompts, sampled) == with_worker
 
 
 def test_coupled_sampling_is_a_function_of_the_seed(target, prompts, limits):

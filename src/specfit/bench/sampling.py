@@ -68,9 +68,11 @@ def padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
 
 
 def replay(shapes: list[dict], bank: torch.Tensor, draft_bank: torch.Tensor, s: Sampling, mode: str, k: int,
-           repeats: int) -> dict[str, float]:
+           repeats: int, ahead: tuple[int, float] | None = None) -> dict[str, float]:
     """Mean µs per cycle of each part of ``mode`` over ``shapes`` (best of ``repeats``), on rows of ``bank`` [n, V]
-    (the target's) and ``draft_bank`` [n, Vd] (the drafter's)."""
+    (the target's) and ``draft_bank`` [n, Vd] (the drafter's). ``ahead`` (depth, window s): as a decode does, the
+    next cycle's positions (up to 2 x depth + 1 on) go to the noise worker (`Noise.ahead`) before each verify, which
+    the device runs for ``window`` seconds (a sleep, off every part); "noise" is then what the host still waits."""
     V, Vd = bank.shape[-1], draft_bank.shape[-1]
     target_ids = torch.arange(Vd) * (V // Vd)  # [Vd] a draft vocabulary's spread of target ids
     best: dict[str, float] = {}
@@ -100,6 +102,11 @@ def replay(shapes: list[dict], bank: torch.Tensor, draft_bank: torch.Tensor, s: 
                 else:
                     torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
                 parts["drafter"] += time.perf_counter() - started - (parts["noise"] - before)
+            if ahead is not None and mode != "greedy":
+                started = time.perf_counter()
+                noise.ahead(range(n + 1, n + 2 * ahead[0] + 2))
+                parts["noise"] += time.perf_counter() - started
+                time.sleep(ahead[1])  # the device verifies
             q = len(shape["rows"])
             logits = bank[[(i + j) % len(bank) for j in range(q)]]  # [q, V]
             started, before = time.perf_counter(), parts["noise"]
@@ -150,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--verify-ms", type=float, default=10.0, help="the device's verify per cycle while the "
+                        "noise worker draws ahead (half a resident device's 20 ms cycle)")
     args = parser.parse_args(argv)
     keys = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
     Sampling(**keys)  # refused by name before anything loads
@@ -161,8 +170,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"host work of sampling per cycle (T {args.temperature}, top-p {args.top_p}, top-k {args.top_k}), "
           f"at a {VOCAB:,}-token target and a {DRAFT_VOCAB:,}-token drafter; CPU wall µs per cycle, one thread; "
           f"cycle shapes from the toy decoding {len(prompts)} GSM8K questions on the emulated A100 (virtual clock)")
+    print(f"noise ahead: the noise the host still waits for when each cycle's next positions are drawn by a worker "
+          f"thread while the device verifies for {args.verify_ms:g} ms (Noise.ahead, as decoding does); % of 20 ms")
     print(f"{'method':<16}{'mode':<11}{'cycles':>7}{'A100 ms':>9}{'greedy':>9}{'noise':>8}{'drafter':>9}"
-          f"{'target':>9}{'added':>9}{'% A100':>8}{'% 20 ms':>9}{'noise % 20 ms':>15}")
+          f"{'target':>9}{'added':>9}{'% A100':>8}{'% 20 ms':>9}{'noise % 20 ms':>15}{'noise ahead':>13}"
+          f"{'%':>6}")
     calibrations: dict[tuple[str, str], dict] = {}
     for method in args.methods.split(","):
         for mode in ("coupled", "rejection"):
@@ -176,11 +188,14 @@ def main(argv: list[str] | None = None) -> None:
             k = decoder.loaded.method.config.top_k_expand
             greedy = sum(replay(shapes, bank, draft_bank, s, "greedy", k, args.repeats).values())
             parts = replay(shapes, bank, draft_bank, s, mode, k, args.repeats)
+            depth = decoder.loaded.method.max_depth
+            waited = replay(shapes, bank, draft_bank, s, mode, k, 1, (depth, args.verify_ms / 1e3))["noise"]
             added = sum(parts.values()) - greedy
             print(f"{method:<16}{mode:<11}{len(cycles):>7}{cycle_ms:>9.0f}{greedy:>9.0f}{parts['noise']:>8.0f}"
                   f"{parts['drafter']:>9.0f}{parts['target']:>9.0f}{added:>9.0f}{100 * added / 1e3 / cycle_ms:>7.2f}%"
                   f"{100 * added / 1e3 / RESIDENT_CYCLE_MS:>8.1f}%"
-                  f"{100 * parts['noise'] / 1e3 / RESIDENT_CYCLE_MS:>14.1f}%")
+                  f"{100 * parts['noise'] / 1e3 / RESIDENT_CYCLE_MS:>14.1f}%{waited:>13.0f}"
+                  f"{100 * waited / 1e3 / RESIDENT_CYCLE_MS:>5.1f}%")
     print("On a GPU host the drafter's and target's parts run on the device beside their forwards; the noise is the "
           "host's (drawn on the CPU, then moved).")
     print("\ncommit probabilities against acceptance, per level: verified nodes whose parent was committed, their mean "

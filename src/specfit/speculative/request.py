@@ -227,6 +227,9 @@ class Session:
         h2d = h2d_transfers(engine)
         times = dict.fromkeys(SECTIONS, 0.0)
         cycle, pool, decision = self.draft(method, times)
+        if self.noise is not None:  # the next cycle's positions, drawn while the device verifies (Noise.ahead)
+            n, depth = len(self.output), method.max_depth
+            self.noise.ahead(range(n + 1, min(n + 2 * depth + 2, len(self.output) + self.room + 1)))
         verdict = self.verify(pool, decision.nodes, times)
         committed = self.commit(pool, verdict, times)
         with self.clock.section(times, "select"):  # the method's host work on the outcome (calibration, history)
