@@ -2,7 +2,7 @@
 evaluate (`specfit.speculative.tuning`), at every slot count the tuned method runs at in the cell.
 
 Each tree of the grid decodes the tuning prompts with plain EAGLE-3 on the run's device, through the decode stage's
-code (`specfit.speculative.loading`, one warm-up per tree, an empty cache at its start); its decode TPS is the
+code (`specfit.speculative.loading`, one warm-up per job, an empty cache at each tree's start); its decode TPS is the
 stream's (`specfit.results.metrics.stream_metrics`: decode tokens over decode time, on the device's clock). The highest
 is chosen, the first of equals in grid order.
 
@@ -84,10 +84,11 @@ def sweep(stream: StreamSpec, priced: list[int], trees: list[dict], prompts: lis
     clocks = [loaded.engine.price(s) for s in priced]
     limits = Limits(stream.limit_tokens, stream.max_new_tokens, eos_ids(loaded.model), Sampling.of(stream.sampling))
     rows = {s: [] for s in (stream.slots, *priced)}
+    loaded.warm_up(prompts[0], limits, stream.warmup_tokens)  # once: what it compiles and allocates, every tree uses
     for tree in trees:
         t = tree_spec(stream, tree)
         loaded.method = build_method(t.method, inputs, t.seed, loaded.engine.num_experts)
-        loaded.warm_up(prompts[0], limits, t.warmup_tokens)
+        loaded.reset()  # an empty cache (every priced one too) and fresh counters
         results, times = zip(*(decode_priced(loaded, p, limits, clocks) for p in prompts))
         requests = [r.request for r in results]
         cycles = [c for r in results for c in r.cycles]
