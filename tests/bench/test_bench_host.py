@@ -40,3 +40,21 @@ def test_bad_input_names_the_run(workflow_copy, tmp_path, monkeypatch):
         host.main([*cell, "--methods", "nope"])
     with pytest.raises(SpecFitError, match="--repeats"):
         host.main([*cell, "--repeats", "0"])
+
+
+def test_the_stand_in_inputs_of_a_learned_source_are_the_same_every_replay():
+    """The rebuilt and grown views replay a learned run on stand-in drafter inputs: both must read the same ones (a
+    drafter embedding left at its random initialization once made the two disagree)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specfit.speculative.learned import LearnedRoutes
+
+    source = object.__new__(LearnedRoutes)
+    source.predictor = SimpleNamespace(hidden_size=8)
+    method = SimpleNamespace(route_source=source, asks_routes=True)
+    cycle = {"request_id": 3, "cycle": 5, "pool_token": [1, 2, 3]}
+    (d1, s1), (d2, s2) = (host.stand_in_inputs(method, 50)(cycle) for _ in range(2))
+    assert torch.equal(d1.embed_tokens.weight, d2.embed_tokens.weight)
+    assert torch.equal(s1.root_input, s2.root_input) and all(torch.equal(s1.feature[v], s2.feature[v]) for v in (1, 2))

@@ -199,8 +199,8 @@ class PartTimer:
 
 def stand_in_inputs(method, num_tokens: int):
     """A learned route source's inputs for replayed cycles: a drafter whose embedding has the target's vocabulary
-    and the predictor's width, and per cycle a drafter state of random hidden states (the recorded run keeps none);
-    None for any other route source."""
+    and the predictor's width, and per cycle a drafter state of random hidden states (the recorded run keeps none),
+    both seeded, so that every replay reads the same; None for any other route source."""
     from specfit.speculative.learned import LearnedRoutes
     from specfit.speculative.routes import find_source
 
@@ -218,6 +218,9 @@ def stand_in_inputs(method, num_tokens: int):
         def __init__(self):
             super().__init__()
             self.embed_tokens = nn.Embedding(num_tokens, hidden)
+            with torch.no_grad():  # seeded: every replay of the run (rebuilt and grown views) predicts alike
+                seeded = torch.Generator().manual_seed(0)
+                self.embed_tokens.weight.copy_(torch.randn(num_tokens, hidden, generator=seeded))
 
     drafter = Drafter().eval()
 
