@@ -1,9 +1,10 @@
-"""Slot counts priced on one engine's forwards (`OffloadEngine.price`): a method that reads nothing of the cache
-decodes the same tokens at every slot count, so a priced clock must clock what a run at that slot count clocks, to the
-last bit of its modelled time, and its cache must hold what that run's holds."""
+"""Slot counts priced on one engine's forwards (`specfit.engine.pricing.price`): a method that reads nothing of the
+cache decodes the same tokens at every slot count, so a priced clock must clock what a run at that slot count clocks,
+to the last bit of its modelled time, and its cache must hold what that run's holds."""
 
 import pytest
 
+from specfit.engine.pricing import price
 from specfit.errors import SpecFitError
 from specfit.models import eos_ids
 from specfit.results.records import read_prompts
@@ -41,7 +42,7 @@ def modelled(timeline) -> tuple:
 def test_a_priced_slot_count_clocks_what_its_own_run_clocks(files):
     prompts = read_prompts(files["prompts"], None)
     loaded = load(spec(4), files, {})
-    clocks = {s: loaded.engine.price(s) for s in (0, 2, 4)}
+    clocks = {s: price(loaded.engine, s) for s in (0, 2, 4)}
     priced = decode_all(loaded, prompts, clocks.values())
     for s, clock in clocks.items():
         alone = load(spec(s), files, {})
@@ -61,4 +62,4 @@ def test_a_priced_slot_count_clocks_what_its_own_run_clocks(files):
 def test_pricing_needs_a_modelled_clock(files):
     loaded = load(spec(4, emulate=None, link={"bandwidth_gbps": 1.0, "latency_us": 10}), files, {})
     with pytest.raises(SpecFitError, match="only an emulated device's virtual clock prices other slot counts"):
-        loaded.engine.price(0)
+        price(loaded.engine, 0)

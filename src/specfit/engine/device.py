@@ -188,7 +188,7 @@ class Timeline:
     tokens: int = 0
     stall_ms: float = 0.0  # the forward in progress: time its expert execution waited for copies
     copy_stall_s: float = 0.0  # summed over decode forwards: the copy time on their critical path
-    # the clocks of other slot counts priced on the same forwards (`specfit.engine.offload.OffloadEngine.price`):
+    # the clocks of other slot counts priced on the same forwards (`specfit.engine.pricing`):
     # each begins and ends every forward with this one and advances by the same drafter forwards and host work; their
     # layers' plans come from their own caches
     followers: list[Timeline] = field(default_factory=list)

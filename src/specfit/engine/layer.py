@@ -156,7 +156,7 @@ class OffloadedLayer:
         landing = engine._settle_prefetch(self, union) if self.prefetched else None
         if engine.timeline is not None:
             engine.timeline.layer(self.index, hidden_states.shape[0], steps, landing)
-        for priced in engine.priced:  # other slot counts priced on this forward (OffloadEngine.price)
+        for priced in engine.priced:  # other slot counts priced on this forward (specfit.engine.pricing)
             priced.admit(self.index, hidden_states.shape[0], union)
 
         compute = partial(self._compute_by_row, top_k_index.shape[0]) if by_row else self._compute

@@ -28,7 +28,6 @@ import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-from specfit.engine.cache import ExpertCache
 from specfit.engine.copiers import StreamCopier, SyncCopier, ThreadCopier
 from specfit.engine.counters import Counters, PrefetchCounters, RouteRecorder
 from specfit.engine.device import DeviceModel, Timeline
@@ -43,27 +42,9 @@ from specfit.engine.layer import (
     to_host,
 )
 from specfit.engine.link import Link, LinkModel
+from specfit.engine.prefetch import prefetch
 from specfit.engine.resident import ResidentFit, fit
 from specfit.errors import SpecFitError
-
-
-@dataclass
-class PricedSlots:
-    """Another slot count priced on an engine's own forwards (`OffloadEngine.price`): an LRU per layer fed the same
-    unions, and a virtual clock that advances with the engine's by the same drafter forwards and host work, each
-    forward by its own plan. It clocks what a run at ``slots`` clocks when it decodes the same tokens, as a method
-    that reads nothing of the cache does at every slot count."""
-
-    slots: int
-    caches: list[ExpertCache]
-    timeline: Timeline
-
-    def admit(self, index: int, tokens: int, union: list[int]) -> None:
-        self.timeline.layer(index, tokens, self.caches[index].admit(union)[2])
-
-    def clear(self) -> None:
-        for cache in self.caches:
-            cache.clear()
 
 
 @dataclass(frozen=True)
@@ -163,22 +144,8 @@ class OffloadEngine:
         self._recorder: RouteRecorder | None = None
         self.row_calls = None  # a layer's RowCalls while an exact verify records or replays its rows
         self._forward_routes: list[torch.Tensor | None] = [None] * self.num_layers
-        self.priced: list[PricedSlots] = []  # other slot counts priced on these forwards (`price`)
+        self.priced: list = []  # other slot counts priced on these forwards (`specfit.engine.pricing.price`)
         self.reset_stats()
-
-    def price(self, slots: int) -> Timeline:
-        """Price ``slots`` slots per layer on this engine's forwards too, from now on (an empty cache of that size),
-        and return its virtual clock: what a run at ``slots`` would clock for the same tokens. Only on an emulated
-        device, whose clock is modelled from the cache's plan (a measured clock times the one cache that ran), and
-        never beside a prefetch, which reads the cache it copies into."""
-        if self.timeline is None or self.all_resident:
-            raise SpecFitError(f"{self.timing_label}: only an emulated device's virtual clock prices other slot "
-                               "counts; decode once per slot count here")
-        capacity = self.num_experts if slots == 0 else min(slots, self.num_experts)
-        timeline = Timeline(self.timeline.model, clock_s=self.timeline.clock_s)
-        self.priced.append(PricedSlots(slots, [ExpertCache(capacity) for _ in self.layers], timeline))
-        self.timeline.followers.append(timeline)
-        return timeline
 
     # ----- labels ---------------------------------------------------------------------------------------------
 
@@ -273,8 +240,7 @@ class OffloadEngine:
         if self.config.slots == 0:
             self.clear_cache(priced=False)
         for priced in self.priced:
-            if priced.slots == 0:  # no expert cache: cleared before every forward, as the engine's own is
-                priced.clear()
+            priced.begin()
 
     def end_forward(self) -> None:
         if self.timeline is not None:
@@ -315,44 +281,9 @@ class OffloadEngine:
     # ----- prefetch -------------------------------------------------------------------------------------------
 
     def prefetch(self, wanted, protect) -> int:
-        """Copy experts into their layers' caches ahead of the next forward; returns how many copies were issued.
-
-        ``wanted``: (layer, expert) pairs, most valuable first; ``protect[l]``: the experts layer l must keep (those
-        the subtree about to be verified is predicted to need). Each expert not resident takes its slot as that
-        forward would admit it (`ExpertCache.prefetch`): a free slot, else the least recently used expert that is
-        neither protected nor prefetched since the layer's last forward; an expert with no such victim is skipped.
-        The copies go through the forward's own copier (the same ``max_inflight`` streams or lanes) and, on an
-        emulated device, onto the one modelled link from now on, so a forward that begins before they land waits
-        only for what is left of them and queues its own misses behind them. They are left to complete: the next
-        forward of the layer waits for them before it reads or overwrites a slot. Outputs and logits are those of
-        any other cache state. Without an expert cache (slots 0, cleared before every forward) nothing is copied.
-        """
-        if self.config.slots == 0:
-            return 0
-        if self.priced:
-            raise RuntimeError("a prefetch reads the cache it copies into: no other slot count is priced beside it")
-        loads: dict[int, list[tuple[int, int]]] = {}  # layer -> (expert, slot), in the order given
-        keep: dict[int, set[int]] = {}  # layer -> what it must not evict: protected, or prefetched since its forward
-        for index, e in wanted:
-            layer = self.layers[index]
-            if e in layer.cache.slot_of:
-                continue
-            if index not in keep:
-                keep[index] = set(protect[index]) | layer.prefetched.keys()
-            placed = layer.cache.prefetch(e, keep[index])
-            if placed is None:
-                continue
-            layer.slot_table = None
-            layer.prefetched[e] = self.timeline.copy_ahead() if self.timeline is not None else (0.0, 0.0)
-            keep[index].add(e)
-            loads.setdefault(index, []).append((e, placed[0]))
-        for index, pairs in loads.items():
-            layer = self.layers[index]
-            layer.prefetch_handles += self.copier.submit(layer.copy_jobs(pairs), ahead=True)
-            self._total.transfers[index] += len(pairs)
-        issued = sum(map(len, loads.values()))
-        self._prefetch.issued += issued
-        return issued
+        """Copy experts into their layers' caches ahead of the next forward, as `specfit.engine.prefetch.prefetch`
+        says; returns how many copies were issued."""
+        return prefetch(self, wanted, protect)
 
     @property
     def copy_ms(self) -> float | None:

@@ -8,8 +8,8 @@ is chosen, the first of equals in grid order.
 
 Plain EAGLE-3 reads nothing of the cache: at every slot count a tree drafts, verifies and commits the same tokens, and
 only the clock differs. On an emulated device each tree therefore decodes once, at the most slots (the fewest copies
-on this machine), and the other slot counts are priced on the same forwards (`specfit.engine.offload.OffloadEngine
-.price`: their own LRU and virtual clock, the same drafter forwards and host work). Where the clock is measured (a
+on this machine), and the other slot counts are priced on the same forwards (`specfit.engine.pricing`: their own
+LRU and virtual clock, the same drafter forwards and host work). Where the clock is measured (a
 GPU, an emulated link) it decodes once per slot count.
 
 Under cross-fitting (a workload's ``tune_folds``) one tune job runs per fold: its prompts are the other folds'
@@ -30,6 +30,7 @@ import logging
 import pyarrow as pa
 import torch
 
+from specfit.engine.pricing import price
 from specfit.errors import SpecFitError
 from specfit.io import write_json
 from specfit.models import eos_ids
@@ -56,8 +57,8 @@ def tree_spec(spec: StreamSpec, tree: dict) -> StreamSpec:
 
 def decode_priced(loaded, prompt: dict, limits: Limits, clocks: list) -> tuple[RequestResult, list[dict]]:
     """Decode ``prompt``; its `RequestResult` and, per clock of ``clocks`` (the slot counts priced beside the
-    engine's, `OffloadEngine.price`), the request's times on it: ``t_request_s`` and ``t_prefill_s`` read as the
-    request's own clock reads them (from its start, and to the end of its prefill, the first step)."""
+    engine's, `specfit.engine.pricing.price`), the request's times on it: ``t_request_s`` and ``t_prefill_s`` read
+    as the request's own clock reads them (from its start, and to the end of its prefill, the first step)."""
     start = [c.clock_s for c in clocks]
     steps = loaded.decode_cycles(prompt, limits)
     next(steps)  # the prefill
@@ -81,7 +82,7 @@ def sweep(stream: StreamSpec, priced: list[int], trees: list[dict], prompts: lis
     """Every tree over ``prompts`` at ``stream``'s slots and at each of ``priced`` (priced on the same forwards):
     rows by slot count, and the engine's timing label."""
     loaded = load(tree_spec(stream, trees[0]), inputs, {})
-    clocks = [loaded.engine.price(s) for s in priced]
+    clocks = [price(loaded.engine, s) for s in priced]
     limits = Limits(stream.limit_tokens, stream.max_new_tokens, eos_ids(loaded.model), Sampling.of(stream.sampling))
     rows = {s: [] for s in (stream.slots, *priced)}
     loaded.warm_up(prompts[0], limits, stream.warmup_tokens)  # once: what it compiles and allocates, every tree uses
