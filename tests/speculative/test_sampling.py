@@ -3,6 +3,7 @@ AR's distribution (and the test that says so fails on a verifier known to be wro
 
 import dataclasses
 import math
+import os
 import re
 from collections import Counter
 from concurrent.futures import Future
@@ -66,6 +67,26 @@ def test_noise_drawn_ahead_is_the_noise_drawn_in_place(target, drafter, prompts,
     assert len(taken) > len(prompts)  # positions past each request's first cycle came from the worker
     monkeypatch.setattr(Noise, "ahead", lambda self, positions: None)
     assert decode_all(target, drafter, build_method({"name": "eagle3"}), prompts, sampled) == with_worker
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_forked_child_draws_noise_ahead_in_a_worker_of_its_own():
+    """The stage server forks its jobs: a child must not inherit the parent's noise worker, whose thread it lacks
+    (a draw handed to it would never run)."""
+    s = Sampling(temperature=1.0, seed=1)
+    parent = Noise(s, 0, 100)
+    parent.ahead([1])
+    parent.gumbel(1)  # the parent's worker exists
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its drawn-ahead noise arrives, and is the noise
+        child = Noise(s, 0, 100)
+        child.ahead([2])
+        try:
+            os._exit(0 if torch.equal(child._drawing[2].result(timeout=10), gumbel(1, 0, 2, 100)) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_coupled_sampling_is_a_function_of_the_seed(target, prompts, limits):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -59,7 +60,7 @@ def nucleus_floor(probs: torch.Tensor, top_p: float, first: int = 64) -> torch.T
         k = min(4 * k, V)
 
 
-_worker: ThreadPoolExecutor | None = None  # draws noise ahead (`Noise.ahead`); made on first use, after any fork
+_worker: ThreadPoolExecutor | None = None  # draws noise ahead (`Noise.ahead`); made on first use
 
 
 def _ahead_worker() -> ThreadPoolExecutor:
@@ -67,6 +68,15 @@ def _ahead_worker() -> ThreadPoolExecutor:
     if _worker is None:
         _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specfit-noise")
     return _worker
+
+
+def _forget_worker() -> None:
+    """A forked child (the stage server's jobs) has none of its parent's threads: it makes its own worker."""
+    global _worker
+    _worker = None
+
+
+os.register_at_fork(after_in_child=_forget_worker)
 
 
 class Noise:
