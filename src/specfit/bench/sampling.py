@@ -36,7 +36,7 @@ from specfit import bench
 from specfit.api import Decoder
 from specfit.bench.decode import questions
 from specfit.results.acceptance import level_calibration
-from specfit.speculative.sampler import Noise, rejection_path, warp
+from specfit.speculative.sampler import Noise, next_positions, rejection_path, warp
 from specfit.speculative.sampling import Sampling
 
 VOCAB, DRAFT_VOCAB = 151_936, 32_000  # Qwen3-30B-A3B's vocabulary, its EAGLE-3 drafter's
@@ -71,7 +71,7 @@ def replay(shapes: list[dict], bank: torch.Tensor, draft_bank: torch.Tensor, s: 
            repeats: int, ahead: tuple[int, float] | None = None) -> dict[str, float]:
     """Mean µs per cycle of each part of ``mode`` over ``shapes`` (best of ``repeats``), on rows of ``bank`` [n, V]
     (the target's) and ``draft_bank`` [n, Vd] (the drafter's). ``ahead`` (depth, window s): as a decode does, the
-    next cycle's positions (up to 2 x depth + 1 on) go to the noise worker (`Noise.ahead`) before each verify, which
+    next cycle's positions (`next_positions`) go to the noise worker (`Noise.ahead`) before each verify, which
     the device runs for ``window`` seconds (a sleep, off every part); "noise" is then what the host still waits."""
     V, Vd = bank.shape[-1], draft_bank.shape[-1]
     target_ids = torch.arange(Vd) * (V // Vd)  # [Vd] a draft vocabulary's spread of target ids
@@ -104,7 +104,7 @@ def replay(shapes: list[dict], bank: torch.Tensor, draft_bank: torch.Tensor, s: 
                 parts["drafter"] += time.perf_counter() - started - (parts["noise"] - before)
             if ahead is not None and mode != "greedy":
                 started = time.perf_counter()
-                noise.ahead(range(n + 1, n + 2 * ahead[0] + 2))
+                noise.ahead(next_positions(n, ahead[0]))
                 parts["noise"] += time.perf_counter() - started
                 time.sleep(ahead[1])  # the device verifies
             q = len(shape["rows"])

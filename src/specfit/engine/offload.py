@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,6 +46,9 @@ from specfit.engine.link import Link, LinkModel
 from specfit.engine.prefetch import prefetch
 from specfit.engine.resident import ResidentFit, fit
 from specfit.errors import SpecFitError
+
+if TYPE_CHECKING:
+    from specfit.engine.pricing import PricedSlots
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,7 @@ class OffloadEngine:
         self._recorder: RouteRecorder | None = None
         self.row_calls = None  # a layer's RowCalls while an exact verify records or replays its rows
         self._forward_routes: list[torch.Tensor | None] = [None] * self.num_layers
-        self.priced: list = []  # other slot counts priced on these forwards (`specfit.engine.pricing.price`)
+        self.priced: list[PricedSlots] = []  # other slot counts priced on these forwards (`specfit.engine.pricing`)
         self.reset_stats()
 
     # ----- labels ---------------------------------------------------------------------------------------------

@@ -43,11 +43,17 @@ class PricedSlots:
             cache.clear()
 
 
+def can_price(engine: OffloadEngine) -> bool:
+    """Whether ``engine``'s clock prices other slot counts: an emulated device's virtual clock, modelled from the
+    cache's plan (a measured clock times the one cache that ran; a resident device has one slot count)."""
+    return engine.timeline is not None and not engine.all_resident
+
+
 def price(engine: OffloadEngine, slots: int) -> Timeline:
     """Price ``slots`` slots per layer on ``engine``'s forwards from now on (an empty cache of that size) and return
     its virtual clock. Only on an emulated device, whose clock is modelled from the cache's plan (a measured clock
     times the one cache that ran), and never beside a prefetch, which reads the cache it copies into."""
-    if engine.timeline is None or engine.all_resident:
+    if not can_price(engine):
         raise SpecFitError(f"{engine.timing_label}: only an emulated device's virtual clock prices other slot "
                            "counts; decode once per slot count here")
     capacity = engine.num_experts if slots == 0 else min(slots, engine.num_experts)

@@ -24,7 +24,7 @@ from specfit.selection.pool import CandidatePool
 from specfit.speculative.cycle import Cycle, Stopwatch, VirtualClock
 from specfit.speculative.draft import DraftState, draft_level, new_draft_state, sync
 from specfit.speculative.methods import Decision, Method
-from specfit.speculative.sampler import Noise, rejection_path, warp
+from specfit.speculative.sampler import Noise, next_positions, rejection_path, warp
 from specfit.speculative.sampling import GREEDY, Sampling
 from specfit.speculative.tree import keep_rows
 from specfit.speculative.verify import Target, Verdict, greedy_path
@@ -228,8 +228,7 @@ class Session:
         times = dict.fromkeys(SECTIONS, 0.0)
         cycle, pool, decision = self.draft(method, times)
         if self.noise is not None:  # the next cycle's positions, drawn while the device verifies (Noise.ahead)
-            n, depth = len(self.output), method.max_depth
-            self.noise.ahead(range(n + 1, min(n + 2 * depth + 2, len(self.output) + self.room + 1)))
+            self.noise.ahead(next_positions(len(self.output), method.max_depth, self.room))
         verdict = self.verify(pool, decision.nodes, times)
         committed = self.commit(pool, verdict, times)
         with self.clock.section(times, "select"):  # the method's host work on the outcome (calibration, history)
@@ -251,11 +250,15 @@ def decode_request(
 ) -> RequestResult:
     """Decoding of one prompt with ``method`` (greedy, or sampled as ``limits.sampling`` says); times in seconds,
     synchronized around every section."""
-    cycles = decode_cycles(model, drafter, method, prompt_ids, request_id=request_id, question_id=question_id,
-                           limits=limits, engine=engine)
+    return drain(decode_cycles(model, drafter, method, prompt_ids, request_id=request_id, question_id=question_id,
+                               limits=limits, engine=engine))
+
+
+def drain(steps: Generator) -> RequestResult:
+    """Run `decode_cycles`' remaining steps; the request's `RequestResult`."""
     while True:
         try:
-            next(cycles)
+            next(steps)
         except StopIteration as done:
             return done.value
 

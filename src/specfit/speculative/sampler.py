@@ -79,6 +79,13 @@ def _forget_worker() -> None:
 os.register_at_fork(after_in_child=_forget_worker)
 
 
+def next_positions(n: int, depth: int, room: int | None = None) -> range:
+    """The output positions the next cycle can reach after a cycle at output length ``n`` that drafts at most
+    ``depth`` levels: it commits up to depth + 1 tokens, then drafts and verifies up to depth past them (none past
+    ``room``, the tokens still allowed)."""
+    return range(n + 1, n + 1 + min(2 * depth + 1, room if room is not None else 2 * depth + 1))
+
+
 class Noise:
     """One request's noise, position by position (kept while the cycle that reads it may ask again).
 

@@ -30,7 +30,7 @@ import logging
 import pyarrow as pa
 import torch
 
-from specfit.engine.pricing import price
+from specfit.engine.pricing import can_price, price
 from specfit.errors import SpecFitError
 from specfit.io import write_json
 from specfit.models import eos_ids
@@ -41,7 +41,7 @@ from specfit.speculative.config import MethodConfig
 from specfit.speculative.kinds import EAGLE3
 from specfit.speculative.loading import load
 from specfit.speculative.methods import build_method
-from specfit.speculative.request import Limits, RequestResult
+from specfit.speculative.request import Limits, RequestResult, drain
 from specfit.speculative.sampling import Sampling
 from specfit.speculative.stream import StreamSpec
 from specfit.speculative.tuning import TREE_KEYS, best
@@ -63,12 +63,7 @@ def decode_priced(loaded, prompt: dict, limits: Limits, clocks: list) -> tuple[R
     steps = loaded.decode_cycles(prompt, limits)
     next(steps)  # the prefill
     prefilled = [c.clock_s for c in clocks]
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result = done.value
-            break
+    result = drain(steps)
     times = [{"t_request_s": c.clock_s - s, "t_prefill_s": p - s} for c, s, p in zip(clocks, start, prefilled)]
     return result, times
 
@@ -78,10 +73,12 @@ def tree_metrics(tree: dict, requests: list[dict], cycles: list[dict]) -> dict:
     return {**{k: tree[k] for k in TREE_KEYS}, **{k: m[k] for k in TREE_METRICS}}
 
 
-def sweep(stream: StreamSpec, priced: list[int], trees: list[dict], prompts: list[dict], inputs: dict):
-    """Every tree over ``prompts`` at ``stream``'s slots and at each of ``priced`` (priced on the same forwards):
-    rows by slot count, and the engine's timing label."""
+def sweep(stream: StreamSpec, others: list[int], trees: list[dict], prompts: list[dict], inputs: dict):
+    """Every tree over ``prompts`` at ``stream``'s slots and, where the engine's clock prices them
+    (`specfit.engine.pricing.can_price`), at each of ``others`` on the same forwards: rows by slot count, how each
+    was clocked, and the engine's timing label."""
     loaded = load(tree_spec(stream, trees[0]), inputs, {})
+    priced = others if can_price(loaded.engine) else []
     clocks = [price(loaded.engine, s) for s in priced]
     limits = Limits(stream.limit_tokens, stream.max_new_tokens, eos_ids(loaded.model), Sampling.of(stream.sampling))
     rows = {s: [] for s in (stream.slots, *priced)}
@@ -98,7 +95,8 @@ def sweep(stream: StreamSpec, priced: list[int], trees: list[dict], prompts: lis
             rows[s].append(tree_metrics(tree, [{**r, **t[i]} for r, t in zip(requests, times)], cycles))
         log.info("tree %s: %s tok/s at slots %s", tree, ", ".join(f"{rows[s][-1]['tps_dec']:.2f}" for s in rows),
                  ", ".join(map(str, rows)))
-    return rows, loaded.engine.timing_label
+    clocked = {stream.slots: "decoded", **{s: f"priced on the decodes at {stream.slots} slots" for s in priced}}
+    return rows, clocked, loaded.engine.timing_label
 
 
 def run(spec: dict, inputs: dict, outputs: dict) -> None:
@@ -112,18 +110,14 @@ def run(spec: dict, inputs: dict, outputs: dict) -> None:
     if overlap := sorted(set(tuned_on) & set(spec["decodes"])):  # before any decode
         raise SpecFitError(f"{inputs['prompts']}: the tuning questions hold questions the tree will decode "
                            f"({', '.join(map(str, overlap[:8]))}); re-extract them (rule extract_tune)")
-    most = max(streams)
-    torch.manual_seed(streams[most].seed)
+    torch.manual_seed(streams[max(streams)].seed)
     rows, clocked = {}, {}
-    if streams[most].emulate is not None and "resident" not in streams[most].emulate:  # a virtual clock
-        priced = sorted(s for s in streams if s != most)
-        rows, label = sweep(streams[most], priced, trees, prompts, inputs)
-        clocked = {most: "decoded", **{s: f"priced on the decodes at {most} slots" for s in priced}}
-    else:  # a measured clock: one decode per slot count
-        for s in sorted(streams, reverse=True):
-            found, label = sweep(streams[s], [], trees, prompts, inputs)
+    for s in sorted(streams, reverse=True):  # the most slots first (the fewest copies on this machine)
+        if s not in rows:
+            found, how, label = sweep(streams[s], sorted(o for o in streams if o not in rows and o != s), trees,
+                                      prompts, inputs)
             rows.update(found)
-            clocked[s] = "decoded"
+            clocked.update(how)
     slots = {str(s): {"chosen": best(rows[s]), "trees": rows[s], "clocked": clocked[s]} for s in sorted(rows)}
     log.info("chosen: %s", {s: v["chosen"] for s, v in slots.items()})
     write_json({"slots": slots, "question_ids": tuned_on, "decodes": spec["decodes"], "timing_label": label},
