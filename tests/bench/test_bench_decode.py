@@ -1,14 +1,15 @@
-"""`python -m specfit.bench decode`: both verify paths decode the same requests to the same tokens; one line each."""
+"""`python -m specfit.bench decode`: every verify path decodes the same requests to the same tokens; one line each."""
 
 from specfit.bench import decode as bench
 
 
-def test_both_paths_decode_every_request_to_the_same_tokens(capsys):
+def test_every_path_decodes_every_request_to_the_same_tokens(capsys):
     bench.main(["--requests", "2", "--new", "6"])
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line.startswith(tuple(bench.PATHS))]
-    assert len(rows) == 2 and all(len(line.split("(")[-1].split(",")) == 2 for line in rows)  # two requests each
-    assert out[-1].startswith("before/after") and out[-1].endswith("outputs identical: yes")
+    assert len(rows) == len(bench.PATHS) == 3
+    assert all(len(line.split("(")[-1].split(",")) == 2 for line in rows)  # two requests each
+    assert out[-1] == "outputs identical on every path: yes"
 
 
 def test_questions_are_the_first_of_their_category(tmp_path):

@@ -1,13 +1,19 @@
-"""``python -m specfit.bench decode``: a decode job's wall time per request with the exact verify's fast path
-against its module path, on this machine in one run.
+"""``python -m specfit.bench decode``: a decode job's wall time per request through the exact verify's paths, the
+earlier ones beside what decoding runs now, on this machine in one run.
 
 The toy (config.yaml's ``toy`` on ``cpu-a100`` at its with-cache slots) decodes the first ``--requests``
 questions of a Spec-Bench category (``math_reasoning``: the GSM8K questions of the gsm8k workload) with plain EAGLE-3
 through the decode stage's code path (`specfit.api.Decoder`: `specfit.speculative.loading`, the stage's warm-up, the
-engine's cache shared by the requests), twice from an empty cache: "before" verifies through the decoder layers'
-modules (`specfit.speculative.exact.module_tree_forward`), "after" through the fast path the verify "exact" runs
-(`exact_tree_forward`). It prints each path's mean wall seconds per request, their ratio, and whether both produced
-the same output tokens (they must: both are AR's arithmetic row by row).
+engine's cache shared by the requests), once per path from an empty cache:
+
+- "modules": the verify through the decoder layers' modules (`specfit.speculative.exact.module_tree_forward`);
+- "rows, grouped_mm": the row pass the verify "exact" runs (`exact_tree_forward`), every expert call through the
+  target's grouped_mm over all the layer's slot rows;
+- "rows, one-token experts": the same, with a call whose experts hold one entry each computing only those
+  (`specfit.engine.one_token`), as decoding runs now (AR's steps too).
+
+It prints each path's mean wall seconds per request, its ratio to the first, and whether every path produced the
+same output tokens (they must: each is AR's arithmetic row by row).
 """
 
 from __future__ import annotations
@@ -22,7 +28,11 @@ from specfit.api import Decoder
 from specfit.speculative import verify
 from specfit.speculative.exact import exact_tree_forward, module_tree_forward
 
-PATHS = {"modules (before)": module_tree_forward, "fast (after)": exact_tree_forward}
+PATHS = {  # name: (the verify's tree forward, whether a one-entry-per-expert call computes only its entries)
+    "modules": (module_tree_forward, False),
+    "rows, grouped_mm": (exact_tree_forward, False),
+    "rows, one-token experts": (exact_tree_forward, True),
+}
 
 
 def questions(path: Path, category: str, count: int) -> list[str]:
@@ -35,8 +45,12 @@ def decode_paths(decoder: Decoder, prompts: list[str], new: int) -> dict[str, tu
     """Per path: each request's wall seconds and output ids, from an empty cache."""
     decoder.generate(prompts[0], 1)  # the decode stage's warm-up (compiles, allocates), off both paths' clocks
     runs = {}
-    for name, forward in PATHS.items():
+    layers = decoder.loaded.engine.layers
+    applies = [layer.one_token for layer in layers]  # where the implementation allows it (`one_token.applies`)
+    for name, (forward, one_token) in PATHS.items():
         decoder.reset()
+        for layer, allowed in zip(layers, applies):
+            layer.one_token = one_token and allowed
         seconds, outputs = [], []
         with mock.patch.object(verify, "exact_tree_forward", forward):  # what Target.run calls for "exact"
             for prompt in prompts:
@@ -44,6 +58,8 @@ def decode_paths(decoder: Decoder, prompts: list[str], new: int) -> dict[str, tu
                 outputs.append(decoder.generate(prompt, new).output_ids)
                 seconds.append(time.perf_counter() - started)
         runs[name] = (seconds, outputs)
+    for layer, allowed in zip(layers, applies):
+        layer.one_token = allowed
     return runs
 
 
@@ -61,13 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     runs = decode_paths(decoder, prompts, args.new)
     print(f"toy, {args.method}, {len(prompts)} {args.category} requests of {args.new} new tokens, verify exact; "
           "CPU wall seconds per request (mean)")
-    means = {}
+    first = None
     for name, (seconds, _) in runs.items():
-        means[name] = sum(seconds) / len(seconds)
-        print(f"{name:<18} {means[name]:>8.3f} s   ({', '.join(f'{s:.3f}' for s in seconds)})")
-    before, after = means.values()
+        mean = sum(seconds) / len(seconds)
+        first = first or mean
+        print(f"{name:<24} {mean:>8.3f} s  {first / mean:>5.2f}x   ({', '.join(f'{s:.3f}' for s in seconds)})")
     outputs = [out for _, out in runs.values()]
-    print(f"before/after {before / after:.2f}x; outputs identical: {'yes' if outputs[0] == outputs[1] else 'NO'}")
+    print(f"outputs identical on every path: {'yes' if all(o == outputs[0] for o in outputs) else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ An exact verify (`specfit.speculative.exact`) hands a layer its rows through `fo
 admission, copies, LRU order and modelled cost as one forward over all rows, with every token's experts computed
 alone, as a one-token forward computes them, and combined per token. At one token every expert computes one row
 whichever group it falls in, so a token's output does not depend on how hits and misses split the forward: it is
-bit-identical to AR's step at any cache state (held to 0 by tests/engine/test_exact_verify.py).
+bit-identical to AR's step at any cache state (held to 0 by tests/engine/test_exact_verify.py). On the CPU such a
+one-token call computes only the experts it routes to (`specfit.engine.one_token`: grouped_mm's own products for
+its groups, without the empty ones), the same bits.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from transformers.integrations.moe import ExpertsInterface
 from specfit.engine.cache import ExpertCache
 from specfit.engine.copiers import CopyJob
 from specfit.engine.families import MoEFamily
+from specfit.engine.one_token import applies, distinct, one_token_forward
 
 if TYPE_CHECKING:
     from specfit.engine.offload import OffloadEngine
@@ -48,6 +51,7 @@ EXPERTS_IMPLEMENTATION = "specfit_offload"
 # "promote": output * weight in the promoted dtype, summed over the top-k there, cast to the states' dtype once;
 # "sequential": each weighted entry cast to the states' dtype, added in increasing expert id (every eager forward).
 SPLIT_ARITHMETIC = {"grouped_mm": "promote", "batched_mm": "promote", "eager": "sequential"}
+ONE_TOKEN_ENTRIES = 16  # the most routed entries a forward may have to be tried for `one_token_forward`
 
 
 class SlotView:
@@ -118,6 +122,8 @@ class OffloadedLayer:
         self.prefetched: dict[int, tuple[float, float]] = {}  # expert -> copy (start, landing) since last forward
         self.prefetch_handles: list = []  # the copier's handles of those copies
         self.views = (SlotView(module, slots, self.rows, False), SlotView(module, slots, self.rows, True))
+        # a forward whose experts hold one entry each skips grouped_mm's empty groups (`specfit.engine.one_token`)
+        self.one_token = applies(engine.experts_implementation, module, engine.device)
 
     def copy_jobs(self, loads: list[tuple[int, int]]) -> list[CopyJob]:
         nbytes = self.engine.expert_bytes
@@ -224,7 +230,12 @@ class OffloadedLayer:
     ) -> torch.Tensor:
         """The target's experts implementation over the slot rows, for the routed entries of ``group`` only."""
         slot_index = self._group_table(group, whole, top_k_index.device)[top_k_index]  # [T, k], sentinel outside
-        return self.inner(self.views[0 if whole else 1], hidden_states, slot_index, top_k_weights)
+        view = self.views[0 if whole else 1]
+        if self.one_token and slot_index.numel() <= ONE_TOKEN_ENTRIES:
+            slots = slot_index.reshape(-1).tolist()  # a host sync (the CPU's: `one_token.applies`)
+            if distinct(slots, self.rows):
+                return one_token_forward(view, hidden_states, slots, top_k_weights)
+        return self.inner(view, hidden_states, slot_index, top_k_weights)
 
     def _compute_by_row(
         self,
@@ -240,15 +251,17 @@ class OffloadedLayer:
         the group gets the zeros the implementation would return for it, without a call."""
         per_token = hidden_states.shape[0] // tokens  # 1 (the tokens' rows) or k (their entries)
         slot_index = self._group_table(group, whole, top_k_index.device)[top_k_index]  # [rows, k]
-        inside = (slot_index != self.rows).reshape(tokens, -1).any(dim=1).tolist()  # [tokens], one host sync
+        table = slot_index.reshape(tokens, -1).tolist()  # [tokens][entries], one host sync
         view = self.views[0 if whole else 1]
         parts = []
         for t, start in enumerate(range(0, hidden_states.shape[0], per_token)):
             rows = slice(start, start + per_token)
-            if not inside[t]:
+            if all(s == self.rows for s in table[t]):
                 parts.append(torch.zeros_like(hidden_states[rows]))
-                continue
-            parts.append(self.inner(view, *(x[rows].clone() for x in (hidden_states, slot_index, top_k_weights))))
+            elif self.one_token and distinct(table[t], self.rows):
+                parts.append(one_token_forward(view, hidden_states[rows], table[t], top_k_weights[rows]))
+            else:
+                parts.append(self.inner(view, *(x[rows].clone() for x in (hidden_states, slot_index, top_k_weights))))
         return torch.cat(parts)
 
     def _group_table(self, group: list[tuple[int, int]], whole: bool, device: torch.device) -> torch.Tensor:

@@ -89,7 +89,8 @@ class OffloadEngine:
                 f"into cache groups must weight and sum the experts as the implementation does, which is known "
                 f"for {sorted(SPLIT_ARITHMETIC)} (model.set_experts_implementation(...) picks one)"
             )
-        self.split_arithmetic = SPLIT_ARITHMETIC[inner_name or "eager"]
+        self.experts_implementation = inner_name or "eager"
+        self.split_arithmetic = SPLIT_ARITHMETIC[self.experts_implementation]
         self.num_layers = len(modules)
         self.num_experts = modules[0].num_experts
         self.top_k = getattr(text_config, self.family.top_k_attr)
