@@ -7,7 +7,7 @@ def test_every_path_decodes_every_request_to_the_same_tokens(capsys):
     bench.main(["--requests", "2", "--new", "6"])
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line.startswith(tuple(bench.PATHS))]
-    assert len(rows) == len(bench.PATHS) == 3
+    assert len(rows) == len(bench.PATHS) == 4
     assert all(len(line.split("(")[-1].split(",")) == 2 for line in rows)  # two requests each
     assert out[-1] == "outputs identical on every path: yes"
 

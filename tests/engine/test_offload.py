@@ -21,12 +21,15 @@ STATE_ATOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-6}
 
 @pytest.fixture
 def offloaded(make_target, forwards):
-    def run(device, slots, family="qwen3_moe", implementation=None, link=None, dtype=torch.float32):
-        """(plain logits, offloaded logits, engine, recorded routes per forward) over the three forwards."""
+    def run(device, slots, family="qwen3_moe", implementation=None, link=None, dtype=torch.float32,
+            host_compute=False):
+        """(plain logits, offloaded logits, engine, recorded routes per forward) over the three forwards; by
+        default a forward with misses runs in groups as the copies land (as on a GPU), not from the host rows."""
         plain = make_target(family, implementation).to(device, dtype)
         expected = forwards(plain, device)
         model = make_target(family, implementation).to(dtype)
-        engine = offload_experts(model, OffloadConfig(slots=slots, link=link), device=device)
+        config = OffloadConfig(slots=slots, link=link, host_compute=host_compute)
+        engine = offload_experts(model, config, device=device)
         with engine.record_routes() as rec:
             got = forwards(model, device)
         return expected, got, engine, rec.forwards
@@ -101,7 +104,7 @@ def test_families_all_resident_and_one_group_are_bit_exact(make_target, forwards
     plain = make_target(family).to(dtype)
     want = forwards(plain)
     model = make_target(family).to(dtype)
-    engine = offload_experts(model, OffloadConfig(slots=NUM_EXPERTS))
+    engine = offload_experts(model, OffloadConfig(slots=NUM_EXPERTS, host_compute=False))
     have = forwards(model)  # a fresh engine: the prefill is all misses, one group per layer
     assert torch.equal(have[0], want[0])  # (1)
     engine.reset_stats()
@@ -267,11 +270,12 @@ IDS = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(5))
 WARM = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(6))
 
 
-def offloaded_forward(slots: int, history: torch.Tensor | None, swap: tuple[int, int] | None = None):
+def offloaded_forward(slots: int, history: torch.Tensor | None, swap: tuple[int, int] | None = None,
+                      host_compute: bool = False):
     """(logits [1, T, V], routes [T, L, k], stats) of the IDS forward after ``history`` warmed the cache;
     ``swap``: two experts whose host rows trade places in the last layer (a wrong expert computed)."""
     model = top4_target()
-    engine = offload_experts(model, OffloadConfig(slots=slots))
+    engine = offload_experts(model, OffloadConfig(slots=slots, host_compute=host_compute))
     if swap is not None:
         for rows in engine.layers[-1].host.values():
             rows[list(swap)] = rows[list(swap[::-1])].clone()
@@ -342,3 +346,34 @@ def test_cache_state_changes_logits_only_within_rounding_and_never_routes_or_tok
         logits, routes, _ = offloaded_forward(slots, history, swap=(1, 2))
         assert torch.equal(routes, ref_routes)
         assert (logits - reference).abs().max().item() > 100 * CROSS_STATE_ATOL
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm", "eager"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_host_compute_is_the_unoffloaded_model_bit_for_bit_at_every_cache_state(make_target, forwards, family, dtype,
+                                                                                implementation):
+    """A CPU engine's default (`OffloadConfig.host_compute`): a forward with misses does its copies as planned and
+    then computes the union from the host rows in one call, so prefill, KV decode and tree verify are the
+    un-offloaded model's bits at every cache state, with the counters, LRU order and slot rows of the grouped
+    forwards a GPU runs."""
+    want = forwards(make_target(family, implementation).to(dtype))
+    for slots in (0, 1, 3, NUM_EXPERTS):
+        engines, results = [], []
+        for host_compute in (None, False):
+            model = make_target(family, implementation).to(dtype)
+            engines.append(offload_experts(model, OffloadConfig(slots=slots, host_compute=host_compute)))
+            results.append(forwards(model))
+        default, grouped = engines
+        assert default.host_compute and not grouped.host_compute
+        assert all(torch.equal(h, w) for h, w in zip(results[0], want)), (family, dtype, slots)
+        counted = [{k: v for k, v in e.stats().items() if not k.endswith("_s")} for e in engines]  # not wall times
+        assert counted[0] == counted[1]
+        for mine, theirs in zip(default.layers, grouped.layers):
+            assert mine.cache.slot_of == theirs.cache.slot_of and list(mine.cache.slot_of) == list(theirs.cache.slot_of)
+            assert all(torch.equal(mine.slots[n], theirs.slots[n]) for n in mine.slots)
+
+
+def test_host_compute_is_refused_off_the_cpu(make_target):
+    with pytest.raises(ValueError, match="host_compute is for a CPU engine"):
+        offload_experts(make_target(), OffloadConfig(slots=2, host_compute=True), device="meta")

@@ -7,10 +7,12 @@ through the decode stage's code path (`specfit.api.Decoder`: `specfit.speculativ
 engine's cache shared by the requests), once per path from an empty cache:
 
 - "modules": the verify through the decoder layers' modules (`specfit.speculative.exact.module_tree_forward`);
-- "rows, grouped_mm": the row pass the verify "exact" runs (`exact_tree_forward`), every expert call through the
-  target's grouped_mm over all the layer's slot rows;
+- "rows": the row pass the verify "exact" runs (`exact_tree_forward`), every expert call through the target's
+  grouped_mm over all the layer's slot rows, a forward with misses in groups as its copies land;
 - "rows, one-token experts": the same, with a call whose experts hold one entry each computing only those
-  (`specfit.engine.one_token`), as decoding runs now (AR's steps too).
+  (`specfit.engine.one_token`; AR's steps too);
+- "rows, one-token, host rows": and a forward with misses computing its union from the host rows in one call
+  once its copies are done (`OffloadConfig.host_compute`): what decoding runs now on a CPU.
 
 It prints each path's mean wall seconds per request, its ratio to the first, and whether every path produced the
 same output tokens (they must: each is AR's arithmetic row by row).
@@ -28,10 +30,11 @@ from specfit.api import Decoder
 from specfit.speculative import verify
 from specfit.speculative.exact import exact_tree_forward, module_tree_forward
 
-PATHS = {  # name: (the verify's tree forward, whether a one-entry-per-expert call computes only its entries)
-    "modules": (module_tree_forward, False),
-    "rows, grouped_mm": (exact_tree_forward, False),
-    "rows, one-token experts": (exact_tree_forward, True),
+PATHS = {  # name: (the verify's tree forward, one-token experts, host compute)
+    "modules": (module_tree_forward, False, False),
+    "rows": (exact_tree_forward, False, False),
+    "rows, one-token experts": (exact_tree_forward, True, False),
+    "rows, one-token, host rows": (exact_tree_forward, True, True),
 }
 
 
@@ -45,11 +48,13 @@ def decode_paths(decoder: Decoder, prompts: list[str], new: int) -> dict[str, tu
     """Per path: each request's wall seconds and output ids, from an empty cache."""
     decoder.generate(prompts[0], 1)  # the decode stage's warm-up (compiles, allocates), off both paths' clocks
     runs = {}
-    layers = decoder.loaded.engine.layers
-    applies = [layer.one_token for layer in layers]  # where the implementation allows it (`one_token.applies`)
-    for name, (forward, one_token) in PATHS.items():
+    engine = decoder.loaded.engine
+    applies = [layer.one_token for layer in engine.layers]  # where the implementation allows it (`one_token.applies`)
+    host_compute = engine.host_compute
+    for name, (forward, one_token, host) in PATHS.items():
         decoder.reset()
-        for layer, allowed in zip(layers, applies):
+        engine.host_compute = host and host_compute
+        for layer, allowed in zip(engine.layers, applies):
             layer.one_token = one_token and allowed
         seconds, outputs = [], []
         with mock.patch.object(verify, "exact_tree_forward", forward):  # what Target.run calls for "exact"
@@ -58,7 +63,8 @@ def decode_paths(decoder: Decoder, prompts: list[str], new: int) -> dict[str, tu
                 outputs.append(decoder.generate(prompt, new).output_ids)
                 seconds.append(time.perf_counter() - started)
         runs[name] = (seconds, outputs)
-    for layer, allowed in zip(layers, applies):
+    engine.host_compute = host_compute
+    for layer, allowed in zip(engine.layers, applies):
         layer.one_token = allowed
     return runs
 
@@ -81,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, (seconds, _) in runs.items():
         mean = sum(seconds) / len(seconds)
         first = first or mean
-        print(f"{name:<24} {mean:>8.3f} s  {first / mean:>5.2f}x   ({', '.join(f'{s:.3f}' for s in seconds)})")
+        print(f"{name:<28} {mean:>8.3f} s  {first / mean:>5.2f}x   ({', '.join(f'{s:.3f}' for s in seconds)})")
     outputs = [out for _, out in runs.values()]
     print(f"outputs identical on every path: {'yes' if all(o == outputs[0] for o in outputs) else 'NO'}")
 

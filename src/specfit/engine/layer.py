@@ -13,7 +13,11 @@ in rounding: fp32 logits agree with the all-hit ones to a few ulps (the tests ho
 logits to a few bf16 ulps, and routes and greedy tokens are the same unless a router or argmax margin is itself
 within rounding. It is not bit-identical everywhere (the rows a matmul computes together change its blocking on
 some CPUs), so whatever compares runs across cache states (the route atlas) tolerates that. Experts
-implementations other than those of ``SPLIT_ARITHMETIC`` are refused.
+implementations other than those of ``SPLIT_ARITHMETIC`` are refused. Where the host rows are where the device
+computes and no copy is timed on the wall clock (`OffloadEngine.host_compute`: a CPU engine without an emulated
+link), a forward with misses does its copies as planned and then computes the union from the host rows in one call
+of the target's implementation instead: the un-offloaded model's bits at any cache state, the same counters,
+LRU order and slot rows.
 
 An exact verify (`specfit.speculative.exact`) hands a layer its rows through `forward_rows` (its module path through
 `RowCalls`, which records each row's experts call and replays its output): the same
@@ -122,6 +126,7 @@ class OffloadedLayer:
         self.prefetched: dict[int, tuple[float, float]] = {}  # expert -> copy (start, landing) since last forward
         self.prefetch_handles: list = []  # the copier's handles of those copies
         self.views = (SlotView(module, slots, self.rows, False), SlotView(module, slots, self.rows, True))
+        self.host_view = SlotView(module, host, self.num_experts, False)  # the experts as the un-offloaded model's
         # a forward whose experts hold one entry each skips grouped_mm's empty groups (`specfit.engine.one_token`)
         self.one_token = applies(engine.experts_implementation, module, engine.device)
 
@@ -167,7 +172,11 @@ class OffloadedLayer:
 
         compute = partial(self._compute_by_row, top_k_index.shape[0]) if by_row else self._compute
         if not misses and steps:  # all hits: one call of the target's own implementation over the slot rows
-            return compute(steps[0][1], True, hidden_states, top_k_index, top_k_weights)
+            return compute(self.views[0], self._slot_index(steps[0][1], True, top_k_index), hidden_states,
+                           top_k_weights)
+        if misses and engine.host_compute:  # the copies as planned, then the union from the host rows in one call
+            self._copy(steps)
+            return compute(self.host_view, top_k_index, hidden_states, top_k_weights)
         # Several groups: one row per routed entry, top-1 each, with a unit gate weight, so that every group
         # returns its entries' expert outputs [T*k, H] exactly (zero elsewhere). The gate weights are applied and
         # the top-k summed once, afterwards, as the target's own implementation does it (see _combine). How hits
@@ -190,7 +199,9 @@ class OffloadedLayer:
                 engine.copier.wait(in_flight)
                 engine._copy_wait_s += time.perf_counter() - started
                 in_flight = []
-            part = compute(group, len(group) == len(union), entry_states, entry_index, entry_weights)
+            whole = len(group) == len(union)
+            part = compute(self.views[0 if whole else 1], self._slot_index(group, whole, entry_index), entry_states,
+                           entry_weights)
             out = part if out is None else out.add_(part)
         if out is None:
             return torch.zeros_like(hidden_states)
@@ -220,45 +231,47 @@ class OffloadedLayer:
             total = total + weighted[tokens, order[:, j]]
         return total
 
-    def _compute(
-        self,
-        group: list[tuple[int, int]],
-        whole: bool,
-        hidden_states: torch.Tensor,
-        top_k_index: torch.Tensor,
-        top_k_weights: torch.Tensor,
-    ) -> torch.Tensor:
-        """The target's experts implementation over the slot rows, for the routed entries of ``group`` only."""
-        slot_index = self._group_table(group, whole, top_k_index.device)[top_k_index]  # [T, k], sentinel outside
-        view = self.views[0 if whole else 1]
+    def _copy(self, steps) -> None:
+        """Every copy of ``steps`` in order, waited for (`OffloadEngine.host_compute`: nothing computes from the
+        slot rows meanwhile, so the order of loads and groups is only the cache's)."""
+        engine = self.engine
+        in_flight: list = []
+        for step in steps:
+            if step[0] == "load":
+                in_flight += engine.copier.submit(self.copy_jobs(step[1]))
+                engine._on_transfers(self.index, len(step[1]))
+        started = time.perf_counter()
+        engine.copier.wait(in_flight)
+        engine._copy_wait_s += time.perf_counter() - started
+
+    def _slot_index(self, group: list[tuple[int, int]], whole: bool, top_k_index: torch.Tensor) -> torch.Tensor:
+        """[T, k] the slot row of each routed entry of ``group``, the sentinel (the slot rows' count) outside it."""
+        return self._group_table(group, whole, top_k_index.device)[top_k_index]
+
+    def _compute(self, view, slot_index: torch.Tensor, hidden_states: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        """The target's experts implementation over ``view``'s rows (slot rows, or the host rows) for the routed
+        entries ``slot_index`` indexes [T, k] (the sentinel ``view.num_experts`` outside the group)."""
         if self.one_token and slot_index.numel() <= ONE_TOKEN_ENTRIES:
             slots = slot_index.reshape(-1).tolist()  # a host sync (the CPU's: `one_token.applies`)
-            if distinct(slots, self.rows):
+            if distinct(slots, view.num_experts):
                 return one_token_forward(view, hidden_states, slots, top_k_weights)
         return self.inner(view, hidden_states, slot_index, top_k_weights)
 
-    def _compute_by_row(
-        self,
-        tokens: int,
-        group: list[tuple[int, int]],
-        whole: bool,
-        hidden_states: torch.Tensor,
-        top_k_index: torch.Tensor,
-        top_k_weights: torch.Tensor,
-    ) -> torch.Tensor:
+    def _compute_by_row(self, tokens: int, view, slot_index: torch.Tensor, hidden_states: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
         """`_compute` one token at a time: its rows ([1, H] of a token, or its k entries [k, H]), each a new
         tensor as a one-row forward's are, so that no kernel sees another token's rows. A token with no entry in
         the group gets the zeros the implementation would return for it, without a call."""
         per_token = hidden_states.shape[0] // tokens  # 1 (the tokens' rows) or k (their entries)
-        slot_index = self._group_table(group, whole, top_k_index.device)[top_k_index]  # [rows, k]
+        sentinel = view.num_experts
         table = slot_index.reshape(tokens, -1).tolist()  # [tokens][entries], one host sync
-        view = self.views[0 if whole else 1]
         parts = []
         for t, start in enumerate(range(0, hidden_states.shape[0], per_token)):
             rows = slice(start, start + per_token)
-            if all(s == self.rows for s in table[t]):
+            if all(s == sentinel for s in table[t]):
                 parts.append(torch.zeros_like(hidden_states[rows]))
-            elif self.one_token and distinct(table[t], self.rows):
+            elif self.one_token and distinct(table[t], sentinel):
                 parts.append(one_token_forward(view, hidden_states[rows], table[t], top_k_weights[rows]))
             else:
                 parts.append(self.inner(view, *(x[rows].clone() for x in (hidden_states, slot_index, top_k_weights))))

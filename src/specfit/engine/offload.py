@@ -60,6 +60,10 @@ class OffloadConfig:
     link: LinkModel | None = None  # emulated link for CPU-only machines; None: copies run at memory speed
     device: DeviceModel | None = None  # emulated GPU for CPU-only machines (its own link): specfit.engine.device
     resident: ResidentFit | None = None  # every expert in memory, costs from measured widths: specfit.engine.resident
+    # a forward with misses computes its union from the host rows in one call once its copies are done, where the
+    # host rows are where the device computes and no copy is timed on the wall clock; None: exactly there (a CPU
+    # engine without an emulated link); False: in groups as the copies land, as a GPU does (`OffloadedLayer.run`)
+    host_compute: bool | None = None
 
     def __post_init__(self) -> None:
         if self.slots < 0 or self.max_inflight < 1:
@@ -110,6 +114,11 @@ class OffloadEngine:
             move_all_but_experts(model, modules, self.family, self.device)
         self.expert_bytes = sum(t[0].numel() * t.element_size() for t in hosts[0].values())
         self.link = Link(config.link) if config.link is not None else None
+        self.host_compute = config.host_compute
+        if self.host_compute is None:
+            self.host_compute = self.device.type == "cpu" and self.link is None
+        elif self.host_compute and self.device.type != "cpu":
+            raise ValueError("host_compute is for a CPU engine: a GPU computes from its slot rows")
         self.timeline = Timeline(config.device) if config.device is not None else None
         if self.all_resident:
             self.timeline = Timeline(config.resident.for_toy(self.num_layers, self.top_k))
