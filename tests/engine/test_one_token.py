@@ -14,7 +14,7 @@ from specfit.engine.families import FAMILIES as ADAPTERS
 from specfit.engine.families import moe_experts
 from specfit.engine.layer import SlotView
 from specfit.engine.offload import make_engine
-from specfit.engine.one_token import applies, distinct, one_token_forward
+from specfit.engine.one_token import MAX_ENTRIES, applies, entries, one_token_forward
 from specfit.speculative.verify import Target
 
 FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral")
@@ -96,6 +96,7 @@ def test_the_engine_takes_it_only_where_it_is_the_implementation(make_target):
     assert not make_engine(make_target("qwen3_moe", "eager"), 2).layers[0].one_token
 
 
-def test_distinct_ignores_only_the_sentinel():
-    assert distinct([3, 1, 8, 8], sentinel=8) and distinct([8, 8], sentinel=8)
-    assert not distinct([3, 1, 3], sentinel=8)
+def test_entries_are_taken_only_where_no_slot_row_holds_two():
+    assert entries(torch.tensor([[3, 1], [8, 8]]), sentinel=8) == [3, 1, 8, 8]  # the sentinel may repeat
+    assert entries(torch.tensor([[3, 1], [3, 8]]), sentinel=8) is None  # slot row 3 twice: one mm over two rows
+    assert entries(torch.zeros(1, MAX_ENTRIES + 1, dtype=torch.long).fill_(8), sentinel=8) is None  # too many

@@ -43,7 +43,7 @@ from transformers.integrations.moe import ExpertsInterface
 from specfit.engine.cache import ExpertCache
 from specfit.engine.copiers import CopyJob
 from specfit.engine.families import MoEFamily
-from specfit.engine.one_token import applies, distinct, one_token_forward
+from specfit.engine.one_token import applies, entries, one_token_forward
 
 if TYPE_CHECKING:
     from specfit.engine.offload import OffloadEngine
@@ -55,7 +55,6 @@ EXPERTS_IMPLEMENTATION = "specfit_offload"
 # "promote": output * weight in the promoted dtype, summed over the top-k there, cast to the states' dtype once;
 # "sequential": each weighted entry cast to the states' dtype, added in increasing expert id (every eager forward).
 SPLIT_ARITHMETIC = {"grouped_mm": "promote", "batched_mm": "promote", "eager": "sequential"}
-ONE_TOKEN_ENTRIES = 16  # the most routed entries a forward may have to be tried for `one_token_forward`
 
 
 class SlotView:
@@ -130,6 +129,11 @@ class OffloadedLayer:
         # a forward whose experts hold one entry each skips grouped_mm's empty groups (`specfit.engine.one_token`)
         self.one_token = applies(engine.experts_implementation, module, engine.device)
 
+    def _load(self, loads: list[tuple[int, int]]) -> list:
+        """Submit the copies of ``loads`` ((expert, slot) pairs), counted; the copier's handles."""
+        self.engine._on_transfers(self.index, len(loads))
+        return self.engine.copier.submit(self.copy_jobs(loads))
+
     def copy_jobs(self, loads: list[tuple[int, int]]) -> list[CopyJob]:
         nbytes = self.engine.expert_bytes
         return [([(self.slots[n][slot], self.host[n][e]) for n in self.slots], nbytes) for e, slot in loads]
@@ -190,8 +194,7 @@ class OffloadedLayer:
         in_flight: list = []
         for step in steps:
             if step[0] == "load":
-                in_flight += engine.copier.submit(self.copy_jobs(step[1]))
-                engine._on_transfers(self.index, len(step[1]))
+                in_flight += self._load(step[1])
                 continue
             _, group, wait = step
             if wait:
@@ -235,11 +238,7 @@ class OffloadedLayer:
         """Every copy of ``steps`` in order, waited for (`OffloadEngine.host_compute`: nothing computes from the
         slot rows meanwhile, so the order of loads and groups is only the cache's)."""
         engine = self.engine
-        in_flight: list = []
-        for step in steps:
-            if step[0] == "load":
-                in_flight += engine.copier.submit(self.copy_jobs(step[1]))
-                engine._on_transfers(self.index, len(step[1]))
+        in_flight = [handle for step in steps if step[0] == "load" for handle in self._load(step[1])]
         started = time.perf_counter()
         engine.copier.wait(in_flight)
         engine._copy_wait_s += time.perf_counter() - started
@@ -252,10 +251,9 @@ class OffloadedLayer:
                  top_k_weights: torch.Tensor) -> torch.Tensor:
         """The target's experts implementation over ``view``'s rows (slot rows, or the host rows) for the routed
         entries ``slot_index`` indexes [T, k] (the sentinel ``view.num_experts`` outside the group)."""
-        if self.one_token and slot_index.numel() <= ONE_TOKEN_ENTRIES:
-            slots = slot_index.reshape(-1).tolist()  # a host sync (the CPU's: `one_token.applies`)
-            if distinct(slots, view.num_experts):
-                return one_token_forward(view, hidden_states, slots, top_k_weights)
+        slots = entries(slot_index, view.num_experts) if self.one_token else None  # a host sync, on the CPU only
+        if slots is not None:
+            return one_token_forward(view, hidden_states, slots, top_k_weights)
         return self.inner(view, hidden_states, slot_index, top_k_weights)
 
     def _compute_by_row(self, tokens: int, view, slot_index: torch.Tensor, hidden_states: torch.Tensor,
@@ -271,7 +269,7 @@ class OffloadedLayer:
             rows = slice(start, start + per_token)
             if all(s == sentinel for s in table[t]):
                 parts.append(torch.zeros_like(hidden_states[rows]))
-            elif self.one_token and distinct(table[t], sentinel):
+            elif self.one_token:  # one token's entries: a router's top-k, each expert in one slot row
                 parts.append(one_token_forward(view, hidden_states[rows], table[t], top_k_weights[rows]))
             else:
                 parts.append(self.inner(view, *(x[rows].clone() for x in (hidden_states, slot_index, top_k_weights))))

@@ -27,14 +27,22 @@ def applies(implementation: str, module: nn.Module, device: torch.device) -> boo
             and not getattr(module, "has_post_expert_norm", False))
 
 
-def distinct(slots: list[int], sentinel: int) -> bool:
-    """Whether no slot row other than the sentinel (entries the group does not compute) holds two entries."""
+MAX_ENTRIES = 16  # the most routed entries of a forward tried for `one_token_forward` (one token's k, a few more)
+
+
+def entries(slot_index: torch.Tensor, sentinel: int) -> list[int] | None:
+    """``slot_index`` [T, k] flattened (a host sync) where `one_token_forward` computes it: at most `MAX_ENTRIES`
+    entries, none of its slot rows but the sentinel's (entries the group does not compute) held twice; else None."""
+    if slot_index.numel() > MAX_ENTRIES:
+        return None
+    slots = slot_index.reshape(-1).tolist()
     held = [s for s in slots if s != sentinel]
-    return len(set(held)) == len(held)
+    return slots if len(set(held)) == len(held) else None
 
 
 def one_token_forward(view, hidden_states: torch.Tensor, slots: list[int], top_k_weights: torch.Tensor) -> torch.Tensor:
-    """``grouped_mm_experts_forward(view, hidden_states, slot_index, top_k_weights)`` for a `distinct` forward.
+    """``grouped_mm_experts_forward(view, hidden_states, slot_index, top_k_weights)`` where every slot row holds
+    at most one entry (`entries`).
 
     ``hidden_states`` [T, H]; ``slots`` the T*k entries' slot rows in entry order (``slot_index`` flattened, the
     sentinel ``view.num_experts`` for entries outside the group); ``top_k_weights`` [T, k]. -> [T, H]. The

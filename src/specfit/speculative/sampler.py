@@ -83,7 +83,8 @@ def next_positions(n: int, depth: int, room: int | None = None) -> range:
     """The output positions the next cycle can reach after a cycle at output length ``n`` that drafts at most
     ``depth`` levels: it commits up to depth + 1 tokens, then drafts and verifies up to depth past them (none past
     ``room``, the tokens still allowed)."""
-    return range(n + 1, n + 1 + min(2 * depth + 1, room if room is not None else 2 * depth + 1))
+    reach = 2 * depth + 1
+    return range(n + 1, n + 1 + (reach if room is None else min(reach, room)))
 
 
 class Noise:
