@@ -288,21 +288,24 @@ def offloaded_forward(slots: int, history: torch.Tensor | None, swap: tuple[int,
     return logits, rec.routes, engine.stats()
 
 
-def test_all_hit_forward_is_the_targets_own_call_and_bits():
+@pytest.mark.parametrize("host_compute", [False, None], ids=["slot rows", "host rows"])
+def test_all_hit_forward_is_the_targets_own_call_and_bits(host_compute):
     """Every expert resident (the atlas build's steady state): one call of the target's own experts implementation
-    per layer over the slot rows, so the logits are bit-identical to the un-offloaded model's on any machine."""
+    per layer over the slot rows (a GPU's path), or over the host rows where the engine computes there (a CPU's
+    default, `OffloadConfig.host_compute`), so the logits are bit-identical to the un-offloaded model's."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     plain = top4_target()
     with torch.no_grad():
         want = plain(IDS).logits
     model = top4_target()
-    engine = offload_experts(model, OffloadConfig(slots=NUM_EXPERTS))
+    engine = offload_experts(model, OffloadConfig(slots=NUM_EXPERTS, host_compute=host_compute))
     calls = []
     for layer in engine.layers:
         assert layer.inner is ALL_EXPERTS_FUNCTIONS[plain.config._experts_implementation]  # the target's own
-        layer.inner = lambda view, *args, _inner=layer.inner, _layer=layer: (
-            calls.append((_layer.index, view is _layer.views[0])) or _inner(view, *args)
+        rows = layer.host_view if engine.host_compute else layer.views[0]
+        layer.inner = lambda view, *args, _inner=layer.inner, _layer=layer, _rows=rows: (
+            calls.append((_layer.index, view is _rows)) or _inner(view, *args)
         )
     with torch.no_grad():
         model(IDS)  # loads every expert IDS needs
@@ -353,10 +356,10 @@ def test_cache_state_changes_logits_only_within_rounding_and_never_routes_or_tok
 @pytest.mark.parametrize("family", FAMILIES)
 def test_host_compute_is_the_unoffloaded_model_bit_for_bit_at_every_cache_state(make_target, forwards, family, dtype,
                                                                                 implementation):
-    """A CPU engine's default (`OffloadConfig.host_compute`): a forward with misses does its copies as planned and
-    then computes the union from the host rows in one call, so prefill, KV decode and tree verify are the
-    un-offloaded model's bits at every cache state, with the counters, LRU order and slot rows of the grouped
-    forwards a GPU runs."""
+    """A CPU engine's default (`OffloadConfig.host_compute`): every forward computes its union from the host rows in
+    one call, so prefill, KV decode and tree verify are the un-offloaded model's bits at every cache state, with the
+    counters and LRU order of the grouped forwards a GPU runs; its copies are counted, none is made (its slot rows
+    stay as allocated, where the grouped engine's hold its resident experts)."""
     want = forwards(make_target(family, implementation).to(dtype))
     for slots in (0, 1, 3, NUM_EXPERTS):
         engines, results = [], []
@@ -371,7 +374,11 @@ def test_host_compute_is_the_unoffloaded_model_bit_for_bit_at_every_cache_state(
         assert counted[0] == counted[1]
         for mine, theirs in zip(default.layers, grouped.layers):
             assert mine.cache.slot_of == theirs.cache.slot_of  # OrderedDicts: the LRU order too
-            assert all(torch.equal(mine.slots[n], theirs.slots[n]) for n in mine.slots)
+            assert all(not mine.slots[n].any() for n in mine.slots)  # never written
+            for e, slot in theirs.cache.slot_of.items() if slots else ():  # the grouped engine's resident experts
+                assert all(torch.equal(theirs.slots[n][slot], theirs.host[n][e]) for n in theirs.slots)
+        if slots:
+            assert counted[0]["h2d_transfers"] > 0  # copies counted, at every slot count that has a cache
 
 
 def test_host_compute_is_refused_off_the_cpu(make_target):

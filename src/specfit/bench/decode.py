@@ -11,8 +11,8 @@ engine's cache shared by the requests), once per path from an empty cache:
   grouped_mm over all the layer's slot rows, a forward with misses in groups as its copies land;
 - "rows, one-token experts": the same, with a call whose experts hold one entry each computing only those
   (`specfit.engine.one_token`; AR's steps too);
-- "rows, one-token, host rows": and a forward with misses computing its union from the host rows in one call
-  once its copies are done (`OffloadConfig.host_compute`): what decoding runs now on a CPU.
+- "rows, one-token, host rows": and every forward computing its union from the host rows in one call, its copies
+  counted and modelled but not made (`OffloadConfig.host_compute`): what decoding runs now on a CPU.
 
 It prints each path's mean wall seconds per request, its ratio to the first, and whether every path produced the
 same output tokens (they must: each is AR's arithmetic row by row).

@@ -15,9 +15,10 @@ within rounding. It is not bit-identical everywhere (the rows a matmul computes 
 some CPUs), so whatever compares runs across cache states (the route atlas) tolerates that. Experts
 implementations other than those of ``SPLIT_ARITHMETIC`` are refused. Where the host rows are where the device
 computes and no copy is timed on the wall clock (`OffloadEngine.host_compute`: a CPU engine without an emulated
-link), a forward with misses does its copies as planned and then computes the union from the host rows in one call
-of the target's implementation instead: the un-offloaded model's bits at any cache state, the same counters,
-LRU order and slot rows.
+link), every forward computes its union from the host rows in one call of the target's implementation instead: the
+un-offloaded model's bits at any cache state, with the same admissions, counters, LRU order and modelled cost. Its
+copies are counted and priced on the clock as the cache plans them, but none is made: nothing reads a slot row
+there, and a copy on the CPU would be a memcpy that the emulated clock does not time.
 
 An exact verify (`specfit.speculative.exact`) hands a layer its rows through `forward_rows` (its module path through
 `RowCalls`, which records each row's experts call and replays its output): the same
@@ -135,6 +136,9 @@ class OffloadedLayer:
         return self.engine.copier.submit(self.copy_jobs(loads))
 
     def copy_jobs(self, loads: list[tuple[int, int]]) -> list[CopyJob]:
+        """The copies of ``loads``: none on a host-compute engine, which reads no slot row (a prefetch's neither)."""
+        if self.engine.host_compute:
+            return []
         nbytes = self.engine.expert_bytes
         return [([(self.slots[n][slot], self.host[n][e]) for n in self.slots], nbytes) for e, slot in loads]
 
@@ -175,12 +179,14 @@ class OffloadedLayer:
             priced.admit(self.index, hidden_states.shape[0], union)
 
         compute = partial(self._compute_by_row, top_k_index.shape[0]) if by_row else self._compute
+        if engine.host_compute:  # the host rows are where it computes: the copies counted and modelled, none made
+            for step in steps:
+                if step[0] == "load":
+                    engine._on_transfers(self.index, len(step[1]))
+            return compute(self.host_view, top_k_index, hidden_states, top_k_weights)
         if not misses and steps:  # all hits: one call of the target's own implementation over the slot rows
             return compute(self.views[0], self._slot_index(steps[0][1], True, top_k_index), hidden_states,
                            top_k_weights)
-        if misses and engine.host_compute:  # the copies as planned, then the union from the host rows in one call
-            self._copy(steps)
-            return compute(self.host_view, top_k_index, hidden_states, top_k_weights)
         # Several groups: one row per routed entry, top-1 each, with a unit gate weight, so that every group
         # returns its entries' expert outputs [T*k, H] exactly (zero elsewhere). The gate weights are applied and
         # the top-k summed once, afterwards, as the target's own implementation does it (see _combine). How hits
@@ -233,15 +239,6 @@ class OffloadedLayer:
         for j in range(k):
             total = total + weighted[tokens, order[:, j]]
         return total
-
-    def _copy(self, steps) -> None:
-        """Every copy of ``steps`` in order, waited for (`OffloadEngine.host_compute`: nothing computes from the
-        slot rows meanwhile, so the order of loads and groups is only the cache's)."""
-        engine = self.engine
-        in_flight = [handle for step in steps if step[0] == "load" for handle in self._load(step[1])]
-        started = time.perf_counter()
-        engine.copier.wait(in_flight)
-        engine._copy_wait_s += time.perf_counter() - started
 
     def _slot_index(self, group: list[tuple[int, int]], whole: bool, top_k_index: torch.Tensor) -> torch.Tensor:
         """[T, k] the slot row of each routed entry of ``group``, the sentinel (the slot rows' count) outside it."""

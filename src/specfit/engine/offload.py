@@ -60,9 +60,10 @@ class OffloadConfig:
     link: LinkModel | None = None  # emulated link for CPU-only machines; None: copies run at memory speed
     device: DeviceModel | None = None  # emulated GPU for CPU-only machines (its own link): specfit.engine.device
     resident: ResidentFit | None = None  # every expert in memory, costs from measured widths: specfit.engine.resident
-    # a forward with misses computes its union from the host rows in one call once its copies are done, where the
-    # host rows are where the device computes and no copy is timed on the wall clock; None: exactly there (a CPU
-    # engine without an emulated link); False: in groups as the copies land, as a GPU does (`OffloadedLayer.run`)
+    # every forward computes its union from the host rows in one call, its copies counted and modelled but not made,
+    # where the host rows are where the device computes and no copy is timed on the wall clock; None: exactly there (a
+    # CPU engine without an emulated link); False: from the slot rows, in groups as the copies land, as a GPU does
+    # (`OffloadedLayer.run`)
     host_compute: bool | None = None
 
     def __post_init__(self) -> None:

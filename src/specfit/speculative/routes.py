@@ -80,8 +80,19 @@ class _CycleMatch:
     earlier: list[_Frame] | None = None  # rows of earlier prefixes holding the root; None: not searched yet
     token: list[int] = field(default_factory=list)
     parent: list[int] = field(default_factory=list)
-    answer: list[np.ndarray] = field(default_factory=list)  # [L, k] per node
+    answer: np.ndarray | None = None  # [cap, L, k] int64: row v node v's routes, for the first len(found) nodes
     found: list[bool] = field(default_factory=list)  # answered from the atlas, not by a fallback
+
+    def put(self, routes: np.ndarray, found: bool) -> None:
+        """Answer the next node with ``routes`` [L, k] (rows already answered never change: views of them stay)."""
+        v = len(self.found)
+        if self.answer is None or v == len(self.answer):
+            grown = np.empty((max(32, 2 * v), *routes.shape), dtype=np.int64)
+            if self.answer is not None:
+                grown[:v] = self.answer
+            self.answer = grown
+        self.answer[v] = routes
+        self.found.append(found)
 
 
 class AtlasRoutes:
@@ -143,9 +154,9 @@ class AtlasRoutes:
         match = self._match
         if match is None or match.cycle is not cycle or not _extends(match, pool):
             match = self._match = self._start(cycle, pool)
-        for v in range(len(match.answer), pool.n + 1):
+        for v in range(len(match.found), pool.n + 1):
             self._resolve(match, pool, v)
-        return np.stack(match.answer[: pool.n + 1]).astype(np.int64)  # [n+1, L, k]
+        return match.answer[: pool.n + 1]  # [n+1, L, k], a view of the cycle's answers
 
     def _where(self, cycle: Cycle) -> str:
         return f"atlas {self.path}, request {cycle.request_id}, cycle {cycle.index}"
@@ -162,19 +173,16 @@ class AtlasRoutes:
         match = _CycleMatch(cycle, own, token=[root], parent=[-1])
         self.nodes_looked_up += 1
         if own is not None:
-            match.answer.append(row["routes"][0])
-            match.found.append(True)
+            match.put(row["routes"][0], True)
         elif earlier := self._earlier(match):
             self.nodes_from_earlier_rows += 1
-            match.answer.append(earlier[0].row["routes"][earlier[0].node[0]])
-            match.found.append(True)
+            match.put(earlier[0].row["routes"][earlier[0].node[0]], True)
         else:  # a boundary no row holds, or this run's root differs from the atlas's
             # the nearest row at or before q (the first row when the build drafted nothing before q)
             floor = self._at[rid][prefixes[max(bisect.bisect_right(prefixes, q) - 1, 0)]]
             self._miss(f"{self._where(cycle)}: root {root} at prefix_len {q} is in no atlas row; using the routes "
                        f"of the root at prefix_len {floor['prefix_len']}")
-            match.answer.append(floor["routes"][0])
-            match.found.append(False)
+            match.put(floor["routes"][0], False)
         return match
 
     def _earlier(self, match: _CycleMatch) -> list[_Frame]:
@@ -208,23 +216,20 @@ class AtlasRoutes:
         match.parent.append(parent)
         self.nodes_looked_up += 1
         if node >= 0:
-            match.answer.append(match.own.row["routes"][node])
-            match.found.append(True)
+            match.put(match.own.row["routes"][node], True)
             self._check_prob(match.cycle, v, pool.path_prob[v], match.own.row["pool_prob"][node])
             return
         hit = next((f for f in self._earlier(match) if f.node[v] >= 0), None)
         if hit is not None:
             self.nodes_from_earlier_rows += 1
-            match.answer.append(hit.row["routes"][hit.node[v]])
-            match.found.append(True)
+            match.put(hit.row["routes"][hit.node[v]], True)
             return
         u = parent
         while u > 0 and not match.found[u]:
             u = match.parent[u]
         self._miss(f"{self._where(match.cycle)}: node {v} (token {token}) is in no atlas row; using the routes of "
                    f"node {u}")
-        match.answer.append(match.answer[u])
-        match.found.append(False)
+        match.put(match.answer[u], False)
 
     def _check_prob(self, cycle: Cycle, v: int, mine: float, theirs: float) -> None:
         if abs(mine - theirs) > PROB_RTOL * abs(theirs):
