@@ -85,18 +85,14 @@ class _CycleMatch:
 
     def put(self, routes: np.ndarray, found: bool) -> None:
         """Answer the next node with ``routes`` [L, k] (rows already answered never change: views of them stay)."""
-        self.put_rows(routes[None], found)
-
-    def put_rows(self, routes: np.ndarray, found: bool) -> None:
-        """Answer the next ``len(routes)`` nodes with ``routes`` [m, L, k]."""
-        v, m = len(self.found), routes.shape[0]
-        if self.answer is None or v + m > len(self.answer):
-            grown = np.empty((max(32, 2 * (v + m)), *routes.shape[1:]), dtype=np.int64)
+        v = len(self.found)
+        if self.answer is None or v == len(self.answer):
+            grown = np.empty((max(32, 2 * v), *routes.shape), dtype=np.int64)
             if self.answer is not None:
-                grown[:v] = self.answer[:v]
+                grown[:v] = self.answer
             self.answer = grown
-        self.answer[v : v + m] = routes
-        self.found.extend([found] * m)
+        self.answer[v] = routes
+        self.found.append(found)
 
 
 class AtlasRoutes:
@@ -143,7 +139,6 @@ class AtlasRoutes:
         self._prefixes = {r: sorted(rows) for r, rows in self._at.items()}  # request_id -> its prefix_lens
         self._max_level = max((max(r["pool_level"]) for r in self.rows.values()), default=0)
         self._children: dict[tuple[int, int], dict[tuple[int, int], int]] = {}
-        self._probs: dict[tuple[int, int], np.ndarray] = {}
         self._match: _CycleMatch | None = None
         self._warned: dict[str, int] = {}
         self.reset_counts()
@@ -159,34 +154,9 @@ class AtlasRoutes:
         match = self._match
         if match is None or match.cycle is not cycle or not _extends(match, pool):
             match = self._match = self._start(cycle, pool)
-        first = self._resolve_own(match, pool) if match.own is not None and match.earlier is None else len(match.found)
-        for v in range(first, pool.n + 1):
+        for v in range(len(match.found), pool.n + 1):
             self._resolve(match, pool, v)
         return match.answer[: pool.n + 1]  # [n+1, L, k], a view of the cycle's answers
-
-    def _resolve_own(self, match: _CycleMatch, pool: CandidatePool) -> int:
-        """Answer the new nodes that the cycle's own row holds, in one batch, up to the first it lacks (which
-        `_resolve` answers, with those after it); returns that node's id, pool.n + 1 when the row held them all."""
-        own, start = match.own, len(match.found)
-        nodes = []
-        for v in range(start, pool.n + 1):
-            parent, token = pool.parent[v], pool.token[v]
-            up = own.node[parent]
-            node = own.children.get((up, token), -1) if up >= 0 else -1
-            if node < 0:
-                break
-            own.node.append(node)
-            match.token.append(token)
-            match.parent.append(parent)
-            nodes.append(node)
-        if nodes:
-            stop = start + len(nodes)
-            match.put_rows(own.row["routes"][nodes], True)
-            self.nodes_looked_up += len(nodes)
-            mine, theirs = np.asarray(pool.path_prob[start:stop]), self._probs_of(own.row)[nodes]
-            for i in np.flatnonzero(np.abs(mine - theirs) > PROB_RTOL * np.abs(theirs)):  # as `_check_prob` tests
-                self._check_prob(match.cycle, start + int(i), float(mine[i]), float(theirs[i]))
-        return start + len(nodes)
 
     def _where(self, cycle: Cycle) -> str:
         return f"atlas {self.path}, request {cycle.request_id}, cycle {cycle.index}"
@@ -275,13 +245,6 @@ class AtlasRoutes:
         seen = self._warned[kind] = self._warned.get(kind, 0) + 1
         if seen <= WARNINGS_PER_KIND:
             log.warning("%s%s", message, "; further ones are only counted" if seen == WARNINGS_PER_KIND else "")
-
-    def _probs_of(self, row: dict) -> np.ndarray:
-        """[n+1] float64 the row's path probabilities, converted once."""
-        key = (row["request_id"], row["prefix_len"])
-        if key not in self._probs:
-            self._probs[key] = np.asarray(row["pool_prob"], dtype=np.float64)
-        return self._probs[key]
 
     def _children_of(self, row: dict) -> dict[tuple[int, int], int]:
         key = (row["request_id"], row["prefix_len"])
