@@ -179,10 +179,10 @@ class OffloadedLayer:
             priced.admit(self.index, hidden_states.shape[0], union)
 
         compute = partial(self._compute_by_row, top_k_index.shape[0]) if by_row else self._compute
-        if engine.host_compute:  # the host rows are where it computes: the copies counted and modelled, none made
+        if engine.host_compute:  # the host rows are where it computes: the loads counted (`copy_jobs`: none made)
             for step in steps:
                 if step[0] == "load":
-                    engine._on_transfers(self.index, len(step[1]))
+                    self._load(step[1])
             return compute(self.host_view, top_k_index, hidden_states, top_k_weights)
         if not misses and steps:  # all hits: one call of the target's own implementation over the slot rows
             return compute(self.views[0], self._slot_index(steps[0][1], True, top_k_index), hidden_states,
