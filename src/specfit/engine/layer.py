@@ -158,13 +158,11 @@ class OffloadedLayer:
         one-row forward computes them (`specfit.speculative.exact`): [T, H] -> [T, H]."""
         return self.run(hidden_states, top_k_index, top_k_weights, by_row=True)
 
-    def run(
-        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, by_row: bool
-    ) -> torch.Tensor:
+    def admit(self, tokens: int, union: list[int], top_k_index: torch.Tensor) -> tuple[list, list, list]:
+        """A forward of ``tokens`` rows routed to ``union`` (``top_k_index`` [T, k]) as the cache, the counters and
+        the clocks see it, before any expert is computed: the cache's hits, misses and plan. On a host-compute
+        engine the plan's loads are counted here (`copy_jobs`: none is made); elsewhere `run` issues them."""
         engine = self.engine
-        with torch.no_grad():
-            counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
-            union = counts.nonzero().flatten().tolist()  # increasing expert ids; a host sync
         if self.prefetch_handles:  # the prefetched slots are written before anything reads or overwrites them
             engine.copier.wait(self.prefetch_handles)
             self.prefetch_handles = []
@@ -174,15 +172,28 @@ class OffloadedLayer:
         engine._on_layer(self.index, len(union), len(hits), len(misses), top_k_index)
         landing = engine._settle_prefetch(self, union) if self.prefetched else None
         if engine.timeline is not None:
-            engine.timeline.layer(self.index, hidden_states.shape[0], steps, landing)
+            engine.timeline.layer(self.index, tokens, steps, landing)
         for priced in engine.priced:  # other slot counts priced on this forward (specfit.engine.pricing)
-            priced.admit(self.index, hidden_states.shape[0], union)
-
-        compute = partial(self._compute_by_row, top_k_index.shape[0]) if by_row else self._compute
-        if engine.host_compute:  # the host rows are where it computes: the loads counted (`copy_jobs`: none made)
+            priced.admit(self.index, tokens, union)
+        if engine.host_compute:
             for step in steps:
                 if step[0] == "load":
                     self._load(step[1])
+        return hits, misses, steps
+
+    def run(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, by_row: bool
+    ) -> torch.Tensor:
+        engine = self.engine
+        with torch.no_grad():
+            counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
+            union = counts.nonzero().flatten().tolist()  # increasing expert ids; a host sync
+        if engine.forward_log is not None:  # kept to be replayed (`OffloadEngine.record_forwards`)
+            engine.forward_log[-1][1].append((self.index, hidden_states.shape[0], union, top_k_index.detach().clone()))
+        hits, misses, steps = self.admit(hidden_states.shape[0], union, top_k_index)
+
+        compute = partial(self._compute_by_row, top_k_index.shape[0]) if by_row else self._compute
+        if engine.host_compute:  # the host rows are where it computes (the loads counted in `admit`)
             return compute(self.host_view, top_k_index, hidden_states, top_k_weights)
         if not misses and steps:  # all hits: one call of the target's own implementation over the slot rows
             return compute(self.views[0], self._slot_index(steps[0][1], True, top_k_index), hidden_states,

@@ -46,11 +46,12 @@ class Loaded:
             question_id=prompt["question_id"], limits=limits, engine=self.engine,
         )
 
-    def decode_cycles(self, prompt: dict, limits: Limits):
-        """`decode` as it goes (`specfit.speculative.request.decode_cycles`): each step's committed tokens."""
+    def decode_cycles(self, prompt: dict, limits: Limits, prefills=None):
+        """`decode` as it goes (`specfit.speculative.request.decode_cycles`): each step's committed tokens;
+        ``prefills``: a `specfit.speculative.prefill.SharedPrefills` that replays a prompt prefilled before."""
         return decode_cycles(
             self.model, self.drafter, self.method, prompt["prompt_ids"], request_id=prompt["request_id"],
-            question_id=prompt["question_id"], limits=limits, engine=self.engine,
+            question_id=prompt["question_id"], limits=limits, engine=self.engine, prefills=prefills,
         )
 
     def warm_up(self, prompt: dict, limits: Limits, tokens: int) -> None:

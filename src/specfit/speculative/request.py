@@ -24,6 +24,7 @@ from specfit.selection.pool import CandidatePool
 from specfit.speculative.cycle import Cycle, Stopwatch, VirtualClock
 from specfit.speculative.draft import DraftState, draft_level, new_draft_state, sync
 from specfit.speculative.methods import Decision, Method
+from specfit.speculative.prefill import SharedPrefills
 from specfit.speculative.sampler import Noise, next_positions, rejection_path, warp
 from specfit.speculative.sampling import GREEDY, Sampling
 from specfit.speculative.tree import keep_rows
@@ -265,10 +266,11 @@ def drain(steps: Generator) -> RequestResult:
 
 def decode_cycles(
     model, drafter: Eagle3Drafter | None, method: Method, prompt_ids: list[int], *, request_id: int,
-    question_id: int, limits: Limits, engine=None,
+    question_id: int, limits: Limits, engine=None, prefills: SharedPrefills | None = None,
 ) -> Generator[list[int], None, RequestResult]:
     """`decode_request` as it goes: yields the tokens each step commits (prefill's first token, then each
-    cycle's), and returns the request's `RequestResult`. What the caller does between steps is off the timers."""
+    cycle's), and returns the request's `RequestResult`. What the caller does between steps is off the timers.
+    ``prefills``: the prompt's prefill replayed where it was computed before (`specfit.speculative.prefill`)."""
     method.begin(question_id)
     session = Session(model, drafter if method.drafts else None, prompt_ids, limits, request_id=request_id,
                       engine=engine, noise_key=question_id)
@@ -277,7 +279,10 @@ def decode_cycles(
     start = clock.now()
     times: dict[str, float] = {}
     with torch.inference_mode(), clock.section(times, "prefill"):
-        session.prefill()
+        if prefills is not None:
+            prefills.prefill(session)
+        else:
+            session.prefill()
     with clock.excluded():
         yield list(session.output)
     cycles = []

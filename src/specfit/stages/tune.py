@@ -41,6 +41,7 @@ from specfit.speculative.config import MethodConfig
 from specfit.speculative.kinds import EAGLE3
 from specfit.speculative.loading import load
 from specfit.speculative.methods import build_method
+from specfit.speculative.prefill import SharedPrefills
 from specfit.speculative.request import Limits, RequestResult, drain
 from specfit.speculative.sampling import Sampling
 from specfit.speculative.stream import StreamSpec
@@ -55,12 +56,14 @@ def tree_spec(spec: StreamSpec, tree: dict) -> StreamSpec:
     return dataclasses.replace(spec, method=MethodConfig(name=EAGLE3.name, **{k: tree[k] for k in TREE_KEYS}))
 
 
-def decode_priced(loaded, prompt: dict, limits: Limits, clocks: list) -> tuple[RequestResult, list[dict]]:
+def decode_priced(loaded, prompt: dict, limits: Limits, clocks: list,
+                  prefills: SharedPrefills | None = None) -> tuple[RequestResult, list[dict]]:
     """Decode ``prompt``; its `RequestResult` and, per clock of ``clocks`` (the slot counts priced beside the
     engine's, `specfit.engine.pricing.price`), the request's times on it: ``t_request_s`` and ``t_prefill_s`` read
-    as the request's own clock reads them (from its start, and to the end of its prefill, the first step)."""
+    as the request's own clock reads them (from its start, and to the end of its prefill, the first step).
+    ``prefills``: the prompt's prefill replayed where an earlier tree computed it (`specfit.speculative.prefill`)."""
     start = [c.clock_s for c in clocks]
-    steps = loaded.decode_cycles(prompt, limits)
+    steps = loaded.decode_cycles(prompt, limits, prefills)
     next(steps)  # the prefill
     prefilled = [c.clock_s for c in clocks]
     result = drain(steps)
@@ -83,11 +86,12 @@ def sweep(stream: StreamSpec, others: list[int], trees: list[dict], prompts: lis
     limits = Limits(stream.limit_tokens, stream.max_new_tokens, eos_ids(loaded.model), Sampling.of(stream.sampling))
     rows = {s: [] for s in (stream.slots, *priced)}
     loaded.warm_up(prompts[0], limits, stream.warmup_tokens)  # once: what it compiles and allocates, every tree uses
+    prefills = SharedPrefills.for_engine(loaded.engine)  # each prompt prefilled once, replayed for the other trees
     for tree in trees:
         t = tree_spec(stream, tree)
         loaded.method = build_method(t.method, inputs, t.seed, loaded.engine.num_experts)
         loaded.reset()  # an empty cache (every priced one too) and fresh counters
-        results, times = zip(*(decode_priced(loaded, p, limits, clocks) for p in prompts))
+        results, times = zip(*(decode_priced(loaded, p, limits, clocks, prefills) for p in prompts))
         requests = [r.request for r in results]
         cycles = [c for r in results for c in r.cycles]
         rows[stream.slots].append(tree_metrics(tree, requests, cycles))
