@@ -4,6 +4,7 @@ must count and clock what it counts and clocks, to the last bit of the modelled 
 every slot count priced beside it."""
 
 import pytest
+from tests.engine.test_priced_slots import modelled, spec
 
 from specfit.engine.pricing import price
 from specfit.errors import SpecFitError
@@ -16,7 +17,6 @@ from specfit.speculative.prefill import SharedPrefills
 from specfit.speculative.request import Limits
 from specfit.speculative.sampling import Sampling
 from specfit.stages.tune import decode_priced
-from tests.engine.test_priced_slots import modelled, spec
 
 TREES = ({"k_max": 6, "max_depth": 3, "top_k_expand": 2}, {"k_max": 2, "max_depth": 2, "top_k_expand": 1},
          {"k_max": 4, "max_depth": 2, "top_k_expand": 2})
