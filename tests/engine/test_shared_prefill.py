@@ -7,6 +7,7 @@ import pytest
 from tests.engine.test_priced_slots import modelled, spec
 
 from specfit.engine.pricing import price
+from specfit.engine.replay import replay_forwards
 from specfit.errors import SpecFitError
 from specfit.models import eos_ids
 from specfit.results.records import read_prompts
@@ -69,4 +70,4 @@ def test_a_forward_is_replayed_only_on_a_modelled_clock(files):
     loaded = load(spec(2, emulate=None, link={"bandwidth_gbps": 1.0, "latency_us": 10}), files, {})
     assert SharedPrefills.for_engine(loaded.engine) is None
     with pytest.raises(SpecFitError, match="a forward is replayed only on an emulated device's virtual clock"):
-        loaded.engine.replay_forwards([("drafter", 3)])
+        replay_forwards(loaded.engine, [("drafter", 3)])

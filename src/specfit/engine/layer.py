@@ -188,7 +188,7 @@ class OffloadedLayer:
         with torch.no_grad():
             counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
             union = counts.nonzero().flatten().tolist()  # increasing expert ids; a host sync
-        if engine.forward_log is not None:  # kept to be replayed (`OffloadEngine.record_forwards`)
+        if engine.forward_log is not None:  # kept to be replayed (`specfit.engine.replay.record_forwards`)
             engine.forward_log[-1][1].append((self.index, hidden_states.shape[0], union, top_k_index.detach().clone()))
         hits, misses, steps = self.admit(hidden_states.shape[0], union, top_k_index)
 

@@ -342,41 +342,6 @@ class OffloadEngine:
         finally:
             self._recorder = None
 
-    @property
-    def replays_forwards(self) -> bool:
-        """Whether a recorded forward can be replayed here (`replay_forwards`): an emulated device's virtual clock,
-        which models a forward from what it admits, on a host-compute engine, whose slot rows nothing reads."""
-        return self.timeline is not None and self.host_compute
-
-    @contextmanager
-    def record_forwards(self) -> Iterator[list]:
-        """Record every forward inside the block (target and drafter, in order) as `replay_forwards` replays them."""
-        log: list[tuple[str, object]] = []
-        self.forward_log = log
-        try:
-            yield log
-        finally:
-            self.forward_log = None
-
-    def replay_forwards(self, log: list[tuple[str, object]]) -> None:
-        """The forwards of ``log`` (`record_forwards`) again, as the cache, the counters and the virtual clock see
-        them, without computing them: each target layer admits its recorded union (`OffloadedLayer.admit`: hits,
-        misses, copies, its modelled time, every priced slot count) and each drafter forward advances the clock by
-        ``draft_ms``. What the forwards computed is the caller's to restore (`specfit.speculative.prefill`)."""
-        if not self.replays_forwards:
-            raise SpecFitError(f"{self.timing_label}: a forward is replayed only on an emulated device's virtual "
-                               "clock computed on the host; compute it again here")
-        for kind, entry in log:
-            if kind == "drafter":
-                self.timeline.drafted(entry, 0.0)
-                continue
-            self.begin_forward()
-            try:
-                for index, tokens, union, top_k_index in entry:
-                    self.layers[index].admit(tokens, union, top_k_index)
-            finally:
-                self.end_forward()
-
     def emulate_drafter(self, drafter: nn.Module) -> None:
         """On an emulated device, make every forward of ``drafter`` advance the virtual clock by the device's
         ``draft_ms`` (`Timeline.drafted`; its CPU time is recorded for information only)."""

@@ -5,12 +5,12 @@ requests of that tree left in it), and with it the copies and the modelled time.
 
 The first decode of a prompt computes its prefill and keeps what it left: the target's KV cache, the drafter's state,
 the first output token (and a sampled decode's noise), and the forwards as the engine saw them
-(`specfit.engine.offload.OffloadEngine.record_forwards`: each layer's expert union, the drafter's rows). Every later
+(`specfit.engine.replay.record_forwards`: each layer's expert union, the drafter's rows). Every later
 decode of that prompt starts from a copy of them, and the engine replays the recorded forwards
-(`OffloadEngine.replay_forwards`): the cache admits each layer's union as the computed forward would, counting the
-same hits, misses and copies, and the virtual clock advances by the same modelled time. Only where the clock is
+(`specfit.engine.replay.replay_forwards`): the cache admits each layer's union as the computed forward would,
+counting the same hits, misses and copies, and the virtual clock advances by the same modelled time. Only where the clock is
 modelled from the plan and nothing reads a slot row (an emulated device computed on the host,
-``OffloadEngine.replays_forwards``); elsewhere every prefill computes (`for_engine` gives None). The tests hold a
+`specfit.engine.replay.replays_forwards`); elsewhere every prefill computes (`for_engine` gives None). The tests hold a
 replayed request to a computed one: the same tokens, cycles, counters and modelled times.
 """
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from specfit.engine.replay import record_forwards, replay_forwards, replays_forwards
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -35,7 +37,7 @@ class Kept:
     state: DraftState | None  # the drafter's, after its catch-up on the prompt (None without a drafter)
     output: list[int]  # the first output token
     noise: object | None  # a sampled decode's noise (`specfit.speculative.sampler.Noise`), None when greedy
-    forwards: list  # `OffloadEngine.record_forwards`
+    forwards: list  # `specfit.engine.replay.record_forwards`
 
 
 class SharedPrefills:
@@ -49,7 +51,7 @@ class SharedPrefills:
     @classmethod
     def for_engine(cls, engine) -> SharedPrefills | None:
         """Shared prefills on ``engine`` where it replays forwards, else None (every prefill computes)."""
-        return cls(engine) if engine is not None and engine.replays_forwards else None
+        return cls(engine) if engine is not None and replays_forwards(engine) else None
 
     def prefill(self, session: Session) -> None:
         """``session.prefill()``, or its replay where this prompt was prefilled before (the same request: its
@@ -57,12 +59,12 @@ class SharedPrefills:
         key = (tuple(session.prompt_ids), session.noise_key, session.drafter is not None)
         kept = self.kept.get(key)
         if kept is None:
-            with self.engine.record_forwards() as forwards:
+            with record_forwards(self.engine) as forwards:
                 session.prefill()
             self.kept[key] = Kept(copy.deepcopy(session.target.cache), copy.deepcopy(session.state),
                                   list(session.output), copy.deepcopy(session.noise), forwards)
             return
-        self.engine.replay_forwards(kept.forwards)
+        replay_forwards(self.engine, kept.forwards)
         session.target.cache = copy.deepcopy(kept.cache)
         session.state = copy.deepcopy(kept.state)
         session.output = list(kept.output)

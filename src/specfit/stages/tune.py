@@ -10,7 +10,9 @@ Plain EAGLE-3 reads nothing of the cache: at every slot count a tree drafts, ver
 only the clock differs. On an emulated device each tree therefore decodes once, at the most slots (the fewest copies
 on this machine), and the other slot counts are priced on the same forwards (`specfit.engine.pricing`: their own
 LRU and virtual clock, the same drafter forwards and host work). Where the clock is measured (a
-GPU, an emulated link) it decodes once per slot count.
+GPU, an emulated link) it decodes once per slot count. On an emulated device each tuning prompt's prefill computes
+once, at the first tree; every later tree replays it (`specfit.speculative.prefill`: the same cache, counters and
+modelled clock).
 
 Under cross-fitting (a workload's ``tune_folds``) one tune job runs per fold: its prompts are the other folds'
 questions, and the tree it chooses decodes its fold's (``decodes``). Rule tune_choice writes each slot count's part.
