@@ -5,13 +5,13 @@ requests of that tree left in it), and with it the copies and the modelled time.
 
 The first decode of a prompt computes its prefill and keeps what it left: the target's KV cache, the drafter's state,
 the first output token (and a sampled decode's noise), and the forwards as the engine saw them
-(`specfit.engine.replay.record_forwards`: each layer's expert union, the drafter's rows). Every later
-decode of that prompt starts from a copy of them, and the engine replays the recorded forwards
-(`specfit.engine.replay.replay_forwards`): the cache admits each layer's union as the computed forward would,
-counting the same hits, misses and copies, and the virtual clock advances by the same modelled time. Only where the clock is
+(`specfit.engine.replay.record_forwards`: each layer's expert union, the drafter's rows). Every later decode of that
+prompt starts from a copy of them, and the engine replays the recorded forwards
+(`specfit.engine.replay.replay_forwards`): the cache admits each layer's union as the computed forward would, counting
+the same hits, misses and copies, and the virtual clock advances by the same modelled time. Only where the clock is
 modelled from the plan and nothing reads a slot row (an emulated device computed on the host,
-`specfit.engine.replay.replays_forwards`); elsewhere every prefill computes (`for_engine` gives None). The tests hold a
-replayed request to a computed one: the same tokens, cycles, counters and modelled times.
+`specfit.engine.replay.replays_forwards`); elsewhere every prefill computes (`for_engine` gives None). The tests hold
+a replayed request to a computed one: the same tokens, cycles, counters and modelled times.
 """
 
 from __future__ import annotations
