@@ -4,7 +4,7 @@ must count and clock what it counts and clocks, to the last bit of the modelled 
 every slot count priced beside it."""
 
 import pytest
-from tests.engine.test_priced_slots import modelled, spec
+from test_priced_slots import modelled, spec  # beside it (pytest puts this folder on the path)
 
 from specfit.engine.pricing import price
 from specfit.engine.replay import replay_forwards
