@@ -158,11 +158,16 @@ class OffloadedLayer:
         one-row forward computes them (`specfit.speculative.exact`): [T, H] -> [T, H]."""
         return self.run(hidden_states, top_k_index, top_k_weights, by_row=True)
 
-    def admit(self, tokens: int, union: list[int], top_k_index: torch.Tensor) -> tuple[list, list, list]:
-        """A forward of ``tokens`` rows routed to ``union`` (``top_k_index`` [T, k]) as the cache, the counters and
-        the clocks see it, before any expert is computed: the cache's hits, misses and plan. On a host-compute
-        engine the plan's loads are counted here (`copy_jobs`: none is made); elsewhere `run` issues them."""
+    def admit(self, top_k_index: torch.Tensor) -> tuple[list, list, list]:
+        """A forward of T rows routed to ``top_k_index`` [T, k] as the cache, the counters and the clocks see it,
+        before any expert is computed: the cache's hits, misses and plan for the rows' expert union. On a
+        host-compute engine the plan's loads are counted here (`copy_jobs`: none is made); elsewhere `run` issues
+        them. A replayed forward (`specfit.engine.replay`) admits its recorded routes here and computes nothing."""
         engine = self.engine
+        tokens = top_k_index.shape[0]
+        with torch.no_grad():
+            counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
+            union = counts.nonzero().flatten().tolist()  # increasing expert ids; a host sync
         if self.prefetch_handles:  # the prefetched slots are written before anything reads or overwrites them
             engine.copier.wait(self.prefetch_handles)
             self.prefetch_handles = []
@@ -185,12 +190,7 @@ class OffloadedLayer:
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, by_row: bool
     ) -> torch.Tensor:
         engine = self.engine
-        with torch.no_grad():
-            counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
-            union = counts.nonzero().flatten().tolist()  # increasing expert ids; a host sync
-        if engine.forward_log is not None:  # kept to be replayed (`specfit.engine.replay.record_forwards`)
-            engine.forward_log[-1][1].append((self.index, hidden_states.shape[0], union, top_k_index.detach().clone()))
-        hits, misses, steps = self.admit(hidden_states.shape[0], union, top_k_index)
+        hits, misses, steps = self.admit(top_k_index)
 
         compute = partial(self._compute_by_row, top_k_index.shape[0]) if by_row else self._compute
         if engine.host_compute:  # the host rows are where it computes (the loads counted in `admit`)
@@ -219,7 +219,7 @@ class OffloadedLayer:
                 engine.copier.wait(in_flight)
                 engine._copy_wait_s += time.perf_counter() - started
                 in_flight = []
-            whole = len(group) == len(union)
+            whole = len(group) == len(hits) + len(misses)  # the whole union
             part = compute(self.views[0 if whole else 1], self._slot_index(group, whole, entry_index), entry_states,
                            entry_weights)
             out = part if out is None else out.add_(part)

@@ -157,8 +157,8 @@ class OffloadEngine:
         self._hooks = [root.register_forward_pre_hook(lambda *_: self.begin_forward()),
                        root.register_forward_hook(lambda *_: self.end_forward(), always_call=True)]
         self._recorder: RouteRecorder | None = None
-        # inside `record_forwards`: the forwards so far, each ("target", its layers' (index, tokens, union,
-        # top_k_index)) or ("drafter", rows), in order
+        # inside `specfit.engine.replay.record_forwards`: the forwards so far, in order, each ("target", its routes
+        # [T, L, k], as the route recorder keeps them) or ("drafter", rows)
         self.forward_log: list[tuple[str, object]] | None = None
         self.row_calls = None  # a layer's RowCalls while an exact verify records or replays its rows
         self._forward_routes: list[torch.Tensor | None] = [None] * self.num_layers
@@ -224,7 +224,7 @@ class OffloadEngine:
             counters.demand[index] += demand
             counters.hits[index] += hits
             counters.misses[index] += misses
-        if self._recorder is not None:
+        if self._recorder is not None or self.forward_log is not None:
             self._forward_routes[index] = top_k_index.detach().to("cpu", torch.long, copy=True)  # [T, k]
 
     def _settle_prefetch(self, layer: OffloadedLayer, union: list[int]) -> dict[int, float]:
@@ -251,8 +251,6 @@ class OffloadEngine:
         self._current.transfers[index] += transfers
 
     def begin_forward(self) -> None:  # also called by a caller that runs the layers itself (the exact verify)
-        if self.forward_log is not None:
-            self.forward_log.append(("target", []))
         if self.timeline is not None:
             self.timeline.begin()
         self._current = Counters(self.num_layers, self.expert_bytes)
@@ -267,8 +265,13 @@ class OffloadEngine:
             self.timeline.end()
         self._forwards += 1
         self.last_forward = self._current.as_dict()
-        if self._recorder is not None and all(r is not None for r in self._forward_routes):
-            self._recorder.forwards.append(torch.stack(self._forward_routes, dim=1))  # [T, L, k]
+        if (self._recorder is not None or self.forward_log is not None) and all(
+                r is not None for r in self._forward_routes):
+            routes = torch.stack(self._forward_routes, dim=1)  # [T, L, k]
+            if self._recorder is not None:
+                self._recorder.forwards.append(routes)
+            if self.forward_log is not None:
+                self.forward_log.append(("target", routes))
 
     # ----- cache control --------------------------------------------------------------------------------------
 

@@ -22,8 +22,9 @@ def replays_forwards(engine: OffloadEngine) -> bool:
 
 @contextmanager
 def record_forwards(engine: OffloadEngine) -> Iterator[list]:
-    """Record every forward inside the block, target and drafter in order: each ("target", its layers' (index,
-    tokens, union, top_k_index)) or ("drafter", rows), as `replay_forwards` replays them."""
+    """Record every forward inside the block, target and drafter in order, as `replay_forwards` replays them: each
+    ("target", its routes [T, L, k], captured where `OffloadEngine.record_routes` captures them) or ("drafter",
+    rows)."""
     log: list[tuple[str, object]] = []
     engine.forward_log = log
     try:
@@ -34,9 +35,10 @@ def record_forwards(engine: OffloadEngine) -> Iterator[list]:
 
 def replay_forwards(engine: OffloadEngine, log: list[tuple[str, object]]) -> None:
     """The forwards of ``log`` again, as the cache, the counters and the virtual clock see them, without computing
-    them: each target layer admits its recorded union (`specfit.engine.layer.OffloadedLayer.admit`: hits, misses,
+    them: each target layer admits its recorded routes' union (`specfit.engine.layer.OffloadedLayer.admit`: hits, misses,
     copies, its modelled time, every priced slot count) and each drafter forward advances the clock by ``draft_ms``.
-    What the forwards computed is the caller's to restore (`specfit.speculative.prefill`)."""
+    Only the CPU seconds the device keeps for information are the replay's own. What the forwards computed is the
+    caller's to restore (`specfit.speculative.prefill`)."""
     if not replays_forwards(engine):
         raise SpecFitError(f"{engine.timing_label}: a forward is replayed only on an emulated device's virtual "
                            "clock computed on the host; compute it again here")
@@ -46,7 +48,7 @@ def replay_forwards(engine: OffloadEngine, log: list[tuple[str, object]]) -> Non
             continue
         engine.begin_forward()
         try:
-            for index, tokens, union, top_k_index in entry:
-                engine.layers[index].admit(tokens, union, top_k_index)
+            for index, layer in enumerate(engine.layers):
+                layer.admit(entry[:, index])  # [T, k]
         finally:
             engine.end_forward()

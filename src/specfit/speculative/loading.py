@@ -19,6 +19,7 @@ from specfit.models import Eagle3Drafter, check_checkpoints, load_drafter, load_
 from specfit.selection.search import compile_kernels
 from specfit.speculative.learned import LearnedRoutes
 from specfit.speculative.methods import Method, build_method
+from specfit.speculative.prefill import SharedPrefills
 from specfit.speculative.request import Limits, decode_cycles, decode_request
 from specfit.speculative.routes import AtlasRoutes, LiveRoutes, find_source
 
@@ -46,7 +47,7 @@ class Loaded:
             question_id=prompt["question_id"], limits=limits, engine=self.engine,
         )
 
-    def decode_cycles(self, prompt: dict, limits: Limits, prefills=None):
+    def decode_cycles(self, prompt: dict, limits: Limits, prefills: SharedPrefills | None = None):
         """`decode` as it goes (`specfit.speculative.request.decode_cycles`): each step's committed tokens;
         ``prefills``: a `specfit.speculative.prefill.SharedPrefills` that replays a prompt prefilled before."""
         return decode_cycles(

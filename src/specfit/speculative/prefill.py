@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from specfit.speculative.draft import DraftState
     from specfit.speculative.request import Session
+    from specfit.speculative.sampler import Noise
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Kept:
     cache: DynamicCache  # the target's KV rows of the prompt
     state: DraftState | None  # the drafter's, after its catch-up on the prompt (None without a drafter)
     output: list[int]  # the first output token
-    noise: object | None  # a sampled decode's noise (`specfit.speculative.sampler.Noise`), None when greedy
+    noise: Noise | None  # a sampled decode's noise, None when greedy
     forwards: list  # `specfit.engine.replay.record_forwards`
 
 
