@@ -35,7 +35,7 @@ def record_forwards(engine: OffloadEngine) -> Iterator[list]:
 
 def replay_forwards(engine: OffloadEngine, log: list[tuple[str, object]]) -> None:
     """The forwards of ``log`` again, as the cache, the counters and the virtual clock see them, without computing
-    them: each target layer admits its recorded routes' union (`specfit.engine.layer.OffloadedLayer.admit`: hits, misses,
+    them: each target layer admits its recorded routes (`specfit.engine.layer.OffloadedLayer.admit`: hits, misses,
     copies, its modelled time, every priced slot count) and each drafter forward advances the clock by ``draft_ms``.
     Only the CPU seconds the device keeps for information are the replay's own. What the forwards computed is the
     caller's to restore (`specfit.speculative.prefill`)."""
